@@ -1,0 +1,98 @@
+// The page pool: pages of each storage class, carved from arena slabs on demand.
+//
+// Per class, a list of "partial" slabs (at least one free page) serves allocation from
+// its front: O(1). A slab that fills leaves the list; one that gets a page back joins
+// it; one whose pages are all free goes back to the arena at once, so that memory
+// flows to whichever class needs it. Nothing here touches the memory it manages.
+#pragma once
+
+#include <string>
+
+#include "arena.hpp"
+
+namespace kvgc {
+
+struct PoolConfig {
+  uintptr_t base = 0;              // arena start (real or fake), slab_bytes aligned
+  size_t arena_bytes = 0;          // rounded down to whole slabs
+  size_t slab_bytes = 0;
+  size_t page_bytes[kNumClasses] = {0, 0};
+};
+
+struct ClassCounts {
+  uint64_t slabs = 0;
+  uint64_t pages_used = 0;
+  uint64_t pages_free = 0;  // in this class's slabs
+};
+
+class PagePool {
+ public:
+  PagePool() = default;
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+  ~PagePool();
+
+  // Validates the geometry. On failure returns false with *err naming the problem.
+  bool init(const PoolConfig& cfg, std::string* err);
+
+  // A page of class `cls` owned by `owner`, or kNoPage when the arena has no room
+  // (or the host cannot grow a descriptor array).
+  PageId alloc(int cls, SegmentId owner);
+  void free(PageId id);
+  // Whether n more pages of `cls` fit right now (free pages + free slabs).
+  bool can_alloc(int cls, uint64_t n) const;
+
+  PageDesc& desc(PageId id) { return arena_.slab(slab_of(id)).desc[index_of(id)]; }
+  const PageDesc& desc(PageId id) const { return arena_.slab(slab_of(id)).desc[index_of(id)]; }
+  int class_of(PageId id) const { return arena_.slab(slab_of(id)).cls; }
+  uintptr_t address(PageId id) const {
+    return arena_.slab_address(slab_of(id)) + uintptr_t(index_of(id)) * page_bytes_[class_of(id)];
+  }
+  // The page holding address `a`, or kNoPage if `a` is not the start of a live page.
+  PageId page_at(uintptr_t a) const;
+  // Whether `id` names a page that is currently allocated.
+  bool allocated(PageId id) const;
+
+  size_t page_bytes(int cls) const { return page_bytes_[cls]; }
+  uint32_t pages_per_slab(int cls) const { return pages_per_slab_[cls]; }
+  const Arena& arena() const { return arena_; }
+  const ClassCounts& counts(int cls) const { return counts_[cls]; }
+  uint64_t slabs_acquired() const { return slabs_acquired_; }
+  uint64_t slabs_released() const { return slabs_released_; }
+
+  // Every invariant of the free lists and counters; false with *err on the first
+  // violation. O(pages): the expensive walker, for tests and debug builds.
+  bool check(std::string* err) const;
+
+  // Calls f(PageId, const PageDesc&) for every allocated page.
+  template <class F>
+  void for_each_allocated(F&& f) const;
+
+  static constexpr PageId make_id(uint32_t slab, uint32_t index, uint32_t bits) {
+    return (slab << bits) | index;
+  }
+
+ private:
+  uint32_t slab_of(PageId id) const { return id >> index_bits_; }
+  uint32_t index_of(PageId id) const { return id & index_mask_; }
+
+  Arena arena_;
+  SlabList partial_[kNumClasses];
+  ClassCounts counts_[kNumClasses];
+  size_t page_bytes_[kNumClasses] = {0, 0};
+  uint32_t pages_per_slab_[kNumClasses] = {0, 0};
+  uint32_t index_bits_ = 0, index_mask_ = 0;
+  uint64_t slabs_acquired_ = 0, slabs_released_ = 0;
+};
+
+template <class F>
+void PagePool::for_each_allocated(F&& f) const {
+  for (uint32_t s = 0; s < arena_.slabs(); ++s) {
+    const Slab& slab = arena_.slab(s);
+    if (slab.cls == Slab::kFree) continue;
+    for (uint32_t i = 0; i < slab.bump; ++i)
+      if (slab.desc[i].owner != kNoSegment) f(make_id(s, i, index_bits_), slab.desc[i]);
+  }
+}
+
+}  // namespace kvgc

@@ -1,0 +1,232 @@
+// C glue: argument checks, the heap lock, the per-thread error message, and the wall
+// no C++ exception crosses. Everything else lives in runtime/.
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "../runtime/heap.hpp"
+#include "../runtime/model.hpp"
+#include "../runtime/options.hpp"
+#include "kvgc.h"
+
+using kvgc::fail;
+using kvgc::Status;
+
+struct kvgc_heap {
+  static constexpr uint64_t kMagic = 0x6b7667632d686561ull;  // "kvgc-hea"
+  uint64_t magic = kMagic;
+  std::unique_ptr<kvgc::Heap> impl;
+};
+
+namespace {
+
+struct LastError {
+  const void* heap = nullptr;
+  std::string msg;
+};
+thread_local LastError tl_error;
+
+kvgc_status finish(const void* heap, Status st) {
+  tl_error.heap = heap;
+  tl_error.msg = std::move(st.msg);
+  return st.code;
+}
+
+// Runs f() -> Status, turning any escaping C++ exception into a status.
+template <class F>
+kvgc_status guarded(const void* heap, F&& f) noexcept {
+  try {
+    return finish(heap, f());
+  } catch (const std::bad_alloc&) {
+    return finish(heap, fail(KVGC_ENOMEM, "out of host memory"));
+  } catch (const std::exception& e) {
+    return finish(heap, fail(KVGC_EINTERNAL, std::string("internal error: ") + e.what()));
+  } catch (...) {
+    return finish(heap, fail(KVGC_EINTERNAL, "internal error: unknown exception"));
+  }
+}
+
+Status check_heap(const kvgc_heap* h, const char* fn) {
+  if (!h) return fail(KVGC_EINVAL, std::string(fn) + ": heap is NULL");
+  if (h->magic != kvgc_heap::kMagic || !h->impl)
+    return fail(KVGC_EINVAL, std::string(fn) + ": heap is not a live kvgc_heap");
+  return Status::Ok();
+}
+
+// Structs that only grow: the caller's struct_size must name a size this library knows.
+Status check_struct_size(size_t given, size_t ours, const char* what) {
+  if (given == ours) return Status::Ok();
+  return fail(KVGC_EINVAL,
+              std::string(what) + "->struct_size is " + std::to_string(given) + ", expected " +
+                  std::to_string(ours) +
+                  (given > ours ? " (the header is newer than this library)"
+                                : " (set it to sizeof the struct, or call its _init function)"));
+}
+
+template <class F>
+kvgc_status with_heap(kvgc_heap* h, const char* fn, F&& f) noexcept {
+  return guarded(h, [&]() -> Status {
+    KVGC_TRY(check_heap(h, fn));
+    std::lock_guard<std::mutex> lock(h->impl->mutex());
+    return f(*h->impl);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kvgc_version(void) { return KVGC_VERSION_STRING; }
+int kvgc_version_number(void) { return KVGC_VERSION_NUMBER; }
+
+const char* kvgc_status_str(int status) {
+  switch (status) {
+    case KVGC_OK: return "KVGC_OK";
+    case KVGC_EINVAL: return "KVGC_EINVAL";
+    case KVGC_ENOMEM: return "KVGC_ENOMEM";
+    case KVGC_EBUDGET: return "KVGC_EBUDGET";
+    case KVGC_ENOTFOUND: return "KVGC_ENOTFOUND";
+    case KVGC_EDEVICE: return "KVGC_EDEVICE";
+    case KVGC_EUNSUPPORTED: return "KVGC_EUNSUPPORTED";
+    case KVGC_EINTERNAL: return "KVGC_EINTERNAL";
+    default: return "KVGC_E?";
+  }
+}
+
+const char* kvgc_errmsg(const kvgc_heap* heap) {
+  if (!heap || tl_error.heap == heap) return tl_error.msg.c_str();
+  return "";
+}
+
+kvgc_status kvgc_model_desc_init(kvgc_model_desc* desc) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!desc) return fail(KVGC_EINVAL, "kvgc_model_desc_init: desc is NULL");
+    std::memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+    return Status::Ok();
+  });
+}
+
+kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!opts) return fail(KVGC_EINVAL, "kvgc_heap_options_init: opts is NULL");
+    kvgc::options_defaults(opts);
+    return Status::Ok();
+  });
+}
+
+kvgc_status kvgc_stats_init(kvgc_stats* out) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!out) return fail(KVGC_EINVAL, "kvgc_stats_init: out is NULL");
+    std::memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    return Status::Ok();
+  });
+}
+
+kvgc_status kvgc_kv_bytes(const kvgc_model_desc* model, uint64_t tokens, kvgc_storage_class cls,
+                          uint32_t page_tokens, uint64_t* bytes_out) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!model) return fail(KVGC_EINVAL, "kvgc_kv_bytes: model is NULL");
+    if (!bytes_out) return fail(KVGC_EINVAL, "kvgc_kv_bytes: bytes_out is NULL");
+    KVGC_TRY(kvgc::model_validate(*model, "kvgc_kv_bytes: model"));
+    if (cls != KVGC_CLASS_FP16 && cls != KVGC_CLASS_INT4)
+      return fail(KVGC_EINVAL, "kvgc_kv_bytes: cls must be KVGC_CLASS_FP16 or KVGC_CLASS_INT4");
+    if (page_tokens > kvgc::kMaxPageTokens)
+      return fail(KVGC_EINVAL, "kvgc_kv_bytes: page_tokens must be 0 (raw) or 1..256");
+    if (tokens > (uint64_t(1) << 40))
+      return fail(KVGC_EINVAL, "kvgc_kv_bytes: tokens must be <= 2^40");
+    *bytes_out = kvgc::kv_bytes(*model, tokens, cls, page_tokens);
+    return Status::Ok();
+  });
+}
+
+kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_options* opts,
+                             kvgc_heap** heap_out) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!heap_out) return fail(KVGC_EINVAL, "kvgc_heap_create: heap_out is NULL");
+    *heap_out = nullptr;
+    if (!model) return fail(KVGC_EINVAL, "kvgc_heap_create: model is NULL");
+    kvgc_heap_options o;
+    kvgc::options_defaults(&o);
+    if (opts) {
+      KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "kvgc_heap_create: opts"));
+      std::memcpy(&o, opts, sizeof o);
+    }
+    auto h = std::make_unique<kvgc_heap>();
+    Status st = kvgc::Heap::create(*model, o, &h->impl);
+    if (!st.ok()) {
+      st.msg = "kvgc_heap_create: " + st.msg;
+      return st;
+    }
+    *heap_out = h.release();
+    return Status::Ok();
+  });
+}
+
+void kvgc_heap_destroy(kvgc_heap* heap) {
+  if (!heap || heap->magic != kvgc_heap::kMagic) return;
+  heap->magic = 0;
+  delete heap;
+}
+
+kvgc_status kvgc_heap_get_options(const kvgc_heap* heap, kvgc_heap_options* out) {
+  return with_heap(const_cast<kvgc_heap*>(heap), "kvgc_heap_get_options",
+                   [&](kvgc::Heap& h) -> Status {
+                     if (!out) return fail(KVGC_EINVAL, "kvgc_heap_get_options: out is NULL");
+                     KVGC_TRY(check_struct_size(out->struct_size, sizeof *out,
+                                                "kvgc_heap_get_options: out"));
+                     *out = h.options();
+                     return Status::Ok();
+                   });
+}
+
+kvgc_status kvgc_heap_check(kvgc_heap* heap) {
+  return with_heap(heap, "kvgc_heap_check", [&](kvgc::Heap& h) { return h.check(); });
+}
+
+kvgc_status kvgc_seq_create(kvgc_heap* heap, uint32_t tenant, kvgc_seq* seq_out) {
+  return with_heap(heap, "kvgc_seq_create", [&](kvgc::Heap& h) -> Status {
+    if (!seq_out) return fail(KVGC_EINVAL, "kvgc_seq_create: seq_out is NULL");
+    return h.seq_create(tenant, seq_out);
+  });
+}
+
+kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq) {
+  return with_heap(heap, "kvgc_seq_destroy", [&](kvgc::Heap& h) { return h.seq_destroy(seq); });
+}
+
+kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* k,
+                        const void* v, uint32_t n_tokens, void* stream) {
+  return with_heap(heap, "kvgc_append", [&](kvgc::Heap& h) {
+    return h.append(seq, layer, k, v, n_tokens, stream);
+  });
+}
+
+kvgc_status kvgc_seq_tokens(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, uint64_t* live_out,
+                            uint64_t* length_out) {
+  return with_heap(heap, "kvgc_seq_tokens", [&](kvgc::Heap& h) -> Status {
+    if (!live_out && !length_out)
+      return fail(KVGC_EINVAL, "kvgc_seq_tokens: live_out and length_out are both NULL");
+    return h.tokens(seq, layer, live_out, length_out);
+  });
+}
+
+kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
+                      int32_t* pos_out, uint64_t capacity, uint64_t* n_out, void* stream) {
+  return with_heap(heap, "kvgc_read", [&](kvgc::Heap& h) -> Status {
+    if (!n_out) return fail(KVGC_EINVAL, "kvgc_read: n_out is NULL");
+    return h.read(seq, layer, k_out, v_out, pos_out, capacity, n_out, stream);
+  });
+}
+
+kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
+  return with_heap(heap, "kvgc_get_stats", [&](kvgc::Heap& h) -> Status {
+    if (!out) return fail(KVGC_EINVAL, "kvgc_get_stats: out is NULL");
+    KVGC_TRY(check_struct_size(out->struct_size, sizeof *out, "kvgc_get_stats: out"));
+    h.stats(out);
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,270 @@
+/*
+ * kvgc.h -- the public C ABI of kvgc, a managed heap for an LLM's KV cache.
+ *
+ * Glossary (docs/ARCHITECTURE.md has the long form):
+ *   heap      one model's KV memory on one device: arena + page pools + sequences.
+ *   arena     the single reservation of device (or host) memory, sized by the budget.
+ *   slab      a fixed-size chunk of the arena carved into pages of one storage class.
+ *   page      `page_tokens` token slots of one segment, for all KV heads of its layer.
+ *   class     how a slot's K/V are stored: FP16 (the model dtype) or INT4.
+ *   sequence  one request's cache; belongs to a tenant.
+ *   segment   the cache of one (sequence, layer): an ordered page table of slots.
+ *   slot      one token's place in a page: live bit, score, position, generation.
+ *
+ * Rules every function follows:
+ *   - Every function returns a kvgc_status (KVGC_OK == 0) unless it is a pure getter.
+ *     On error, kvgc_errmsg() names the argument or variable at fault and the call
+ *     changed nothing. No C++ exception ever crosses this ABI.
+ *   - Out of memory is KVGC_ENOMEM, never a crash; the heap stays valid.
+ *   - Structs that start with `struct_size` only ever grow: set struct_size to
+ *     sizeof(the struct you compiled against) (the *_init functions do it); kvgc reads
+ *     and writes only that many bytes, so old callers keep working with new libraries.
+ *
+ * Threads: a heap may be used from any number of threads; calls on one heap are
+ * serialised by a lock inside the heap (different heaps never contend). The error
+ * message is per thread: kvgc_errmsg() returns the message of the calling thread's
+ * most recent failed call, so concurrent callers never see each other's errors.
+ *
+ * Streams: on the CUDA backend, functions that touch KV data take the engine's
+ * cudaStream_t as `void* stream` (NULL = the legacy default stream). Pointers passed
+ * with a stream are device pointers, valid on that stream; the work is enqueued on it
+ * and may still run when the call returns. On the CPU backend `stream` is ignored and
+ * pointers are host pointers; work is complete when the call returns.
+ */
+#ifndef KVGC_H
+#define KVGC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(KVGC_BUILDING_SHARED)
+#define KVGC_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define KVGC_API __attribute__((visibility("default")))
+#else
+#define KVGC_API
+#endif
+
+/* ---- version ------------------------------------------------------------------ */
+#define KVGC_VERSION_MAJOR 0
+#define KVGC_VERSION_MINOR 1
+#define KVGC_VERSION_PATCH 0
+#define KVGC_VERSION_STRING "0.1.0"
+#define KVGC_VERSION_NUMBER \
+  (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
+
+/* The library's version string ("0.1.0"); equals KVGC_VERSION_STRING of its build. */
+KVGC_API const char* kvgc_version(void);
+/* The library's KVGC_VERSION_NUMBER, to compare against the header's at run time. */
+KVGC_API int kvgc_version_number(void);
+
+/* ---- status ------------------------------------------------------------------- */
+typedef enum kvgc_status {
+  KVGC_OK = 0,
+  KVGC_EINVAL = 1,       /* an argument or environment variable is malformed */
+  KVGC_ENOMEM = 2,       /* the arena (or host memory) has no room; nothing changed */
+  KVGC_EBUDGET = 3,      /* a budget cannot be met (every token protected, quota) */
+  KVGC_ENOTFOUND = 4,    /* unknown or destroyed sequence */
+  KVGC_EDEVICE = 5,      /* the device (CUDA) reported an error; the message has it */
+  KVGC_EUNSUPPORTED = 6, /* valid request this build or backend cannot do */
+  KVGC_EINTERNAL = 7     /* an invariant is broken (kvgc_heap_check); a kvgc bug */
+} kvgc_status;
+
+/* A static name for a status: "KVGC_OK", "KVGC_EINVAL", ...; "KVGC_E?" if unknown. */
+KVGC_API const char* kvgc_status_str(int status);
+
+/* ---- enums -------------------------------------------------------------------- */
+typedef enum kvgc_dtype {
+  KVGC_DTYPE_F16 = 0,
+  KVGC_DTYPE_BF16 = 1,
+  KVGC_DTYPE_F32 = 2
+} kvgc_dtype;
+
+typedef enum kvgc_device {
+  KVGC_DEVICE_AUTO = 0, /* CUDA when a device answers, else CPU */
+  KVGC_DEVICE_CPU = 1,
+  KVGC_DEVICE_CUDA = 2
+} kvgc_device;
+
+/* Storage classes. FP16 stores K/V in the model dtype (f16, bf16, or f32 for f32
+ * models); INT4 stores packed nibbles with a per-slot, per-head scale and zero. */
+typedef enum kvgc_storage_class {
+  KVGC_CLASS_FP16 = 0,
+  KVGC_CLASS_INT4 = 1,
+  KVGC_CLASS_COUNT = 2
+} kvgc_storage_class;
+
+/* Eviction policies: one GC mechanism with different priority keys (DESIGN.md). */
+typedef enum kvgc_policy {
+  KVGC_POLICY_GENERATIONAL = 0,
+  KVGC_POLICY_FULL = 1,
+  KVGC_POLICY_STREAMING = 2,
+  KVGC_POLICY_H2O = 3,
+  KVGC_POLICY_RANDOM = 4
+} kvgc_policy;
+
+typedef enum kvgc_demote {
+  KVGC_DEMOTE_OFF = 0,
+  KVGC_DEMOTE_INT4 = 1
+} kvgc_demote;
+
+typedef enum kvgc_layer_budget {
+  KVGC_LAYER_BUDGET_UNIFORM = 0,
+  KVGC_LAYER_BUDGET_PYRAMID = 1 /* PyramidKV: more for lower layers, same total */
+} kvgc_layer_budget;
+
+/* ---- model -------------------------------------------------------------------- */
+/* The shape of the KV cache. K/V tensors handed to kvgc are [tokens][n_kv_heads]
+ * [head_dim] in `dtype`, row-major. */
+typedef struct kvgc_model_desc {
+  size_t struct_size;
+  uint32_t n_layers;
+  uint32_t n_q_heads;  /* a multiple of n_kv_heads (GQA); used by attention */
+  uint32_t n_kv_heads;
+  uint32_t head_dim;   /* even, 2..1024 */
+  kvgc_dtype dtype;
+} kvgc_model_desc;
+
+/* Zeroes *desc and sets struct_size. Returns KVGC_EINVAL on NULL. */
+KVGC_API kvgc_status kvgc_model_desc_init(kvgc_model_desc* desc);
+
+/* KV bytes `tokens` tokens of one sequence take across all layers, stored in class
+ * `cls`. With page_tokens == 0: the raw K/V payload (what any engine stores). With
+ * page_tokens > 0: what kvgc holds for them, whole pages with their slot metadata. */
+KVGC_API kvgc_status kvgc_kv_bytes(const kvgc_model_desc* model, uint64_t tokens,
+                                   kvgc_storage_class cls, uint32_t page_tokens,
+                                   uint64_t* bytes_out);
+
+/* ---- heap options ------------------------------------------------------------- */
+#define KVGC_OPT_IGNORE_ENV 0x1u /* flags: the struct is final; KVGC_* is not read */
+
+/* Heap options. kvgc_heap_options_init() fills the defaults listed beside each field.
+ * Precedence: KVGC_* environment variables > these fields > defaults, because the
+ * environment is the operator's override; set KVGC_OPT_IGNORE_ENV to opt out. */
+typedef struct kvgc_heap_options {
+  size_t struct_size;
+  uint32_t flags;          /* KVGC_OPT_* */
+  kvgc_device device;      /* AUTO */
+  int cuda_device;         /* 0: CUDA device ordinal */
+  uint64_t budget_bytes;   /* 0: use budget_fraction. Arena size, rounded down to slabs */
+  double budget_fraction;  /* 0.5: fraction of free device (or host) memory */
+  kvgc_policy policy;      /* GENERATIONAL */
+  uint64_t token_budget;   /* 0: none. Live tokens per segment, absolute */
+  double token_budget_fraction; /* 0: none. Live tokens per segment / sequence length */
+  uint32_t sinks;          /* 4 */
+  uint32_t window;         /* 64: the young window, never evicted */
+  uint32_t page_tokens;    /* 16: slots per page, 1..256 */
+  double compact_threshold;/* 0.25: segment fragmentation that triggers compaction */
+  kvgc_demote demote;      /* OFF */
+  kvgc_layer_budget layer_budget; /* UNIFORM */
+  double score_noise;      /* 0: Laplace scale on ranking scores; 0 = off */
+  uint64_t seed;           /* 0x6b766763 */
+  uint32_t slab_bytes;     /* 2 MiB: grown to hold at least one page of each class */
+  int verbose;             /* 0: 1 prints the effective configuration to stderr */
+} kvgc_heap_options;
+
+/* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
+KVGC_API kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts);
+
+/* ---- heap --------------------------------------------------------------------- */
+typedef struct kvgc_heap kvgc_heap;
+
+/* Creates a heap for `model`, reserving its whole arena now (one cudaMalloc on CUDA).
+ * opts == NULL means defaults, then environment. A malformed KVGC_* variable fails
+ * with KVGC_EINVAL naming it and its accepted forms. */
+KVGC_API kvgc_status kvgc_heap_create(const kvgc_model_desc* model,
+                                      const kvgc_heap_options* opts,
+                                      kvgc_heap** heap_out);
+/* Frees every sequence and the arena. NULL is a no-op. The caller must have no work
+ * using the heap's memory still pending on any stream. */
+KVGC_API void kvgc_heap_destroy(kvgc_heap* heap);
+
+/* The calling thread's last error message for `heap` (any heap if NULL), or "" if
+ * its last call succeeded. Valid until this thread's next kvgc call. Never NULL. */
+KVGC_API const char* kvgc_errmsg(const kvgc_heap* heap);
+
+/* The effective options (after environment) and the backend actually in use. */
+KVGC_API kvgc_status kvgc_heap_get_options(const kvgc_heap* heap, kvgc_heap_options* out);
+
+/* Walks every invariant: slab and page free lists, page ownership, per-page and
+ * per-segment live counts against the slot metadata, statistics. KVGC_OK or
+ * KVGC_EINTERNAL with the first violation. Synchronises the device (a debug tool). */
+KVGC_API kvgc_status kvgc_heap_check(kvgc_heap* heap);
+
+/* ---- sequences ---------------------------------------------------------------- */
+typedef uint64_t kvgc_seq; /* never 0; never reused within a heap */
+
+KVGC_API kvgc_status kvgc_seq_create(kvgc_heap* heap, uint32_t tenant, kvgc_seq* seq_out);
+/* Frees the sequence's pages at once: pending stream work must not still use them. */
+KVGC_API kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq);
+
+/* Appends n_tokens tokens to segment (seq, layer). k and v are [n_tokens][n_kv_heads]
+ * [head_dim] in the model dtype, on the heap's device. Positions continue from the
+ * segment's length. All or nothing: KVGC_ENOMEM if the pages do not fit. */
+KVGC_API kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
+                                 const void* k, const void* v, uint32_t n_tokens,
+                                 void* stream);
+
+/* Live and total appended tokens of a segment (host-side counts, no sync). */
+KVGC_API kvgc_status kvgc_seq_tokens(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
+                                     uint64_t* live_out, uint64_t* length_out);
+
+/* Gathers segment (seq, layer)'s live K/V, dense, in slot order, into k_out/v_out
+ * ([n][n_kv_heads][head_dim], model dtype, heap's device) and their positions into
+ * pos_out (int32, heap's device). Any output may be NULL. *n_out (host) receives the
+ * live count; if capacity is smaller, KVGC_EINVAL and nothing is written but *n_out. */
+KVGC_API kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, void* k_out,
+                               void* v_out, int32_t* pos_out, uint64_t capacity,
+                               uint64_t* n_out, void* stream);
+
+/* ---- statistics --------------------------------------------------------------- */
+#define KVGC_STATS_VERSION 1
+
+typedef struct kvgc_class_stats {
+  uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
+  uint64_t slabs;          /* slabs currently carved into this class */
+  uint64_t reserved_bytes; /* slabs * slab_bytes */
+  uint64_t used_bytes;     /* pages in use * page_bytes */
+  uint64_t free_bytes;     /* reserved - used: free pages and slab tail waste */
+  uint64_t pages_used;
+  uint64_t pages_free;     /* free pages in this class's slabs */
+} kvgc_class_stats;
+
+typedef struct kvgc_stats {
+  size_t struct_size;
+  uint32_t version;        /* KVGC_STATS_VERSION of the library that filled it */
+  kvgc_device device;      /* the backend in use: CPU or CUDA */
+  uint64_t arena_bytes;    /* the reservation */
+  uint64_t slab_bytes;
+  uint64_t slabs_total;
+  uint64_t slabs_free;     /* in the arena, owned by no class */
+  uint64_t free_bytes;     /* free slabs + free pages, all classes */
+  kvgc_class_stats cls[KVGC_CLASS_COUNT];
+  uint64_t sequences;
+  uint64_t segments;       /* segments holding at least one page */
+  uint64_t live_tokens;    /* all segments */
+  uint64_t slots_held;     /* pages in use * page_tokens */
+  uint64_t dead_slots;     /* appended, then evicted, still holding a slot */
+  double fragmentation;    /* dead_slots / slots_held (0 when nothing is held) */
+  /* counters since creation */
+  uint64_t appends;
+  uint64_t tokens_appended;
+  uint64_t pages_allocated;
+  uint64_t pages_freed;
+  uint64_t slabs_acquired;
+  uint64_t slabs_released;
+  uint64_t enomem;         /* calls that failed with KVGC_ENOMEM */
+} kvgc_stats;
+
+/* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
+KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);
+KVGC_API kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+#endif /* KVGC_H */

@@ -1,0 +1,43 @@
+#include "layer_budget.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace kvgc {
+
+std::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
+                                         uint64_t mean_budget, uint64_t min_per_layer) {
+  std::vector<uint64_t> out(n_layers, mean_budget);
+  if (kind == KVGC_LAYER_BUDGET_UNIFORM || n_layers < 2) return out;
+
+  const double total = double(mean_budget) * n_layers;
+  const double lo = double(mean_budget) / kPyramidBeta;  // top layer
+  const double hi = 2.0 * double(mean_budget) - lo;      // bottom layer
+  std::vector<double> want(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l)
+    want[l] = std::max(double(min_per_layer), hi - (hi - lo) * l / (n_layers - 1));
+  // Raising layers to the floor adds tokens: take them back from the largest layers.
+  double excess = std::accumulate(want.begin(), want.end(), 0.0) - total;
+  for (uint32_t l = 0; excess > 0 && l < n_layers; ++l) {
+    const double give = std::min(excess, want[l] - double(min_per_layer));
+    if (give > 0) {
+      want[l] -= give;
+      excess -= give;
+    }
+  }
+  // Largest remainders: floors first, then +1 to the biggest fractional parts.
+  uint64_t assigned = 0;
+  std::vector<std::pair<double, uint32_t>> frac(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    out[l] = uint64_t(std::floor(want[l]));
+    assigned += out[l];
+    frac[l] = {want[l] - std::floor(want[l]), l};
+  }
+  const uint64_t target = mean_budget * n_layers;
+  std::stable_sort(frac.begin(), frac.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (uint32_t i = 0; assigned < target && i < n_layers; ++i, ++assigned) ++out[frac[i].second];
+  return out;
+}
+
+}  // namespace kvgc

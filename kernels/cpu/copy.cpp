@@ -1,0 +1,66 @@
+#include "copy.hpp"
+
+#include <bit>
+#include <cstring>
+
+namespace kvgc::cpu {
+
+void append(const AppendOp& op) {
+  const PageLayout& L = op.layout;
+  const size_t row = size_t(L.head_dim) * dtype_bytes(L.dtype);  // one head of one token
+  const size_t token_bytes = row * L.n_kv_heads;
+  const auto* k = static_cast<const uint8_t*>(op.k);
+  const auto* v = static_cast<const uint8_t*>(op.v);
+  for (uint32_t r = 0; r < op.n_runs; ++r) {
+    const AppendRun& run = op.runs[r];
+    uint8_t* page = run.page;
+    auto* live = reinterpret_cast<uint32_t*>(page + L.live_off);
+    auto* pos = reinterpret_cast<int32_t*>(page + L.pos_off);
+    auto* score = reinterpret_cast<float*>(page + L.score_off);
+    auto* gen = page + L.gen_off;
+    if (run.first_slot == 0)
+      std::memset(live, 0, 4 * size_t(PageLayout::live_words(L.page_tokens)));
+    for (uint32_t t = 0; t < run.count; ++t) {
+      const uint32_t slot = run.first_slot + t;
+      const uint64_t src = run.src_token + t;
+      for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
+        const size_t dst = h * L.head_stride + slot * L.slot_stride;
+        std::memcpy(page + L.k_off + dst, k + src * token_bytes + h * row, row);
+        std::memcpy(page + L.v_off + dst, v + src * token_bytes + h * row, row);
+      }
+      const int64_t p = op.first_pos + int64_t(src);
+      pos[slot] = int32_t(p);
+      score[slot] = 0.f;
+      gen[slot] = p < int64_t(op.sinks) ? kGenSink : kGenYoung;
+      live[slot / 32] |= 1u << (slot % 32);
+    }
+  }
+}
+
+void gather(const GatherOp& op) {
+  const PageLayout& L = op.layout;
+  const size_t row = size_t(L.head_dim) * dtype_bytes(L.dtype);
+  const size_t token_bytes = row * L.n_kv_heads;
+  auto* k_out = static_cast<uint8_t*>(op.k_out);
+  auto* v_out = static_cast<uint8_t*>(op.v_out);
+  for (uint32_t p = 0; p < op.n_pages; ++p) {
+    const uint8_t* page = op.pages[p].page;
+    const auto* live = reinterpret_cast<const uint32_t*>(page + L.live_off);
+    const auto* pos = reinterpret_cast<const int32_t*>(page + L.pos_off);
+    uint64_t out = op.pages[p].out_row;
+    for (uint32_t w = 0; w < PageLayout::live_words(L.page_tokens); ++w) {
+      for (uint32_t bits = live[w]; bits; bits &= bits - 1) {
+        const uint32_t slot = w * 32 + uint32_t(std::countr_zero(bits));
+        for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
+          const size_t src = h * L.head_stride + slot * L.slot_stride;
+          if (k_out) std::memcpy(k_out + out * token_bytes + h * row, page + L.k_off + src, row);
+          if (v_out) std::memcpy(v_out + out * token_bytes + h * row, page + L.v_off + src, row);
+        }
+        if (op.pos_out) op.pos_out[out] = pos[slot];
+        ++out;
+      }
+    }
+  }
+}
+
+}  // namespace kvgc::cpu

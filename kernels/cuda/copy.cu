@@ -1,0 +1,171 @@
+#include <algorithm>
+#include <cstdint>
+
+#include "copy.cuh"
+
+namespace kvgc::cuda {
+namespace {
+
+// Runs and pages travel as kernel parameters (no device scratch, no extra copy on the
+// decode path); larger ops launch once per chunk.
+constexpr uint32_t kChunk = 96;
+constexpr int kThreads = 256;
+
+struct AppendParams {
+  PageLayout L;
+  const uint8_t* k;
+  const uint8_t* v;
+  int64_t first_pos;
+  uint32_t sinks;
+  uint32_t n_runs;
+  AppendRun runs[kChunk];
+};
+
+struct GatherParams {
+  PageLayout L;
+  uint8_t* k_out;
+  uint8_t* v_out;
+  int32_t* pos_out;
+  uint32_t n_pages;
+  GatherPage pages[kChunk];
+};
+
+// Copies a head row (head_dim elements) in units of T; T is picked so that every
+// pointer involved is aligned to it.
+template <class T>
+__global__ void append_kernel(const __grid_constant__ AppendParams p) {
+  const AppendRun& run = p.runs[blockIdx.y];
+  const PageLayout& L = p.L;
+  const uint32_t row_units = uint32_t(L.slot_stride / sizeof(T));
+  const uint64_t total = uint64_t(run.count) * L.n_kv_heads * row_units;
+  for (uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += uint64_t(gridDim.x) * blockDim.x) {
+    const uint32_t u = uint32_t(e % row_units);
+    const uint64_t th = e / row_units;
+    const uint32_t h = uint32_t(th % L.n_kv_heads);
+    const uint32_t t = uint32_t(th / L.n_kv_heads);
+    const uint64_t src = (uint64_t(run.src_token + t) * L.n_kv_heads + h) * row_units + u;
+    const size_t dst = (h * L.head_stride + (run.first_slot + t) * L.slot_stride) / sizeof(T) + u;
+    reinterpret_cast<T*>(run.page + L.k_off)[dst] = reinterpret_cast<const T*>(p.k)[src];
+    reinterpret_cast<T*>(run.page + L.v_off)[dst] = reinterpret_cast<const T*>(p.v)[src];
+  }
+  if (blockIdx.x != 0) return;
+  for (uint32_t t = threadIdx.x; t < run.count; t += blockDim.x) {
+    const uint32_t slot = run.first_slot + t;
+    const int64_t pos = p.first_pos + int64_t(run.src_token) + t;
+    reinterpret_cast<int32_t*>(run.page + L.pos_off)[slot] = int32_t(pos);
+    reinterpret_cast<float*>(run.page + L.score_off)[slot] = 0.f;
+    run.page[L.gen_off + slot] = pos < int64_t(p.sinks) ? kGenSink : kGenYoung;
+  }
+  // One thread per live word: a fresh page's run owns the whole mask.
+  const uint32_t words = PageLayout::live_words(L.page_tokens);
+  for (uint32_t w = threadIdx.x; w < words; w += blockDim.x) {
+    const uint32_t lo = w * 32, hi = lo + 32;
+    const uint32_t a = max(run.first_slot, lo), b = min(run.first_slot + run.count, hi);
+    uint32_t mask = 0;
+    if (a < b) mask = (b - a == 32 ? ~0u : ((1u << (b - a)) - 1u)) << (a - lo);
+    uint32_t* live = reinterpret_cast<uint32_t*>(run.page + L.live_off) + w;
+    if (run.first_slot == 0) *live = mask;
+    else if (mask) *live |= mask;
+  }
+}
+
+template <class T>
+__global__ void gather_kernel(const __grid_constant__ GatherParams p) {
+  const GatherPage& gp = p.pages[blockIdx.y];
+  const PageLayout& L = p.L;
+  const uint32_t* live = reinterpret_cast<const uint32_t*>(gp.page + L.live_off);
+  const uint32_t row_units = uint32_t(L.slot_stride / sizeof(T));
+  const uint64_t total = uint64_t(L.page_tokens) * L.n_kv_heads * row_units;
+  for (uint64_t e = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += uint64_t(gridDim.x) * blockDim.x) {
+    const uint32_t u = uint32_t(e % row_units);
+    const uint64_t th = e / row_units;
+    const uint32_t h = uint32_t(th % L.n_kv_heads);
+    const uint32_t slot = uint32_t(th / L.n_kv_heads);
+    const uint32_t w = slot / 32, bit = 1u << (slot % 32);
+    if (!(live[w] & bit)) continue;
+    uint32_t rank = __popc(live[w] & (bit - 1));
+    for (uint32_t i = 0; i < w; ++i) rank += __popc(live[i]);
+    const uint64_t out = gp.out_row + rank;
+    const size_t src = (h * L.head_stride + slot * L.slot_stride) / sizeof(T) + u;
+    const uint64_t dst = (out * L.n_kv_heads + h) * row_units + u;
+    if (p.k_out) reinterpret_cast<T*>(p.k_out)[dst] = reinterpret_cast<const T*>(gp.page + L.k_off)[src];
+    if (p.v_out) reinterpret_cast<T*>(p.v_out)[dst] = reinterpret_cast<const T*>(gp.page + L.v_off)[src];
+    if (p.pos_out && h == 0 && u == 0)
+      p.pos_out[out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[slot];
+  }
+}
+
+// The widest unit every address and the row length are aligned to.
+int unit_bytes(size_t row, std::initializer_list<uintptr_t> ptrs) {
+  for (int u : {16, 8, 4, 2}) {
+    bool ok = row % u == 0;
+    for (uintptr_t x : ptrs) ok = ok && x % u == 0;
+    if (ok) return u;
+  }
+  return 1;
+}
+
+}  // namespace
+
+cudaError_t append(const AppendOp& op, cudaStream_t stream) {
+  if (op.n_runs == 0) return cudaSuccess;
+  const PageLayout& L = op.layout;
+  // Pages are 256-aligned and K/V offsets 128-aligned: only the source and the row
+  // length limit the unit.
+  const int unit = unit_bytes(L.slot_stride, {uintptr_t(op.k), uintptr_t(op.v)});
+  AppendParams p;
+  p.L = L;
+  p.k = static_cast<const uint8_t*>(op.k);
+  p.v = static_cast<const uint8_t*>(op.v);
+  p.first_pos = op.first_pos;
+  p.sinks = op.sinks;
+  for (uint32_t base = 0; base < op.n_runs; base += kChunk) {
+    p.n_runs = std::min(kChunk, op.n_runs - base);
+    uint32_t max_count = 0;
+    for (uint32_t i = 0; i < p.n_runs; ++i) {
+      p.runs[i] = op.runs[base + i];
+      max_count = std::max(max_count, p.runs[i].count);
+    }
+    const uint64_t units = uint64_t(max_count) * L.n_kv_heads * (L.slot_stride / unit);
+    const uint32_t bx = uint32_t(std::clamp<uint64_t>((units + kThreads - 1) / kThreads, 1, 1024));
+    const dim3 grid(bx, p.n_runs);
+    switch (unit) {
+      case 16: append_kernel<uint4><<<grid, kThreads, 0, stream>>>(p); break;
+      case 8: append_kernel<uint2><<<grid, kThreads, 0, stream>>>(p); break;
+      case 4: append_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(p); break;
+      default: append_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    }
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t gather(const GatherOp& op, cudaStream_t stream) {
+  if (op.n_pages == 0) return cudaSuccess;
+  const PageLayout& L = op.layout;
+  const int unit = unit_bytes(L.slot_stride, {uintptr_t(op.k_out), uintptr_t(op.v_out)});
+  GatherParams p;
+  p.L = L;
+  p.k_out = static_cast<uint8_t*>(op.k_out);
+  p.v_out = static_cast<uint8_t*>(op.v_out);
+  p.pos_out = op.pos_out;
+  const uint64_t units = uint64_t(L.page_tokens) * L.n_kv_heads * (L.slot_stride / unit);
+  const uint32_t bx = uint32_t(std::clamp<uint64_t>((units + kThreads - 1) / kThreads, 1, 1024));
+  for (uint32_t base = 0; base < op.n_pages; base += kChunk) {
+    p.n_pages = std::min(kChunk, op.n_pages - base);
+    for (uint32_t i = 0; i < p.n_pages; ++i) p.pages[i] = op.pages[base + i];
+    const dim3 grid(bx, p.n_pages);
+    switch (unit) {
+      case 16: gather_kernel<uint4><<<grid, kThreads, 0, stream>>>(p); break;
+      case 8: gather_kernel<uint2><<<grid, kThreads, 0, stream>>>(p); break;
+      case 4: gather_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(p); break;
+      default: gather_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    }
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace kvgc::cuda

@@ -1,0 +1,15 @@
+// CUDA executor for append and gather (kernels/cpu/copy.hpp is the specification).
+// Thin host wrappers: they enqueue on `stream`, never synchronise, and return the
+// launch's cudaError_t for the backend to turn into KVGC_EDEVICE.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../ops.hpp"
+
+namespace kvgc::cuda {
+
+cudaError_t append(const AppendOp& op, cudaStream_t stream);
+cudaError_t gather(const GatherOp& op, cudaStream_t stream);
+
+}  // namespace kvgc::cuda

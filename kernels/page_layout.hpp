@@ -1,0 +1,101 @@
+// Byte layout of one page, for both storage classes. Shared by every executor (CPU and
+// CUDA) and by the runtime, which only needs `bytes`. The allocator never sees it: it
+// deals in page sizes alone.
+//
+// A page holds `page_tokens` slots of one segment for all KV heads of its layer:
+//
+//   live   uint32[ceil(pt/32)]   live bitmask: bit s = slot s holds a live token
+//   pos    int32[pt]             token position in the sequence
+//   score  float[pt]             accumulated attention mass (H2O signal)
+//   gen    uint8[pt]             generation (SlotGen)
+//   K      FP16 class: elem[kv_heads][pt][head_dim]    (head-major: one head's keys for
+//   V                  the page are contiguous, which is what attention streams)
+//          INT4 class: uint8[kv_heads][pt][head_dim/2] (two nibbles a byte, low first)
+//   Kq,Vq  INT4 only:  half2{scale, zero}[kv_heads][pt][head_dim/group]
+//
+// Every array starts on a 16-byte boundary, K and V on 128 (one cache line / one
+// coalesced warp transaction); the page size is a multiple of 256 so that page starts
+// stay aligned wherever a slab places them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvgc.h"
+
+#if defined(__CUDACC__)
+#define KVGC_HD __host__ __device__
+#else
+#define KVGC_HD
+#endif
+
+namespace kvgc {
+
+enum SlotGen : uint8_t { kGenSink = 0, kGenYoung = 1, kGenIntermediate = 2, kGenLongTerm = 3 };
+
+constexpr uint32_t kMaxPageTokens = 256;
+constexpr uint32_t kMaxHeadDim = 1024;
+constexpr size_t kPageAlign = 256;
+
+inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+inline constexpr uint32_t dtype_bytes(kvgc_dtype d) { return d == KVGC_DTYPE_F32 ? 4u : 2u; }
+
+// int4 quantisation groups: 32 elements when head_dim allows, else the whole head.
+inline constexpr uint32_t int4_group(uint32_t head_dim) {
+  return head_dim % 32 == 0 ? 32u : head_dim;
+}
+
+struct PageLayout {
+  uint32_t page_tokens = 0, n_kv_heads = 0, head_dim = 0;
+  kvgc_dtype dtype = KVGC_DTYPE_F16;
+  kvgc_storage_class cls = KVGC_CLASS_FP16;
+  uint32_t group = 0;  // int4 group size (elements)
+  size_t live_off = 0, pos_off = 0, score_off = 0, gen_off = 0;
+  size_t k_off = 0, v_off = 0;    // payload
+  size_t kq_off = 0, vq_off = 0;  // int4 scale/zero (0 for FP16)
+  size_t head_stride = 0;         // bytes between consecutive heads in K (and V)
+  size_t slot_stride = 0;         // bytes between consecutive slots of one head
+  size_t bytes = 0;               // whole page, a multiple of kPageAlign
+
+  KVGC_HD static constexpr uint32_t live_words(uint32_t pt) { return (pt + 31) / 32; }
+
+  static PageLayout make(uint32_t page_tokens, uint32_t n_kv_heads, uint32_t head_dim,
+                         kvgc_dtype dtype, kvgc_storage_class cls) {
+    PageLayout L;
+    L.page_tokens = page_tokens;
+    L.n_kv_heads = n_kv_heads;
+    L.head_dim = head_dim;
+    L.dtype = dtype;
+    L.cls = cls;
+    L.group = int4_group(head_dim);
+    const size_t pt = page_tokens;
+    size_t off = 0;
+    L.live_off = off;
+    off = align_up(off + 4 * size_t(live_words(page_tokens)), 16);
+    L.pos_off = off;
+    off = align_up(off + 4 * pt, 16);
+    L.score_off = off;
+    off = align_up(off + 4 * pt, 16);
+    L.gen_off = off;
+    off = align_up(off + pt, 128);
+    L.slot_stride = cls == KVGC_CLASS_FP16 ? size_t(head_dim) * dtype_bytes(dtype) : head_dim / 2;
+    L.head_stride = L.slot_stride * pt;
+    const size_t payload = L.head_stride * n_kv_heads;
+    L.k_off = off;
+    off = align_up(off + payload, 128);
+    L.v_off = off;
+    off = align_up(off + payload, 16);
+    if (cls == KVGC_CLASS_INT4) {
+      const size_t qparams = size_t(n_kv_heads) * pt * (head_dim / L.group) * 4;  // half2
+      L.kq_off = off;
+      off = align_up(off + qparams, 16);
+      L.vq_off = off;
+      off = align_up(off + qparams, 16);
+    }
+    L.bytes = align_up(off, kPageAlign);
+    return L;
+  }
+};
+
+}  // namespace kvgc

@@ -1,0 +1,53 @@
+// The device backend: where the arena lives and who executes the data-plane ops.
+//
+// Lifetime and stream rules (RMM-style, stated once here):
+//   - reserve() is called once per heap; release() once, at heap destruction, after
+//     the engine has finished every stream that used the arena.
+//   - copy/fill/append/gather are enqueued on `stream` (the engine's cudaStream_t on
+//     CUDA; ignored on CPU, where they complete before returning). None synchronises,
+//     except synchronize() and the *_sync helpers used by the invariant walker.
+//   - Every device error comes back as KVGC_EDEVICE with the device's own message.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "../kernels/ops.hpp"
+#include "status.hpp"
+
+namespace kvgc {
+
+enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual kvgc_device kind() const = 0;
+  virtual std::string describe() const = 0;  // "cpu" or "cuda:0 NVIDIA H200 (...)"
+
+  // Bytes a budget fraction is taken of: free device memory (CUDA) or available host
+  // memory (CPU).
+  virtual Status free_memory(uint64_t* bytes) = 0;
+  virtual Status reserve(size_t bytes, void** base) = 0;
+  virtual void release(void* base) = 0;
+
+  virtual Status copy(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream) = 0;
+  virtual Status fill(void* dst, int byte, size_t bytes, void* stream) = 0;
+  virtual Status synchronize(void* stream) = 0;
+
+  // KVGC_EINVAL naming `what` if `p` is not memory this backend's ops can read.
+  virtual Status check_pointer(const void* p, const char* what) = 0;
+
+  virtual Status append(const AppendOp& op, void* stream) = 0;
+  virtual Status gather(const GatherOp& op, void* stream) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// KVGC_EUNSUPPORTED when built without CUDA; KVGC_EDEVICE when no device answers.
+Status make_cuda_backend(int ordinal, std::unique_ptr<Backend>* out);
+// Resolves KVGC_DEVICE_AUTO: CUDA when a device answers, else CPU; *why says which
+// and why (printed under KVGC_VERBOSE=1).
+Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out,
+                    std::string* why);
+
+}  // namespace kvgc

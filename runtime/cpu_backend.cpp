@@ -1,0 +1,95 @@
+// CPU backend: the arena is aligned host memory; ops run inline on the calling thread.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "../kernels/cpu/copy.hpp"
+#include "backend.hpp"
+
+namespace kvgc {
+namespace {
+
+constexpr size_t kArenaAlign = 2u << 20;  // slab-aligned: lets the OS back it with huge pages
+
+class CpuBackend final : public Backend {
+ public:
+  kvgc_device kind() const override { return KVGC_DEVICE_CPU; }
+  std::string describe() const override { return "cpu"; }
+
+  Status free_memory(uint64_t* bytes) override {
+    // MemAvailable is what the kernel can hand out without swapping.
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    uint64_t kib;
+    std::string unit;
+    while (f >> key >> kib) {
+      std::getline(f, unit);
+      if (key == "MemAvailable:") {
+        *bytes = kib * 1024;
+        return Status::Ok();
+      }
+    }
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return fail(KVGC_EDEVICE, "cannot read available host memory");
+    *bytes = uint64_t(pages) * uint64_t(page);
+    return Status::Ok();
+  }
+
+  Status reserve(size_t bytes, void** base) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, kArenaAlign, bytes) != 0 || !p)
+      return fail(KVGC_ENOMEM, "cannot reserve a host arena of " + std::to_string(bytes) + " bytes");
+    *base = p;
+    return Status::Ok();
+  }
+  void release(void* base) override { std::free(base); }
+
+  Status copy(void* dst, const void* src, size_t bytes, CopyKind, void*) override {
+    if (bytes) std::memmove(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status fill(void* dst, int byte, size_t bytes, void*) override {
+    if (bytes) std::memset(dst, byte, bytes);
+    return Status::Ok();
+  }
+  Status synchronize(void*) override { return Status::Ok(); }
+  Status check_pointer(const void* p, const char* what) override {
+    if (!p) return fail(KVGC_EINVAL, std::string(what) + " is NULL");
+    return Status::Ok();
+  }
+  Status append(const AppendOp& op, void*) override {
+    cpu::append(op);
+    return Status::Ok();
+  }
+  Status gather(const GatherOp& op, void*) override {
+    cpu::gather(op);
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out,
+                    std::string* why) {
+  if (want == KVGC_DEVICE_CPU) {
+    *out = make_cpu_backend();
+    *why = "cpu (requested)";
+    return Status::Ok();
+  }
+  Status st = make_cuda_backend(ordinal, out);
+  if (st.ok()) {
+    *why = (*out)->describe() + (want == KVGC_DEVICE_AUTO ? " (auto: a CUDA device answered)"
+                                                          : " (requested)");
+    return st;
+  }
+  if (want == KVGC_DEVICE_CUDA) return st;
+  *out = make_cpu_backend();
+  *why = "cpu (auto: " + st.msg + ")";
+  return Status::Ok();
+}
+
+}  // namespace kvgc

@@ -1,0 +1,141 @@
+// CUDA backend: one cudaMalloc for the arena (never managed memory), every op enqueued
+// on the engine's stream, every CUDA error turned into KVGC_EDEVICE with its message.
+// Compiled only when kvgc is built with CUDA; see no_cuda_backend.cpp otherwise.
+#include <cuda_runtime.h>
+
+#include "../kernels/cuda/copy.cuh"
+#include "backend.hpp"
+
+namespace kvgc {
+namespace {
+
+Status cuda_fail(cudaError_t e, const std::string& what) {
+  return fail(KVGC_EDEVICE, what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+#define KVGC_CUDA(call, what)                                       \
+  do {                                                              \
+    cudaError_t e_ = (call);                                        \
+    if (e_ != cudaSuccess) return cuda_fail(e_, what);              \
+  } while (0)
+
+// Makes the heap's device current for the duration of a call and restores the
+// engine's own choice afterwards: kvgc must not change the calling thread's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal) {
+    if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != ordinal) {
+      if (cudaSetDevice(ordinal) == cudaSuccess) switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+  bool switched_ = false;
+};
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
+  kvgc_device kind() const override { return KVGC_DEVICE_CUDA; }
+  std::string describe() const override { return name_; }
+
+  Status free_memory(uint64_t* bytes) override {
+    DeviceGuard g(ordinal_);
+    size_t free = 0, total = 0;
+    KVGC_CUDA(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    *bytes = free;
+    return Status::Ok();
+  }
+  Status reserve(size_t bytes, void** base) override {
+    DeviceGuard g(ordinal_);
+    const cudaError_t e = cudaMalloc(base, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it: an allocation failure is not sticky
+      return fail(KVGC_ENOMEM, "cudaMalloc of a " + std::to_string(bytes) +
+                                   "-byte arena failed: out of device memory");
+    }
+    if (e != cudaSuccess) return cuda_fail(e, "cudaMalloc (arena)");
+    return Status::Ok();
+  }
+  void release(void* base) override {
+    DeviceGuard g(ordinal_);
+    cudaFree(base);
+  }
+  Status copy(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream) override {
+    DeviceGuard g(ordinal_);
+    const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
+    KVGC_CUDA(cudaMemcpyAsync(dst, src, bytes, k, as_stream(stream)), "cudaMemcpyAsync");
+    return Status::Ok();
+  }
+  Status fill(void* dst, int byte, size_t bytes, void* stream) override {
+    DeviceGuard g(ordinal_);
+    KVGC_CUDA(cudaMemsetAsync(dst, byte, bytes, as_stream(stream)), "cudaMemsetAsync");
+    return Status::Ok();
+  }
+  Status synchronize(void* stream) override {
+    DeviceGuard g(ordinal_);
+    KVGC_CUDA(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+    return Status::Ok();
+  }
+  Status check_pointer(const void* p, const char* what) override {
+    if (!p) return fail(KVGC_EINVAL, std::string(what) + " is NULL");
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return fail(KVGC_EINVAL, std::string(what) + " is not a CUDA pointer");
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+      return fail(KVGC_EINVAL, std::string(what) + " is host memory; the heap is on " + name_ +
+                                   " and needs a device pointer");
+    if (a.device != ordinal_)
+      return fail(KVGC_EINVAL, std::string(what) + " is on CUDA device " +
+                                   std::to_string(a.device) + ", the heap on " +
+                                   std::to_string(ordinal_));
+    return Status::Ok();
+  }
+  Status append(const AppendOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    KVGC_CUDA(cuda::append(op, as_stream(stream)), "append kernel launch");
+    return Status::Ok();
+  }
+  Status gather(const GatherOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    KVGC_CUDA(cuda::gather(op, as_stream(stream)), "gather kernel launch");
+    return Status::Ok();
+  }
+
+ private:
+  int ordinal_;
+  std::string name_;
+};
+
+}  // namespace
+
+Status make_cuda_backend(int ordinal, std::unique_ptr<Backend>* out) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_fail(e, "no CUDA device answered (cudaGetDeviceCount)");
+  }
+  if (ordinal >= n)
+    return fail(KVGC_EDEVICE, "CUDA device " + std::to_string(ordinal) + " requested but " +
+                                  std::to_string(n) + " present");
+  cudaDeviceProp prop{};
+  KVGC_CUDA(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+  char name[320];
+  std::snprintf(name, sizeof name, "cuda:%d %s (sm_%d%d, %.1f GiB)", ordinal, prop.name,
+                prop.major, prop.minor, double(prop.totalGlobalMem) / double(1ull << 30));
+  *out = std::make_unique<CudaBackend>(ordinal, name);
+  return Status::Ok();
+}
+
+}  // namespace kvgc

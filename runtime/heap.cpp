@@ -1,0 +1,287 @@
+#include "heap.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+#include "model.hpp"
+#include "options.hpp"
+
+namespace kvgc {
+
+Status Heap::create(const kvgc_model_desc& model, const kvgc_heap_options& opts_in,
+                    std::unique_ptr<Heap>* out) {
+  KVGC_TRY(model_validate(model, "model"));
+  kvgc_heap_options opts = opts_in;
+  if (!(opts.flags & KVGC_OPT_IGNORE_ENV)) KVGC_TRY(options_from_env(&opts, [](const char* name) -> const char* { return std::getenv(name); }));
+  KVGC_TRY(options_validate(opts));
+
+  std::unique_ptr<Heap> h(new Heap());
+  h->model_ = model;
+  h->opts_ = opts;
+  std::string why;
+  KVGC_TRY(make_backend(opts.device, opts.cuda_device, &h->backend_, &why));
+  h->opts_.device = h->backend_->kind();
+
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    h->layout_[c] = PageLayout::make(opts.page_tokens, model.n_kv_heads, model.head_dim,
+                                     model.dtype, kvgc_storage_class(c));
+  // A slab must hold at least one page of every class (int4 pages are the smaller).
+  const size_t slab = std::max<size_t>(opts.slab_bytes, h->layout_[KVGC_CLASS_FP16].bytes);
+  h->opts_.slab_bytes = uint32_t(slab);
+
+  uint64_t budget = opts.budget_bytes;
+  if (budget == 0) {
+    uint64_t free_bytes = 0;
+    KVGC_TRY(h->backend_->free_memory(&free_bytes));
+    budget = uint64_t(double(free_bytes) * opts.budget_fraction);
+  }
+  const uint64_t arena = budget / slab * slab;
+  if (arena == 0)
+    return fail(KVGC_EINVAL, "KVGC_BUDGET / opts->budget_bytes: the budget (" +
+                                 std::to_string(budget) + " bytes) is smaller than one slab (" +
+                                 std::to_string(slab) + " bytes)");
+  if (arena > SIZE_MAX) return fail(KVGC_EINVAL, "opts->budget_bytes exceeds the address space");
+  KVGC_TRY(h->backend_->reserve(size_t(arena), &h->arena_));
+  h->arena_bytes_ = size_t(arena);
+
+  PoolConfig cfg;
+  cfg.base = reinterpret_cast<uintptr_t>(h->arena_);
+  cfg.arena_bytes = h->arena_bytes_;
+  cfg.slab_bytes = slab;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cfg.page_bytes[c] = h->layout_[c].bytes;
+  std::string err;
+  if (!h->pool_.init(cfg, &err)) return fail(KVGC_EINVAL, "heap geometry: " + err);
+
+  if (h->opts_.verbose) {
+    std::fprintf(stderr,
+                 "kvgc %s: heap on %s\nkvgc: arena %zu bytes = %u slabs of %zu bytes; pages: "
+                 "fp16 %zu bytes (%u/slab), int4 %zu bytes (%u/slab); model %u layers x %u kv "
+                 "heads x %u dims %s\n%s",
+                 KVGC_VERSION_STRING, why.c_str(), h->arena_bytes_, h->pool_.arena().slabs(),
+                 slab, h->layout_[0].bytes, h->pool_.pages_per_slab(0), h->layout_[1].bytes,
+                 h->pool_.pages_per_slab(1), model.n_layers, model.n_kv_heads, model.head_dim,
+                 dtype_name(model.dtype), options_describe(h->opts_).c_str());
+  }
+  *out = std::move(h);
+  return Status::Ok();
+}
+
+Heap::~Heap() {
+  for (auto& [id, s] : seqs_)
+    for (PageTable& t : s->layers) free_pages(t);
+  if (arena_) backend_->release(arena_);
+}
+
+Status Heap::find(kvgc_seq seq, uint32_t layer, const char* fn, Sequence** out) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end())
+    return fail(KVGC_ENOTFOUND, std::string(fn) + ": seq " + std::to_string(seq) +
+                                    " is not a live sequence of this heap");
+  if (layer >= model_.n_layers)
+    return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
+                                 " is out of range (model has " +
+                                 std::to_string(model_.n_layers) + " layers)");
+  *out = it->second.get();
+  return Status::Ok();
+}
+
+Status Heap::seq_create(uint32_t tenant, kvgc_seq* out) {
+  const uint32_t slot = free_slots_.empty() ? uint32_t(seq_slots_.size()) : free_slots_.back();
+  // Segment ids (slot * layers + layer) must stay below kNoSegment.
+  if ((uint64_t(slot) + 1) * model_.n_layers >= kNoSegment)
+    return fail(KVGC_ENOMEM, "kvgc_seq_create: too many live sequences");
+  auto s = std::make_unique<Sequence>();
+  s->tenant = tenant;
+  s->slot = slot;
+  s->layers.resize(model_.n_layers);
+  // Reserve every container before the first mutation: a bad_alloc here changes nothing.
+  if (free_slots_.empty()) seq_slots_.reserve(seq_slots_.size() + 1);
+  seqs_.reserve(seqs_.size() + 1);
+  const kvgc_seq id = next_seq_++;
+  Sequence* raw = s.get();
+  seqs_.emplace(id, std::move(s));
+  if (free_slots_.empty()) seq_slots_.push_back(raw);
+  else {
+    free_slots_.pop_back();
+    seq_slots_[slot] = raw;
+  }
+  *out = id;
+  return Status::Ok();
+}
+
+void Heap::free_pages(PageTable& t) {
+  for (PageId p : t.pages) pool_.free(p);
+  counters_.pages_freed += t.pages.size();
+  t.pages.clear();
+  t.pages.shrink_to_fit();
+  t.live = t.used = 0;
+}
+
+Status Heap::seq_destroy(kvgc_seq seq) {
+  Sequence* s;
+  KVGC_TRY(find(seq, 0, "kvgc_seq_destroy", &s));
+  free_slots_.reserve(free_slots_.size() + 1);
+  for (PageTable& t : s->layers) free_pages(t);
+  seq_slots_[s->slot] = nullptr;
+  free_slots_.push_back(s->slot);
+  seqs_.erase(seq);
+  return Status::Ok();
+}
+
+Status Heap::append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, uint32_t n,
+                    void* stream) {
+  Sequence* s;
+  KVGC_TRY(find(seq, layer, "kvgc_append", &s));
+  if (n == 0) return Status::Ok();
+  KVGC_TRY(backend_->check_pointer(k, "kvgc_append: k"));
+  KVGC_TRY(backend_->check_pointer(v, "kvgc_append: v"));
+  const uint32_t elem = dtype_bytes(model_.dtype);
+  if (uintptr_t(k) % elem || uintptr_t(v) % elem)
+    return fail(KVGC_EINVAL, "kvgc_append: k and v must be aligned to the dtype's " +
+                                 std::to_string(elem) + " bytes");
+  PageTable& t = s->layers[layer];
+  const uint32_t pt = opts_.page_tokens;
+  if (t.length + n > uint64_t(INT32_MAX))
+    return fail(KVGC_EINVAL, "kvgc_append: n_tokens " + std::to_string(n) +
+                                 " would take the segment past 2^31 positions");
+  const uint64_t need = t.pages_needed(pool_, pt, n);
+  if (!pool_.can_alloc(KVGC_CLASS_FP16, need)) {
+    ++counters_.enomem;
+    return fail(KVGC_ENOMEM, "kvgc_append: " + std::to_string(n) + " tokens need " +
+                                 std::to_string(need) + " new pages; the arena has room for " +
+                                 std::to_string(pool_.counts(KVGC_CLASS_FP16).pages_free +
+                                                uint64_t(pool_.arena().free_slabs()) *
+                                                    pool_.pages_per_slab(KVGC_CLASS_FP16)));
+  }
+  // Reserve host containers first, so that nothing below can fail half-way on the host.
+  t.pages.reserve(t.pages.size() + need);
+  runs_.clear();
+  runs_.reserve(need + 1);
+
+  const size_t first_new = t.pages.size();
+  const uint32_t tail_used = t.pages.empty() ? pt : pool_.desc(t.pages.back()).used;
+  for (uint64_t i = 0; i < need; ++i) {
+    const PageId p = pool_.alloc(KVGC_CLASS_FP16, segment_id(*s, layer));
+    if (p == kNoPage) {  // host descriptor growth failed: undo
+      for (size_t j = first_new; j < t.pages.size(); ++j) pool_.free(t.pages[j]);
+      t.pages.resize(first_new);
+      ++counters_.enomem;
+      return fail(KVGC_ENOMEM, "kvgc_append: out of host memory for page descriptors");
+    }
+    t.pages.push_back(p);
+  }
+  // Runs: first the tail page's room, then each new page from slot 0.
+  uint32_t src = 0;
+  const size_t first_page = tail_used < pt ? first_new - 1 : first_new;
+  for (size_t i = first_page; src < n; ++i) {
+    const uint32_t used = i < first_new ? tail_used : 0;
+    const uint32_t count = std::min(pt - used, n - src);
+    runs_.push_back({page_ptr(t.pages[i]), used, count, src});
+    src += count;
+  }
+  AppendOp op{layout_[KVGC_CLASS_FP16], k, v, int64_t(t.length), opts_.sinks, runs_.data(),
+              uint32_t(runs_.size())};
+  Status st = backend_->append(op, stream);
+  if (!st.ok()) {
+    for (size_t j = first_new; j < t.pages.size(); ++j) pool_.free(t.pages[j]);
+    t.pages.resize(first_new);
+    return st;
+  }
+  for (size_t r = 0; r < runs_.size(); ++r) {  // run r fills page first_page + r
+    PageDesc& d = pool_.desc(t.pages[first_page + r]);
+    d.used = uint16_t(d.used + runs_[r].count);
+    d.live = uint16_t(d.live + runs_[r].count);
+  }
+  t.used += n;
+  t.live += n;
+  t.length += n;
+  counters_.appends += 1;
+  counters_.tokens_appended += n;
+  counters_.pages_allocated += need;
+  return Status::Ok();
+}
+
+Status Heap::tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length) {
+  Sequence* s;
+  KVGC_TRY(find(seq, layer, "kvgc_seq_tokens", &s));
+  if (live) *live = s->layers[layer].live;
+  if (length) *length = s->layers[layer].length;
+  return Status::Ok();
+}
+
+Status Heap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_t* pos_out,
+                  uint64_t capacity, uint64_t* n_out, void* stream) {
+  Sequence* s;
+  KVGC_TRY(find(seq, layer, "kvgc_read", &s));
+  const PageTable& t = s->layers[layer];
+  const uint32_t elem = dtype_bytes(model_.dtype);
+  if (k_out) KVGC_TRY(backend_->check_pointer(k_out, "kvgc_read: k_out"));
+  if (v_out) KVGC_TRY(backend_->check_pointer(v_out, "kvgc_read: v_out"));
+  if (pos_out) KVGC_TRY(backend_->check_pointer(pos_out, "kvgc_read: pos_out"));
+  if (uintptr_t(k_out) % elem || uintptr_t(v_out) % elem || uintptr_t(pos_out) % 4)
+    return fail(KVGC_EINVAL, "kvgc_read: k_out/v_out must be aligned to " +
+                                 std::to_string(elem) + " bytes and pos_out to 4");
+  *n_out = t.live;
+  if ((k_out || v_out || pos_out) && capacity < t.live)
+    return fail(KVGC_EINVAL, "kvgc_read: capacity " + std::to_string(capacity) +
+                                 " is smaller than the segment's " + std::to_string(t.live) +
+                                 " live tokens");
+  if (!(k_out || v_out || pos_out) || t.live == 0) return Status::Ok();
+  gather_.clear();
+  gather_.reserve(t.pages.size());
+  uint64_t row = 0;
+  for (PageId p : t.pages) {
+    const uint16_t live = pool_.desc(p).live;
+    if (live) gather_.push_back({page_ptr(p), row});
+    row += live;
+  }
+  GatherOp op{layout_[KVGC_CLASS_FP16], gather_.data(), uint32_t(gather_.size()), k_out, v_out,
+              pos_out};
+  return backend_->gather(op, stream);
+}
+
+void Heap::stats(kvgc_stats* o) const {
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->version = KVGC_STATS_VERSION;
+  o->device = backend_->kind();
+  const Arena& a = pool_.arena();
+  o->arena_bytes = arena_bytes_;
+  o->slab_bytes = a.slab_bytes();
+  o->slabs_total = a.slabs();
+  o->slabs_free = a.free_slabs();
+  o->free_bytes = uint64_t(a.free_slabs()) * a.slab_bytes();
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    const ClassCounts& n = pool_.counts(c);
+    kvgc_class_stats& cs = o->cls[c];
+    cs.page_bytes = pool_.page_bytes(c);
+    cs.slabs = n.slabs;
+    cs.reserved_bytes = n.slabs * a.slab_bytes();
+    cs.used_bytes = n.pages_used * cs.page_bytes;
+    cs.free_bytes = cs.reserved_bytes - cs.used_bytes;
+    cs.pages_used = n.pages_used;
+    cs.pages_free = n.pages_free;
+    o->free_bytes += cs.free_bytes;
+  }
+  o->sequences = seqs_.size();
+  for (const auto& [id, s] : seqs_)
+    for (const PageTable& t : s->layers) {
+      o->segments += !t.pages.empty();
+      o->live_tokens += t.live;
+      o->slots_held += t.held_slots(opts_.page_tokens);
+      o->dead_slots += t.dead();
+    }
+  o->fragmentation = o->slots_held ? double(o->dead_slots) / double(o->slots_held) : 0.0;
+  o->appends = counters_.appends;
+  o->tokens_appended = counters_.tokens_appended;
+  o->pages_allocated = counters_.pages_allocated;
+  o->pages_freed = counters_.pages_freed;
+  o->slabs_acquired = pool_.slabs_acquired();
+  o->slabs_released = pool_.slabs_released();
+  o->enomem = counters_.enomem;
+}
+
+}  // namespace kvgc

@@ -1,0 +1,80 @@
+// The heap: one model's KV memory on one device. Owns the backend, the arena, the
+// page pool and the sequences; implements the C API's verbs under one lock.
+//
+// Host owns pages, device owns tokens: the page tables and per-page counts below are
+// host structures; slot metadata (live bits, positions, scores, generations) lives in
+// the pages themselves, in device memory, written only by data-plane ops.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "../allocator/page_table.hpp"
+#include "../kernels/page_layout.hpp"
+#include "backend.hpp"
+
+namespace kvgc {
+
+struct Sequence {
+  uint32_t tenant = 0;
+  uint32_t slot = 0;               // index into Heap::seq_slots_; segment ids derive from it
+  std::vector<PageTable> layers;   // one segment per layer
+};
+
+struct Counters {
+  uint64_t appends = 0, tokens_appended = 0, pages_allocated = 0, pages_freed = 0, enomem = 0;
+};
+
+class Heap {
+ public:
+  // Resolves options (environment included), picks the backend and reserves the arena.
+  static Status create(const kvgc_model_desc& model, const kvgc_heap_options& opts,
+                       std::unique_ptr<Heap>* out);
+  ~Heap();
+
+  std::mutex& mutex() { return mu_; }
+  const kvgc_model_desc& model() const { return model_; }
+  const kvgc_heap_options& options() const { return opts_; }
+  Backend& backend() { return *backend_; }
+  const PageLayout& layout(int cls) const { return layout_[cls]; }
+
+  Status seq_create(uint32_t tenant, kvgc_seq* out);
+  Status seq_destroy(kvgc_seq seq);
+  Status append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, uint32_t n,
+                void* stream);
+  Status tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length);
+  Status read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_t* pos_out,
+              uint64_t capacity, uint64_t* n_out, void* stream);
+  void stats(kvgc_stats* out) const;  // a full struct; the C glue copies struct_size
+  Status check();                     // the invariant walker
+
+ private:
+  Heap() = default;
+  Status find(kvgc_seq seq, uint32_t layer, const char* fn, Sequence** out);
+  SegmentId segment_id(const Sequence& s, uint32_t layer) const {
+    return s.slot * model_.n_layers + layer;
+  }
+  uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
+  void free_pages(PageTable& t);
+
+  std::mutex mu_;
+  kvgc_model_desc model_{};
+  kvgc_heap_options opts_{};
+  std::unique_ptr<Backend> backend_;
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  PageLayout layout_[KVGC_CLASS_COUNT];
+  PagePool pool_;
+  std::unordered_map<kvgc_seq, std::unique_ptr<Sequence>> seqs_;
+  std::vector<Sequence*> seq_slots_;  // slot -> sequence (null when free)
+  std::vector<uint32_t> free_slots_;
+  kvgc_seq next_seq_ = 1;
+  Counters counters_;
+  // Scratch reused across calls so that the decode path does not allocate.
+  std::vector<AppendRun> runs_;
+  std::vector<GatherPage> gather_;
+};
+
+}  // namespace kvgc

@@ -1,0 +1,325 @@
+#include "options.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "../kernels/page_layout.hpp"
+
+namespace kvgc {
+namespace {
+
+constexpr uint64_t kDefaultSeed = 0x6b766763;  // "kvgc"
+constexpr uint32_t kDefaultSlab = 2u << 20;
+constexpr uint32_t kMaxSinks = 1u << 20;
+constexpr uint32_t kMaxWindow = 1u << 24;
+
+struct Choice {
+  const char* name;
+  int value;
+};
+constexpr Choice kDevices[] = {{"auto", KVGC_DEVICE_AUTO}, {"cpu", KVGC_DEVICE_CPU},
+                               {"cuda", KVGC_DEVICE_CUDA}};
+constexpr Choice kPolicies[] = {{"generational", KVGC_POLICY_GENERATIONAL},
+                                {"full", KVGC_POLICY_FULL},
+                                {"streaming", KVGC_POLICY_STREAMING},
+                                {"h2o", KVGC_POLICY_H2O},
+                                {"random", KVGC_POLICY_RANDOM}};
+constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF}, {"int4", KVGC_DEMOTE_INT4}};
+constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
+                                    {"pyramid", KVGC_LAYER_BUDGET_PYRAMID}};
+
+template <size_t N>
+const char* choice_name(const Choice (&c)[N], int v) {
+  for (const Choice& x : c)
+    if (x.value == v) return x.name;
+  return "?";
+}
+template <size_t N>
+bool parse_choice(const Choice (&c)[N], const std::string& s, int* out) {
+  for (const Choice& x : c)
+    if (s == x.name) {
+      *out = x.value;
+      return true;
+    }
+  return false;
+}
+
+std::string trim(const char* s) {
+  std::string t(s);
+  const auto b = t.find_first_not_of(" \t");
+  const auto e = t.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+}
+
+bool parse_double(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (errno || end != s.c_str() + s.size() || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_u64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s[0] == '-' || s[0] == '+') return false;
+  errno = 0;
+  char* end = nullptr;
+  const bool hex = s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  const unsigned long long v = std::strtoull(s.c_str(), &end, hex ? 16 : 10);
+  if (errno || end != s.c_str() + s.size()) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_u32_range(const std::string& s, uint32_t lo, uint32_t hi, uint32_t* out) {
+  uint64_t v;
+  if (!parse_u64(s, &v) || v < lo || v > hi) return false;
+  *out = uint32_t(v);
+  return true;
+}
+
+// One row per variable: documentation plus how to apply a value.
+struct Row {
+  OptionDoc doc;
+  bool (*apply)(const std::string& value, kvgc_heap_options* o);
+};
+
+const Row kRows[] = {
+    {{"KVGC_DEVICE", "auto|cpu|cuda", "auto",
+      "backend: cuda when a device answers (auto), else cpu"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       int v;
+       return parse_choice(kDevices, s, &v) && (o->device = kvgc_device(v), true);
+     }},
+    {{"KVGC_POLICY", "generational|full|streaming|h2o|random", "generational",
+      "eviction policy (one GC mechanism, different priority keys)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       int v;
+       return parse_choice(kPolicies, s, &v) && (o->policy = kvgc_policy(v), true);
+     }},
+    {{"KVGC_BUDGET", "bytes with optional K|M|G|T suffix (binary), or N% of free memory",
+      "50%", "heap (arena) size, reserved once at creation"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       uint64_t b = 0;
+       double f = 0;
+       if (!parse_bytes_or_percent(s, &b, &f)) return false;
+       if (b == 0 && (f <= 0 || f > 1)) return false;
+       o->budget_bytes = b;
+       o->budget_fraction = b ? o->budget_fraction : f;
+       return true;
+     }},
+    {{"KVGC_TOKEN_BUDGET", "a token count (4096), a fraction (0.25) or a percentage (25%)",
+      "none", "live tokens each segment keeps: absolute, or relative to the sequence length"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       uint64_t c = 0;
+       double f = 0;
+       if (!parse_count_or_fraction(s, &c, &f)) return false;
+       o->token_budget = c;
+       o->token_budget_fraction = f;
+       return true;
+     }},
+    {{"KVGC_SINKS", "integer 0..1048576", "4", "first tokens of a sequence never evicted"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       return parse_u32_range(s, 0, kMaxSinks, &o->sinks);
+     }},
+    {{"KVGC_WINDOW", "integer 0..16777216", "64", "young window: newest tokens never evicted"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       return parse_u32_range(s, 0, kMaxWindow, &o->window);
+     }},
+    {{"KVGC_PAGE_TOKENS", "integer 1..256", "16", "token slots per page"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       return parse_u32_range(s, 1, kMaxPageTokens, &o->page_tokens);
+     }},
+    {{"KVGC_COMPACT_THRESHOLD", "a fraction in (0, 1]", "0.25",
+      "segment fragmentation (dead/held slots) that triggers compaction"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       double v;
+       return parse_double(s, &v) && v > 0 && v <= 1 && (o->compact_threshold = v, true);
+     }},
+    {{"KVGC_DEMOTE", "off|int4", "off", "demote low-ranked tokens to int4 before evicting"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       int v;
+       return parse_choice(kDemotes, s, &v) && (o->demote = kvgc_demote(v), true);
+     }},
+    {{"KVGC_LAYER_BUDGET", "uniform|pyramid", "uniform",
+      "split of the token budget across layers (pyramid: more for lower layers)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       int v;
+       return parse_choice(kLayerBudgets, s, &v) &&
+              (o->layer_budget = kvgc_layer_budget(v), true);
+     }},
+    {{"KVGC_SCORE_NOISE", "a number >= 0 (0 = off)", "0",
+      "Laplace noise scale on scores before ranking"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       double v;
+       return parse_double(s, &v) && v >= 0 && (o->score_noise = v, true);
+     }},
+    {{"KVGC_SEED", "unsigned integer (decimal or 0x hex)", "0x6b766763",
+      "seed for random eviction and score noise"},
+     [](const std::string& s, kvgc_heap_options* o) { return parse_u64(s, &o->seed); }},
+    {{"KVGC_VERBOSE", "0|1", "0", "1 prints the effective configuration to stderr"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       return (s == "0" || s == "1") && (o->verbose = s == "1", true);
+     }},
+};
+
+}  // namespace
+
+const std::vector<OptionDoc>& option_docs() {
+  static const std::vector<OptionDoc> docs = [] {
+    std::vector<OptionDoc> d;
+    for (const Row& r : kRows) d.push_back(r.doc);
+    return d;
+  }();
+  return docs;
+}
+
+void options_defaults(kvgc_heap_options* o) {
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->device = KVGC_DEVICE_AUTO;
+  o->budget_fraction = 0.5;
+  o->policy = KVGC_POLICY_GENERATIONAL;
+  o->sinks = 4;
+  o->window = 64;
+  o->page_tokens = 16;
+  o->compact_threshold = 0.25;
+  o->demote = KVGC_DEMOTE_OFF;
+  o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
+  o->seed = kDefaultSeed;
+  o->slab_bytes = kDefaultSlab;
+}
+
+Status options_validate(const kvgc_heap_options& o) {
+  auto bad = [](const char* field, const std::string& why) {
+    return fail(KVGC_EINVAL, std::string("opts->") + field + ": " + why);
+  };
+  if (o.flags & ~KVGC_OPT_IGNORE_ENV) return bad("flags", "unknown bits set");
+  if (o.device < KVGC_DEVICE_AUTO || o.device > KVGC_DEVICE_CUDA)
+    return bad("device", "must be KVGC_DEVICE_AUTO, _CPU or _CUDA");
+  if (o.cuda_device < 0) return bad("cuda_device", "must be >= 0");
+  if (o.budget_bytes == 0 && !(o.budget_fraction > 0 && o.budget_fraction <= 1))
+    return bad("budget_fraction", "must be in (0, 1] when budget_bytes is 0");
+  if (o.policy < KVGC_POLICY_GENERATIONAL || o.policy > KVGC_POLICY_RANDOM)
+    return bad("policy", "unknown policy");
+  if (!(o.token_budget_fraction >= 0 && o.token_budget_fraction <= 1))
+    return bad("token_budget_fraction", "must be in [0, 1]");
+  if (o.token_budget && o.token_budget_fraction > 0)
+    return bad("token_budget", "set token_budget or token_budget_fraction, not both");
+  if (o.sinks > kMaxSinks) return bad("sinks", "must be <= 1048576");
+  if (o.window > kMaxWindow) return bad("window", "must be <= 16777216");
+  if (o.page_tokens < 1 || o.page_tokens > kMaxPageTokens)
+    return bad("page_tokens", "must be in 1..256");
+  if (!(o.compact_threshold > 0 && o.compact_threshold <= 1))
+    return bad("compact_threshold", "must be in (0, 1]");
+  if (o.demote != KVGC_DEMOTE_OFF && o.demote != KVGC_DEMOTE_INT4)
+    return bad("demote", "must be KVGC_DEMOTE_OFF or _INT4");
+  if (o.layer_budget != KVGC_LAYER_BUDGET_UNIFORM && o.layer_budget != KVGC_LAYER_BUDGET_PYRAMID)
+    return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM or _PYRAMID");
+  if (!(o.score_noise >= 0 && std::isfinite(o.score_noise)))
+    return bad("score_noise", "must be a finite number >= 0");
+  if (o.slab_bytes < (64u << 10) || o.slab_bytes > (1u << 30) || o.slab_bytes % kPageAlign)
+    return bad("slab_bytes", "must be a multiple of 256 in 64 KiB..1 GiB");
+  return Status::Ok();
+}
+
+Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn) {
+  kvgc_heap_options next = *o;  // all or nothing: a bad variable changes nothing
+  for (const Row& r : kRows) {
+    const char* raw = getenv_fn(r.doc.env);
+    if (!raw) continue;
+    const std::string v = trim(raw);
+    if (!r.apply(v, &next))
+      return fail(KVGC_EINVAL, std::string(r.doc.env) + "='" + raw +
+                                   "' is malformed; accepted: " + r.doc.forms);
+  }
+  *o = next;
+  return Status::Ok();
+}
+
+std::string options_describe(const kvgc_heap_options& o) {
+  char buf[1024];
+  std::string budget = o.budget_bytes ? std::to_string(o.budget_bytes) + " bytes"
+                                      : std::to_string(o.budget_fraction * 100) + "% of free";
+  std::string tokens = o.token_budget ? std::to_string(o.token_budget)
+                       : o.token_budget_fraction > 0
+                           ? std::to_string(o.token_budget_fraction) + " of length"
+                           : "none";
+  std::snprintf(buf, sizeof buf,
+                "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
+                "KVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
+                "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
+                "KVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\nslab_bytes=%u\n",
+                device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
+                o.sinks, o.window, o.page_tokens, o.compact_threshold,
+                choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
+                o.score_noise, (unsigned long long)o.seed, o.slab_bytes);
+  return buf;
+}
+
+bool parse_bytes_or_percent(const std::string& s, uint64_t* bytes, double* fraction) {
+  *bytes = 0;
+  *fraction = 0;
+  if (s.empty()) return false;
+  if (s.back() == '%') {
+    double p;
+    if (!parse_double(s.substr(0, s.size() - 1), &p) || p <= 0 || p > 100) return false;
+    *fraction = p / 100;
+    return true;
+  }
+  std::string num = s;
+  double mult = 1;
+  // Accept 2G, 2GB, 2GiB (all binary), case-insensitive suffix.
+  auto ends = [&](const char* suf) {
+    const size_t n = std::strlen(suf);
+    if (num.size() <= n) return false;
+    for (size_t i = 0; i < n; ++i)
+      if (std::tolower(num[num.size() - n + i]) != suf[i]) return false;
+    num.resize(num.size() - n);
+    return true;
+  };
+  if (!ends("ib")) ends("b");
+  const char units[] = "kmgt";
+  for (int i = 0; i < 4; ++i)
+    if (!num.empty() && std::tolower(num.back()) == units[i]) {
+      num.pop_back();
+      mult = std::ldexp(1.0, 10 * (i + 1));
+      break;
+    }
+  double v;
+  if (!parse_double(num, &v) || v <= 0 || num[0] == '+') return false;
+  const double b = v * mult;
+  if (b >= 18446744073709551615.0 || (mult == 1 && v != std::floor(v))) return false;
+  *bytes = uint64_t(b);
+  return *bytes > 0;
+}
+
+bool parse_count_or_fraction(const std::string& s, uint64_t* count, double* fraction) {
+  *count = 0;
+  *fraction = 0;
+  if (s.empty()) return false;
+  if (s.back() == '%') {
+    double p;
+    if (!parse_double(s.substr(0, s.size() - 1), &p) || p <= 0 || p > 100) return false;
+    *fraction = p / 100;
+    return true;
+  }
+  if (s.find_first_of(".eE") != std::string::npos) {
+    double f;
+    if (!parse_double(s, &f) || f <= 0 || f > 1) return false;
+    *fraction = f;
+    return true;
+  }
+  return parse_u64(s, count) && *count > 0 && s[0] != '0';
+}
+
+const char* policy_name(kvgc_policy p) { return choice_name(kPolicies, p); }
+const char* device_name(kvgc_device d) { return choice_name(kDevices, d); }
+const char* dtype_name(kvgc_dtype d) {
+  return d == KVGC_DTYPE_F16 ? "f16" : d == KVGC_DTYPE_BF16 ? "bf16" : d == KVGC_DTYPE_F32 ? "f32" : "?";
+}
+
+}  // namespace kvgc

@@ -1,0 +1,49 @@
+// The options table: every KVGC_* variable with its default, accepted forms, parser
+// and doc line, in one place (mimalloc's options.c is the model). Read once, when a
+// heap is created; a malformed value is an error naming the variable, never a default.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "status.hpp"
+
+namespace kvgc {
+
+struct OptionDoc {
+  const char* env;      // "KVGC_POLICY"
+  const char* forms;    // accepted forms, as printed in errors
+  const char* deflt;    // default, as text
+  const char* doc;      // one line
+};
+
+// The table, in the order the README and KVGC_VERBOSE print it.
+const std::vector<OptionDoc>& option_docs();
+
+// Fills `o` from the defaults (what kvgc_heap_options_init sets).
+void options_defaults(kvgc_heap_options* o);
+
+// Checks every field of a caller's struct: ranges and enum values; the message names
+// the field ("opts->page_tokens").
+Status options_validate(const kvgc_heap_options& o);
+
+// Applies KVGC_* over `o`. `getenv_fn` is injectable so tests need not touch the
+// process environment. The message names the variable and its accepted forms.
+using GetEnv = const char* (*)(const char*);
+Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn);
+
+// The effective configuration, one "KVGC_X=value" per line (for KVGC_VERBOSE=1).
+std::string options_describe(const kvgc_heap_options& o);
+
+// Parsers, exposed for tests and tools (kvgc-plan reads budgets the same way).
+// "512M", "2G", "1.5G", "1048576", "64K" -> bytes (binary units). "40%" -> fraction.
+bool parse_bytes_or_percent(const std::string& s, uint64_t* bytes, double* fraction);
+// "4096" -> count; "0.25" or "25%" -> fraction of the sequence length.
+bool parse_count_or_fraction(const std::string& s, uint64_t* count, double* fraction);
+
+const char* policy_name(kvgc_policy p);
+const char* device_name(kvgc_device d);
+const char* dtype_name(kvgc_dtype d);
+
+}  // namespace kvgc

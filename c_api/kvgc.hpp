@@ -1,0 +1,136 @@
+// kvgc.hpp -- a thin, header-only C++ layer over kvgc.h: RAII handles and exceptions.
+//
+// The C API never throws; this header turns a failed status into kvgc::Error (status
+// plus kvgc_errmsg), so C++ engines can write straight-line code. It adds no state:
+// everything it does goes through kvgc.h.
+//
+//   kvgc::Heap heap(model);                 // defaults, then KVGC_* environment
+//   kvgc::Sequence seq(heap, /*tenant=*/0);  // destroyed with its scope
+//   seq.append(layer, k, v, n);              // throws kvgc::Error on failure
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "kvgc.h"
+
+namespace kvgc {
+
+class Error : public std::runtime_error {
+ public:
+  Error(kvgc_status status, const std::string& msg)
+      : std::runtime_error(std::string(kvgc_status_str(status)) + ": " + msg), status_(status) {}
+  kvgc_status status() const noexcept { return status_; }
+
+ private:
+  kvgc_status status_;
+};
+
+// Throws kvgc::Error unless `s` is KVGC_OK; the message is the calling thread's.
+inline void check(kvgc_status s, const kvgc_heap* heap = nullptr) {
+  if (s != KVGC_OK) throw Error(s, kvgc_errmsg(heap));
+}
+
+inline kvgc_model_desc model_desc(uint32_t layers, uint32_t q_heads, uint32_t kv_heads,
+                                  uint32_t head_dim, kvgc_dtype dtype = KVGC_DTYPE_F16) {
+  kvgc_model_desc m;
+  check(kvgc_model_desc_init(&m));
+  m.n_layers = layers;
+  m.n_q_heads = q_heads;
+  m.n_kv_heads = kv_heads;
+  m.head_dim = head_dim;
+  m.dtype = dtype;
+  return m;
+}
+
+inline kvgc_heap_options default_options() {
+  kvgc_heap_options o;
+  check(kvgc_heap_options_init(&o));
+  return o;
+}
+
+class Heap {
+ public:
+  // opts == nullptr: defaults, then environment (as kvgc_heap_create).
+  explicit Heap(const kvgc_model_desc& model, const kvgc_heap_options* opts = nullptr) {
+    check(kvgc_heap_create(&model, opts, &h_));
+  }
+  Heap(const kvgc_model_desc& model, const kvgc_heap_options& opts) : Heap(model, &opts) {}
+  ~Heap() { kvgc_heap_destroy(h_); }
+  Heap(Heap&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  Heap& operator=(Heap&& o) noexcept {
+    if (this != &o) {
+      kvgc_heap_destroy(h_);
+      h_ = std::exchange(o.h_, nullptr);
+    }
+    return *this;
+  }
+  Heap(const Heap&) = delete;
+  Heap& operator=(const Heap&) = delete;
+
+  kvgc_heap* get() const noexcept { return h_; }
+
+  kvgc_stats stats() const {
+    kvgc_stats s;
+    check(kvgc_stats_init(&s));
+    check(kvgc_get_stats(h_, &s), h_);
+    return s;
+  }
+  kvgc_heap_options options() const {
+    kvgc_heap_options o;
+    check(kvgc_heap_options_init(&o));
+    check(kvgc_heap_get_options(h_, &o), h_);
+    return o;
+  }
+  // The invariant walker; throws kvgc::Error (KVGC_EINTERNAL) on a violation.
+  void check_invariants() const { check(kvgc_heap_check(h_), h_); }
+
+ private:
+  kvgc_heap* h_ = nullptr;
+};
+
+// One request's cache; destroys the sequence (and frees its pages) with its scope.
+class Sequence {
+ public:
+  Sequence(Heap& heap, uint32_t tenant) : heap_(heap.get()) {
+    check(kvgc_seq_create(heap_, tenant, &id_), heap_);
+  }
+  ~Sequence() {
+    if (id_) kvgc_seq_destroy(heap_, id_);
+  }
+  Sequence(Sequence&& o) noexcept : heap_(o.heap_), id_(std::exchange(o.id_, 0)) {}
+  Sequence& operator=(Sequence&&) = delete;
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  kvgc_seq id() const noexcept { return id_; }
+
+  void append(uint32_t layer, const void* k, const void* v, uint32_t n,
+              void* stream = nullptr) {
+    check(kvgc_append(heap_, id_, layer, k, v, n, stream), heap_);
+  }
+  // Returns the live count; outputs may be null (then only the count is returned).
+  uint64_t read(uint32_t layer, void* k_out, void* v_out, int32_t* pos_out, uint64_t capacity,
+                void* stream = nullptr) {
+    uint64_t n = 0;
+    check(kvgc_read(heap_, id_, layer, k_out, v_out, pos_out, capacity, &n, stream), heap_);
+    return n;
+  }
+  uint64_t live(uint32_t layer) {
+    uint64_t live = 0;
+    check(kvgc_seq_tokens(heap_, id_, layer, &live, nullptr), heap_);
+    return live;
+  }
+  uint64_t length(uint32_t layer) {
+    uint64_t len = 0;
+    check(kvgc_seq_tokens(heap_, id_, layer, nullptr, &len), heap_);
+    return len;
+  }
+
+ private:
+  kvgc_heap* heap_;
+  kvgc_seq id_ = 0;
+};
+
+}  // namespace kvgc

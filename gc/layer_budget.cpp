@@ -11,21 +11,24 @@ std::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_laye
   std::vector<uint64_t> out(n_layers, mean_budget);
   if (kind == KVGC_LAYER_BUDGET_UNIFORM || n_layers < 2) return out;
 
+  // A floor above the mean cannot hold for every layer: the total wins.
+  min_per_layer = std::min(min_per_layer, mean_budget);
   const double total = double(mean_budget) * n_layers;
   const double lo = double(mean_budget) / kPyramidBeta;  // top layer
   const double hi = 2.0 * double(mean_budget) - lo;      // bottom layer
-  std::vector<double> want(n_layers);
-  for (uint32_t l = 0; l < n_layers; ++l)
-    want[l] = std::max(double(min_per_layer), hi - (hi - lo) * l / (n_layers - 1));
-  // Raising layers to the floor adds tokens: take them back from the largest layers.
-  double excess = std::accumulate(want.begin(), want.end(), 0.0) - total;
-  for (uint32_t l = 0; excess > 0 && l < n_layers; ++l) {
-    const double give = std::min(excess, want[l] - double(min_per_layer));
-    if (give > 0) {
-      want[l] -= give;
-      excess -= give;
-    }
+  // Every layer gets the floor; what is left is shared in proportion to how far the
+  // pyramid rises above the floor, so the shape stays monotone and the total exact.
+  std::vector<double> want(n_layers), rise(n_layers);
+  double rise_sum = 0;
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    const double p = hi - (hi - lo) * l / (n_layers - 1);
+    rise[l] = std::max(0.0, p - double(min_per_layer));
+    rise_sum += rise[l];
   }
+  const double extra = total - double(min_per_layer) * n_layers;
+  for (uint32_t l = 0; l < n_layers; ++l)
+    want[l] = double(min_per_layer) +
+              (rise_sum > 0 ? extra * rise[l] / rise_sum : extra / n_layers);
   // Largest remainders: floors first, then +1 to the biggest fractional parts.
   uint64_t assigned = 0;
   std::vector<std::pair<double, uint32_t>> frac(n_layers);

@@ -252,11 +252,11 @@ std::string options_describe(const kvgc_heap_options& o) {
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
                 "KVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
-                "KVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\nslab_bytes=%u\n",
+                "KVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
                 o.sinks, o.window, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
-                o.score_noise, (unsigned long long)o.seed, o.slab_bytes);
+                o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
   return buf;
 }
 

@@ -1,0 +1,196 @@
+// The options table: every KVGC_* variable, good and bad, through an injected getenv,
+// plus the end-to-end path through the real environment and kvgc_heap_create.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "../runtime/options.hpp"
+#include "util.hpp"
+
+using namespace kvgc;
+
+namespace {
+
+std::map<std::string, std::string> g_env;
+const char* fake_getenv(const char* name) {
+  auto it = g_env.find(name);
+  return it == g_env.end() ? nullptr : it->second.c_str();
+}
+
+kvgc_heap_options apply(std::map<std::string, std::string> env, Status* st) {
+  g_env = std::move(env);
+  kvgc_heap_options o;
+  options_defaults(&o);
+  *st = options_from_env(&o, &fake_getenv);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("defaults are documented and valid") {
+  kvgc_heap_options o;
+  options_defaults(&o);
+  CHECK(o.struct_size == sizeof o);
+  CHECK(options_validate(o).ok());
+  CHECK(o.policy == KVGC_POLICY_GENERATIONAL);
+  CHECK(o.page_tokens == 16);
+  CHECK(o.sinks == 4);
+  CHECK(option_docs().size() == 13);
+  for (const OptionDoc& d : option_docs()) {
+    CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
+    CHECK(std::string(d.doc).size() > 10);
+  }
+}
+
+TEST_CASE("every variable accepts its documented forms") {
+  Status st;
+  auto o = apply({{"KVGC_DEVICE", "cpu"},
+                  {"KVGC_POLICY", "h2o"},
+                  {"KVGC_BUDGET", "512M"},
+                  {"KVGC_TOKEN_BUDGET", "4096"},
+                  {"KVGC_SINKS", "8"},
+                  {"KVGC_WINDOW", " 128 "},
+                  {"KVGC_PAGE_TOKENS", "32"},
+                  {"KVGC_COMPACT_THRESHOLD", "0.4"},
+                  {"KVGC_DEMOTE", "int4"},
+                  {"KVGC_LAYER_BUDGET", "pyramid"},
+                  {"KVGC_SCORE_NOISE", "0.01"},
+                  {"KVGC_SEED", "0x1234"},
+                  {"KVGC_VERBOSE", "1"}},
+                 &st);
+  REQUIRE(st.ok());
+  CHECK(o.device == KVGC_DEVICE_CPU);
+  CHECK(o.policy == KVGC_POLICY_H2O);
+  CHECK(o.budget_bytes == 512ull << 20);
+  CHECK(o.token_budget == 4096);
+  CHECK(o.sinks == 8);
+  CHECK(o.window == 128);
+  CHECK(o.page_tokens == 32);
+  CHECK(o.compact_threshold == doctest::Approx(0.4));
+  CHECK(o.demote == KVGC_DEMOTE_INT4);
+  CHECK(o.layer_budget == KVGC_LAYER_BUDGET_PYRAMID);
+  CHECK(o.score_noise == doctest::Approx(0.01));
+  CHECK(o.seed == 0x1234);
+  CHECK(o.verbose == 1);
+  CHECK(options_validate(o).ok());
+
+  for (auto [v, p] : std::map<std::string, kvgc_policy>{{"generational", KVGC_POLICY_GENERATIONAL},
+                                                         {"full", KVGC_POLICY_FULL},
+                                                         {"streaming", KVGC_POLICY_STREAMING},
+                                                         {"random", KVGC_POLICY_RANDOM}}) {
+    o = apply({{"KVGC_POLICY", v}}, &st);
+    CHECK(st.ok());
+    CHECK(o.policy == p);
+  }
+  o = apply({{"KVGC_BUDGET", "40%"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.budget_bytes == 0);
+  CHECK(o.budget_fraction == doctest::Approx(0.4));
+  o = apply({{"KVGC_BUDGET", "1.5GiB"}}, &st);
+  CHECK(o.budget_bytes == 3ull << 29);
+  o = apply({{"KVGC_TOKEN_BUDGET", "25%"}}, &st);
+  CHECK(o.token_budget_fraction == doctest::Approx(0.25));
+  o = apply({{"KVGC_TOKEN_BUDGET", "0.1"}}, &st);
+  CHECK(o.token_budget_fraction == doctest::Approx(0.1));
+  CHECK(o.token_budget == 0);
+  o = apply({{"KVGC_SEED", "18446744073709551615"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.seed == UINT64_MAX);
+}
+
+TEST_CASE("a malformed variable fails, names itself and its forms, and changes nothing") {
+  const std::map<std::string, std::string> bad = {
+      {"KVGC_DEVICE", "gpu"},          {"KVGC_POLICY", "bogus"},
+      {"KVGC_BUDGET", "12Q"},          {"KVGC_BUDGET", "0"},
+      {"KVGC_BUDGET", "150%"},         {"KVGC_BUDGET", "-5G"},
+      {"KVGC_TOKEN_BUDGET", "1.5"},    {"KVGC_TOKEN_BUDGET", "abc"},
+      {"KVGC_TOKEN_BUDGET", "0"},      {"KVGC_SINKS", "-1"},
+      {"KVGC_WINDOW", "99999999999"},  {"KVGC_PAGE_TOKENS", "abc"},
+      {"KVGC_PAGE_TOKENS", "0"},       {"KVGC_PAGE_TOKENS", "257"},
+      {"KVGC_COMPACT_THRESHOLD", "0"}, {"KVGC_COMPACT_THRESHOLD", "nan"},
+      {"KVGC_DEMOTE", "int8"},         {"KVGC_LAYER_BUDGET", "triangle"},
+      {"KVGC_SCORE_NOISE", "-0.1"},    {"KVGC_SCORE_NOISE", "inf"},
+      {"KVGC_SEED", "0xZZ"},           {"KVGC_VERBOSE", "yes"},
+  };
+  // std::map keeps one value per key: list the extra bad values explicitly too.
+  const std::pair<const char*, const char*> more[] = {
+      {"KVGC_BUDGET", "0"}, {"KVGC_BUDGET", "150%"}, {"KVGC_PAGE_TOKENS", "257"},
+      {"KVGC_TOKEN_BUDGET", "0"}, {"KVGC_SCORE_NOISE", "inf"}, {"KVGC_BUDGET", "1.5"}};
+  auto expect_bad = [](const std::string& var, const std::string& val) {
+    Status st;
+    // A good variable applied alongside must not survive the failure either.
+    const std::string good = var == "KVGC_SINKS" ? "KVGC_WINDOW" : "KVGC_SINKS";
+    kvgc_heap_options o = apply({{good, "7"}, {var, val}}, &st);
+    INFO(var << "=" << val);
+    CHECK(st.code == KVGC_EINVAL);
+    CHECK(st.msg.find(var) != std::string::npos);
+    CHECK(st.msg.find("accepted:") != std::string::npos);
+    kvgc_heap_options d;
+    options_defaults(&d);
+    CHECK(o.sinks == d.sinks);
+    CHECK(o.window == d.window);
+  };
+  for (const auto& [var, val] : bad) expect_bad(var, val);
+  for (const auto& [var, val] : more) expect_bad(var, val);
+}
+
+TEST_CASE("validate names the field of a bad options struct") {
+  kvgc_heap_options o;
+  options_defaults(&o);
+  o.page_tokens = 0;
+  Status st = options_validate(o);
+  CHECK(st.code == KVGC_EINVAL);
+  CHECK(st.msg.find("opts->page_tokens") != std::string::npos);
+  options_defaults(&o);
+  o.policy = kvgc_policy(99);
+  CHECK(options_validate(o).msg.find("opts->policy") != std::string::npos);
+  options_defaults(&o);
+  o.token_budget = 10;
+  o.token_budget_fraction = 0.5;
+  CHECK(options_validate(o).msg.find("token_budget") != std::string::npos);
+  options_defaults(&o);
+  o.slab_bytes = 1000;
+  CHECK(options_validate(o).msg.find("opts->slab_bytes") != std::string::npos);
+}
+
+TEST_CASE("the real environment reaches kvgc_heap_create, and a bad value fails it") {
+  const kvgc_model_desc m = kvgc_test::model(2, 2, 64);
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  o.device = KVGC_DEVICE_CPU;
+  o.budget_bytes = 8 << 20;
+  setenv("KVGC_PAGE_TOKENS", "abc", 1);
+  kvgc_heap* h = reinterpret_cast<kvgc_heap*>(0x1);
+  CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
+  CHECK(h == nullptr);
+  CHECK(std::string(kvgc_errmsg(nullptr)).find("KVGC_PAGE_TOKENS") != std::string::npos);
+  // KVGC_OPT_IGNORE_ENV makes the struct final.
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_heap_destroy(h);
+  setenv("KVGC_PAGE_TOKENS", "8", 1);
+  setenv("KVGC_POLICY", "streaming", 1);
+  o.flags = 0;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_heap_options got;
+  kvgc_heap_options_init(&got);
+  REQUIRE(kvgc_heap_get_options(h, &got) == KVGC_OK);
+  CHECK(got.page_tokens == 8);
+  CHECK(got.policy == KVGC_POLICY_STREAMING);
+  CHECK(got.device == KVGC_DEVICE_CPU);
+  kvgc_heap_destroy(h);
+  unsetenv("KVGC_PAGE_TOKENS");
+  unsetenv("KVGC_POLICY");
+}
+
+TEST_CASE("describe prints every variable") {
+  kvgc_heap_options o;
+  options_defaults(&o);
+  const std::string d = options_describe(o);
+  for (const OptionDoc& doc : option_docs()) {
+    INFO(doc.env);
+    CHECK(d.find(std::string(doc.env) + "=") != std::string::npos);
+  }
+}

@@ -1,0 +1,93 @@
+// Shared test helpers: model shapes, tagged K/V data and a verifying reader.
+//
+// Every element is a hash of (sequence, layer, position, head, dim, k|v): appends and
+// reads move bytes, never arithmetic, so any misplaced byte shows as a wrong tag.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvgc.h"
+
+namespace kvgc_test {
+
+inline uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+inline uint32_t tag(uint64_t seq, uint32_t layer, int64_t pos, uint32_t head, uint32_t dim,
+                    bool is_v) {
+  return mix((seq << 40) ^ (uint64_t(layer) << 52) ^ (uint64_t(pos) << 12) ^ (head << 20) ^
+             (dim << 1) ^ uint64_t(is_v) ^ 0x9e3779b97f4a7c15ull * (pos + 1));
+}
+
+inline kvgc_model_desc model(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                             kvgc_dtype dtype = KVGC_DTYPE_F16, uint32_t gqa = 1) {
+  kvgc_model_desc m;
+  kvgc_model_desc_init(&m);
+  m.n_layers = layers;
+  m.n_kv_heads = kv_heads;
+  m.n_q_heads = kv_heads * gqa;
+  m.head_dim = head_dim;
+  m.dtype = dtype;
+  return m;
+}
+
+inline size_t elem_bytes(const kvgc_model_desc& m) { return m.dtype == KVGC_DTYPE_F32 ? 4 : 2; }
+inline size_t token_bytes(const kvgc_model_desc& m) {
+  return size_t(m.n_kv_heads) * m.head_dim * elem_bytes(m);
+}
+
+// Tagged K (is_v = false) or V for positions [first, first + n) of (seq, layer).
+inline std::vector<uint8_t> tagged(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
+                                   int64_t first, uint32_t n, bool is_v) {
+  std::vector<uint8_t> out(size_t(n) * token_bytes(m));
+  const size_t eb = elem_bytes(m);
+  size_t i = 0;
+  for (uint32_t t = 0; t < n; ++t)
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h)
+      for (uint32_t d = 0; d < m.head_dim; ++d, ++i) {
+        const uint32_t x = tag(seq, layer, first + t, h, d, is_v);
+        std::memcpy(&out[i * eb], &x, eb);
+      }
+  return out;
+}
+
+// Empty string when rows [0, n) of k/v hold the tags of positions pos[0..n).
+inline std::string verify(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
+                          const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
+                          const std::vector<int32_t>& pos, uint64_t n) {
+  const size_t eb = elem_bytes(m), tb = token_bytes(m);
+  for (uint64_t r = 0; r < n; ++r) {
+    const auto expect_k = tagged(m, seq, layer, pos[r], 1, false);
+    const auto expect_v = tagged(m, seq, layer, pos[r], 1, true);
+    if (std::memcmp(&k[r * tb], expect_k.data(), tb) != 0)
+      return "K row " + std::to_string(r) + " (pos " + std::to_string(pos[r]) + ") differs";
+    if (std::memcmp(&v[r * tb], expect_v.data(), tb) != 0)
+      return "V row " + std::to_string(r) + " (pos " + std::to_string(pos[r]) + ") differs";
+  }
+  (void)eb;
+  return "";
+}
+
+// Options for tests: CPU, a fixed budget, environment ignored (tests must not depend
+// on the caller's shell).
+inline kvgc_heap_options cpu_options(uint64_t budget_bytes, uint32_t page_tokens = 16) {
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  o.device = KVGC_DEVICE_CPU;
+  o.budget_bytes = budget_bytes;
+  o.page_tokens = page_tokens;
+  o.slab_bytes = 64 << 10;
+  return o;
+}
+
+}  // namespace kvgc_test

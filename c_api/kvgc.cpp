@@ -15,7 +15,7 @@ using kvgc::Status;
 struct kvgc_heap {
   static constexpr uint64_t kMagic = 0x6b7667632d686561ull;  // "kvgc-hea"
   uint64_t magic = kMagic;
-  std::unique_ptr<kvgc::Heap> impl;
+  std::unique_ptr<kvgc::ManagedHeap> impl;
 };
 
 namespace {
@@ -154,7 +154,7 @@ kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_optio
       std::memcpy(&o, opts, sizeof o);
     }
     auto h = std::make_unique<kvgc_heap>();
-    Status st = kvgc::Heap::create(*model, o, &h->impl);
+    Status st = kvgc::ManagedHeap::create(*model, o, &h->impl);
     if (!st.ok()) {
       st.msg = "kvgc_heap_create: " + st.msg;
       return st;
@@ -172,7 +172,7 @@ void kvgc_heap_destroy(kvgc_heap* heap) {
 
 kvgc_status kvgc_heap_get_options(const kvgc_heap* heap, kvgc_heap_options* out) {
   return with_heap(const_cast<kvgc_heap*>(heap), "kvgc_heap_get_options",
-                   [&](kvgc::Heap& h) -> Status {
+                   [&](kvgc::ManagedHeap& h) -> Status {
                      if (!out) return fail(KVGC_EINVAL, "kvgc_heap_get_options: out is NULL");
                      KVGC_TRY(check_struct_size(out->struct_size, sizeof *out,
                                                 "kvgc_heap_get_options: out"));
@@ -182,30 +182,30 @@ kvgc_status kvgc_heap_get_options(const kvgc_heap* heap, kvgc_heap_options* out)
 }
 
 kvgc_status kvgc_heap_check(kvgc_heap* heap) {
-  return with_heap(heap, "kvgc_heap_check", [&](kvgc::Heap& h) { return h.check(); });
+  return with_heap(heap, "kvgc_heap_check", [&](kvgc::ManagedHeap& h) { return h.check(); });
 }
 
 kvgc_status kvgc_seq_create(kvgc_heap* heap, uint32_t tenant, kvgc_seq* seq_out) {
-  return with_heap(heap, "kvgc_seq_create", [&](kvgc::Heap& h) -> Status {
+  return with_heap(heap, "kvgc_seq_create", [&](kvgc::ManagedHeap& h) -> Status {
     if (!seq_out) return fail(KVGC_EINVAL, "kvgc_seq_create: seq_out is NULL");
     return h.seq_create(tenant, seq_out);
   });
 }
 
 kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq) {
-  return with_heap(heap, "kvgc_seq_destroy", [&](kvgc::Heap& h) { return h.seq_destroy(seq); });
+  return with_heap(heap, "kvgc_seq_destroy", [&](kvgc::ManagedHeap& h) { return h.seq_destroy(seq); });
 }
 
 kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* k,
                         const void* v, uint32_t n_tokens, void* stream) {
-  return with_heap(heap, "kvgc_append", [&](kvgc::Heap& h) {
+  return with_heap(heap, "kvgc_append", [&](kvgc::ManagedHeap& h) {
     return h.append(seq, layer, k, v, n_tokens, stream);
   });
 }
 
 kvgc_status kvgc_seq_tokens(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, uint64_t* live_out,
                             uint64_t* length_out) {
-  return with_heap(heap, "kvgc_seq_tokens", [&](kvgc::Heap& h) -> Status {
+  return with_heap(heap, "kvgc_seq_tokens", [&](kvgc::ManagedHeap& h) -> Status {
     if (!live_out && !length_out)
       return fail(KVGC_EINVAL, "kvgc_seq_tokens: live_out and length_out are both NULL");
     return h.tokens(seq, layer, live_out, length_out);
@@ -214,14 +214,14 @@ kvgc_status kvgc_seq_tokens(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, uint6
 
 kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
                       int32_t* pos_out, uint64_t capacity, uint64_t* n_out, void* stream) {
-  return with_heap(heap, "kvgc_read", [&](kvgc::Heap& h) -> Status {
+  return with_heap(heap, "kvgc_read", [&](kvgc::ManagedHeap& h) -> Status {
     if (!n_out) return fail(KVGC_EINVAL, "kvgc_read: n_out is NULL");
     return h.read(seq, layer, k_out, v_out, pos_out, capacity, n_out, stream);
   });
 }
 
 kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
-  return with_heap(heap, "kvgc_get_stats", [&](kvgc::Heap& h) -> Status {
+  return with_heap(heap, "kvgc_get_stats", [&](kvgc::ManagedHeap& h) -> Status {
     if (!out) return fail(KVGC_EINVAL, "kvgc_get_stats: out is NULL");
     KVGC_TRY(check_struct_size(out->struct_size, sizeof *out, "kvgc_get_stats: out"));
     h.stats(out);

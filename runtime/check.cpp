@@ -9,7 +9,7 @@
 
 namespace kvgc {
 
-Status Heap::check() {
+Status ManagedHeap::check() {
   std::string err;
   if (!pool_.check(&err)) return fail(KVGC_EINTERNAL, "kvgc_heap_check: " + err);
   auto bad = [](const std::string& m) { return fail(KVGC_EINTERNAL, "kvgc_heap_check: " + m); };
@@ -19,7 +19,7 @@ Status Heap::check() {
   std::unordered_set<PageId> seen;
   std::vector<uint8_t> header;
   for (const auto& [id, sp] : seqs_) {
-    const Sequence& s = *sp;
+    const SequenceState& s = *sp;
     if (s.slot >= seq_slots_.size() || seq_slots_[s.slot] != &s)
       return bad("sequence " + std::to_string(id) + " is not in its slot");
     for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {

@@ -11,14 +11,14 @@
 
 namespace kvgc {
 
-Status Heap::create(const kvgc_model_desc& model, const kvgc_heap_options& opts_in,
-                    std::unique_ptr<Heap>* out) {
+Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options& opts_in,
+                    std::unique_ptr<ManagedHeap>* out) {
   KVGC_TRY(model_validate(model, "model"));
   kvgc_heap_options opts = opts_in;
   if (!(opts.flags & KVGC_OPT_IGNORE_ENV)) KVGC_TRY(options_from_env(&opts, [](const char* name) -> const char* { return std::getenv(name); }));
   KVGC_TRY(options_validate(opts));
 
-  std::unique_ptr<Heap> h(new Heap());
+  std::unique_ptr<ManagedHeap> h(new ManagedHeap());
   h->model_ = model;
   h->opts_ = opts;
   std::string why;
@@ -69,13 +69,13 @@ Status Heap::create(const kvgc_model_desc& model, const kvgc_heap_options& opts_
   return Status::Ok();
 }
 
-Heap::~Heap() {
+ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
     for (PageTable& t : s->layers) free_pages(t);
   if (arena_) backend_->release(arena_);
 }
 
-Status Heap::find(kvgc_seq seq, uint32_t layer, const char* fn, Sequence** out) {
+Status ManagedHeap::find(kvgc_seq seq, uint32_t layer, const char* fn, SequenceState** out) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end())
     return fail(KVGC_ENOTFOUND, std::string(fn) + ": seq " + std::to_string(seq) +
@@ -88,12 +88,12 @@ Status Heap::find(kvgc_seq seq, uint32_t layer, const char* fn, Sequence** out) 
   return Status::Ok();
 }
 
-Status Heap::seq_create(uint32_t tenant, kvgc_seq* out) {
+Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   const uint32_t slot = free_slots_.empty() ? uint32_t(seq_slots_.size()) : free_slots_.back();
   // Segment ids (slot * layers + layer) must stay below kNoSegment.
   if ((uint64_t(slot) + 1) * model_.n_layers >= kNoSegment)
     return fail(KVGC_ENOMEM, "kvgc_seq_create: too many live sequences");
-  auto s = std::make_unique<Sequence>();
+  auto s = std::make_unique<SequenceState>();
   s->tenant = tenant;
   s->slot = slot;
   s->layers.resize(model_.n_layers);
@@ -101,7 +101,7 @@ Status Heap::seq_create(uint32_t tenant, kvgc_seq* out) {
   if (free_slots_.empty()) seq_slots_.reserve(seq_slots_.size() + 1);
   seqs_.reserve(seqs_.size() + 1);
   const kvgc_seq id = next_seq_++;
-  Sequence* raw = s.get();
+  SequenceState* raw = s.get();
   seqs_.emplace(id, std::move(s));
   if (free_slots_.empty()) seq_slots_.push_back(raw);
   else {
@@ -112,7 +112,7 @@ Status Heap::seq_create(uint32_t tenant, kvgc_seq* out) {
   return Status::Ok();
 }
 
-void Heap::free_pages(PageTable& t) {
+void ManagedHeap::free_pages(PageTable& t) {
   for (PageId p : t.pages) pool_.free(p);
   counters_.pages_freed += t.pages.size();
   t.pages.clear();
@@ -120,8 +120,8 @@ void Heap::free_pages(PageTable& t) {
   t.live = t.used = 0;
 }
 
-Status Heap::seq_destroy(kvgc_seq seq) {
-  Sequence* s;
+Status ManagedHeap::seq_destroy(kvgc_seq seq) {
+  SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_seq_destroy", &s));
   free_slots_.reserve(free_slots_.size() + 1);
   for (PageTable& t : s->layers) free_pages(t);
@@ -131,9 +131,9 @@ Status Heap::seq_destroy(kvgc_seq seq) {
   return Status::Ok();
 }
 
-Status Heap::append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, uint32_t n,
+Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, uint32_t n,
                     void* stream) {
-  Sequence* s;
+  SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_append", &s));
   if (n == 0) return Status::Ok();
   KVGC_TRY(backend_->check_pointer(k, "kvgc_append: k"));
@@ -204,17 +204,17 @@ Status Heap::append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, 
   return Status::Ok();
 }
 
-Status Heap::tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length) {
-  Sequence* s;
+Status ManagedHeap::tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length) {
+  SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_seq_tokens", &s));
   if (live) *live = s->layers[layer].live;
   if (length) *length = s->layers[layer].length;
   return Status::Ok();
 }
 
-Status Heap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_t* pos_out,
+Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_t* pos_out,
                   uint64_t capacity, uint64_t* n_out, void* stream) {
-  Sequence* s;
+  SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_read", &s));
   const PageTable& t = s->layers[layer];
   const uint32_t elem = dtype_bytes(model_.dtype);
@@ -243,7 +243,7 @@ Status Heap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_
   return backend_->gather(op, stream);
 }
 
-void Heap::stats(kvgc_stats* o) const {
+void ManagedHeap::stats(kvgc_stats* o) const {
   std::memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->version = KVGC_STATS_VERSION;

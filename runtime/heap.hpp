@@ -17,9 +17,9 @@
 
 namespace kvgc {
 
-struct Sequence {
+struct SequenceState {
   uint32_t tenant = 0;
-  uint32_t slot = 0;               // index into Heap::seq_slots_; segment ids derive from it
+  uint32_t slot = 0;               // index into ManagedHeap::seq_slots_; segment ids derive from it
   std::vector<PageTable> layers;   // one segment per layer
 };
 
@@ -27,12 +27,12 @@ struct Counters {
   uint64_t appends = 0, tokens_appended = 0, pages_allocated = 0, pages_freed = 0, enomem = 0;
 };
 
-class Heap {
+class ManagedHeap {
  public:
   // Resolves options (environment included), picks the backend and reserves the arena.
   static Status create(const kvgc_model_desc& model, const kvgc_heap_options& opts,
-                       std::unique_ptr<Heap>* out);
-  ~Heap();
+                       std::unique_ptr<ManagedHeap>* out);
+  ~ManagedHeap();
 
   std::mutex& mutex() { return mu_; }
   const kvgc_model_desc& model() const { return model_; }
@@ -51,9 +51,9 @@ class Heap {
   Status check();                     // the invariant walker
 
  private:
-  Heap() = default;
-  Status find(kvgc_seq seq, uint32_t layer, const char* fn, Sequence** out);
-  SegmentId segment_id(const Sequence& s, uint32_t layer) const {
+  ManagedHeap() = default;
+  Status find(kvgc_seq seq, uint32_t layer, const char* fn, SequenceState** out);
+  SegmentId segment_id(const SequenceState& s, uint32_t layer) const {
     return s.slot * model_.n_layers + layer;
   }
   uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
@@ -67,8 +67,8 @@ class Heap {
   size_t arena_bytes_ = 0;
   PageLayout layout_[KVGC_CLASS_COUNT];
   PagePool pool_;
-  std::unordered_map<kvgc_seq, std::unique_ptr<Sequence>> seqs_;
-  std::vector<Sequence*> seq_slots_;  // slot -> sequence (null when free)
+  std::unordered_map<kvgc_seq, std::unique_ptr<SequenceState>> seqs_;
+  std::vector<SequenceState*> seq_slots_;  // slot -> sequence (null when free)
   std::vector<uint32_t> free_slots_;
   kvgc_seq next_seq_ = 1;
   Counters counters_;

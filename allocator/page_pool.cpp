@@ -48,6 +48,7 @@ bool PagePool::can_alloc(int cls, uint64_t n) const {
 }
 
 PageId PagePool::alloc(int cls, SegmentId owner) {
+  KVGC_ASSERT(cls >= 0 && cls < kNumClasses && owner != kNoSegment);
   SlabList& partial = partial_[cls];
   if (partial.empty()) {
     Slab* s = arena_.acquire();
@@ -73,6 +74,7 @@ PageId PagePool::alloc(int cls, SegmentId owner) {
 }
 
 void PagePool::free(PageId id) {
+  KVGC_ASSERT(allocated(id));  // double free or a foreign id
   Slab& s = arena_.slab(slab_of(id));
   const int cls = s.cls;
   const bool was_full = s.full();

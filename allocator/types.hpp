@@ -12,6 +12,25 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+// Assert levels (meson -Dassert_level): 0 none; 1 cheap O(1) checks (default); 2 also
+// runs the invariant walker after every mutating API call (debug builds).
+#ifndef KVGC_ASSERT_LEVEL
+#define KVGC_ASSERT_LEVEL 1
+#endif
+#if KVGC_ASSERT_LEVEL >= 1
+#define KVGC_ASSERT(cond)                                                              \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "kvgc: assertion failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+#else
+#define KVGC_ASSERT(cond) ((void)0)
+#endif
 
 namespace kvgc {
 

@@ -1,5 +1,6 @@
 // C glue: argument checks, the heap lock, the per-thread error message, and the wall
 // no C++ exception crosses. Everything else lives in runtime/.
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -63,12 +64,31 @@ Status check_struct_size(size_t given, size_t ours, const char* what) {
                                 : " (set it to sizeof the struct, or call its _init function)"));
 }
 
+enum class Mutates { No, Yes };
+
+// Level 2 (debug builds): the invariant walker after every mutating call, so a broken
+// invariant is reported by the call that broke it.
+void debug_check(kvgc::ManagedHeap& h, const char* fn) {
+#if KVGC_ASSERT_LEVEL >= 2
+  Status st = h.check();
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvgc: invariant broken after %s: %s\n", fn, st.msg.c_str());
+    std::abort();
+  }
+#else
+  (void)h;
+  (void)fn;
+#endif
+}
+
 template <class F>
-kvgc_status with_heap(kvgc_heap* h, const char* fn, F&& f) noexcept {
+kvgc_status with_heap(kvgc_heap* h, const char* fn, F&& f, Mutates m = Mutates::No) noexcept {
   return guarded(h, [&]() -> Status {
     KVGC_TRY(check_heap(h, fn));
     std::lock_guard<std::mutex> lock(h->impl->mutex());
-    return f(*h->impl);
+    Status st = f(*h->impl);
+    if (m == Mutates::Yes) debug_check(*h->impl, fn);
+    return st;
   });
 }
 
@@ -189,18 +209,19 @@ kvgc_status kvgc_seq_create(kvgc_heap* heap, uint32_t tenant, kvgc_seq* seq_out)
   return with_heap(heap, "kvgc_seq_create", [&](kvgc::ManagedHeap& h) -> Status {
     if (!seq_out) return fail(KVGC_EINVAL, "kvgc_seq_create: seq_out is NULL");
     return h.seq_create(tenant, seq_out);
-  });
+  }, Mutates::Yes);
 }
 
 kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq) {
-  return with_heap(heap, "kvgc_seq_destroy", [&](kvgc::ManagedHeap& h) { return h.seq_destroy(seq); });
+  return with_heap(heap, "kvgc_seq_destroy", [&](kvgc::ManagedHeap& h) { return h.seq_destroy(seq); },
+                   Mutates::Yes);
 }
 
 kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* k,
                         const void* v, uint32_t n_tokens, void* stream) {
   return with_heap(heap, "kvgc_append", [&](kvgc::ManagedHeap& h) {
     return h.append(seq, layer, k, v, n_tokens, stream);
-  });
+  }, Mutates::Yes);
 }
 
 kvgc_status kvgc_seq_tokens(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, uint64_t* live_out,

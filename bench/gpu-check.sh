@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One script for a GPU machine: CUDA tests against the CPU specification and the GPU
+# benchmarks, a table printed last. Runs from a bare checkout in a few minutes.
+#
+#   bench/gpu-check.sh --prepare   (here, on a dev machine with the Debian packages)
+#       builds the CUDA tests and benchmarks for sm_90 with the static CUDA runtime and
+#       static libstdc++ into .gpu/bin, and bundles the header-only dependencies
+#       (doctest, the Boost headers used) into .gpu/include, so the GPU host needs no
+#       Debian -dev packages and no network.
+#   bench/gpu-check.sh             (on the GPU machine)
+#       runs .gpu/bin; if those binaries cannot run there (another libc), rebuilds them
+#       with nvcc from the sources and .gpu/include, then runs them.
+# Logs go to $OUT (if set) or .gpu/out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ARCH=${KVGC_GPU_ARCH:-90}
+export PATH="$PATH:/usr/local/cuda/bin"
+
+core_sources() {
+  echo allocator/page_pool.cpp gc/layer_budget.cpp kernels/cpu/copy.cpp runtime/options.cpp \
+       runtime/model.cpp runtime/heap.cpp runtime/check.cpp runtime/cpu_backend.cpp \
+       runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu
+}
+GPU_TESTS="kvgc-cuda-tests"
+GPU_BENCHES="kvgc-bench-cuda-copy"
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  rm -rf .gpu && mkdir -p .gpu/bin .gpu/include
+  meson setup build-gpu --wipe -Dgpu_arch="$ARCH" -Dcuda=enabled -Dtcmalloc=disabled \
+    -Dtools=false -Dcpp_link_args='-static-libstdc++ -static-libgcc' >/dev/null
+  ninja -C build-gpu tests/kvgc-cuda-tests bench/kvgc-bench-cuda-copy >/dev/null
+  cp build-gpu/tests/kvgc-cuda-tests build-gpu/bench/kvgc-bench-cuda-copy .gpu/bin/
+  # Header-only dependencies, for a rebuild on the GPU host.
+  cp /usr/include/doctest/doctest.h .gpu/include/
+  mkdir -p .gpu/include/doctest && cp /usr/include/doctest/doctest.h .gpu/include/doctest/
+  for f in $(g++ -std=c++20 -M -I c_api allocator/page_pool.cpp runtime/heap.cpp \
+               runtime/check.cpp | tr ' \\' '\n\n' | grep '^/usr/include/boost/'); do
+    mkdir -p ".gpu/include/$(dirname "${f#/usr/include/}")"
+    cp "$f" ".gpu/include/${f#/usr/include/}"
+  done
+  du -sh .gpu | sed 's/^/prepared: /'
+  exit 0
+fi
+
+OUTDIR=${OUT:-.gpu/out}
+mkdir -p "$OUTDIR"
+summary=()
+row() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUTDIR/gpu.txt"
+
+# Run the carried binaries if this machine's libc can; otherwise rebuild here.
+bin=.gpu/bin
+if ! "$bin/kvgc-cuda-tests" --help >/dev/null 2>&1; then
+  echo "carried binaries do not run here ($("$bin/kvgc-cuda-tests" --help 2>&1 | head -1)); rebuilding with nvcc"
+  bin=.gpu/rebuilt && mkdir -p $bin
+  flags="-std=c++20 -O2 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -I c_api -I .gpu/include -DKVGC_ASSERT_LEVEL=1"
+  nvcc $flags $(core_sources) tests/test_cuda.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) bench/cuda_copy.cpp -o $bin/kvgc-bench-cuda-copy 2>&1 | tail -20 &
+  wait
+  row "build" "rebuilt on the GPU host with nvcc"
+else
+  row "build" "carried binaries (sm_${ARCH}, static cudart)"
+fi
+
+for t in $GPU_TESTS; do
+  timeout 300 "$bin/$t" 2>&1 | tee "$OUTDIR/$t.log" | tail -4
+  rc=${PIPESTATUS[0]}
+  row "$t" "$(grep -E 'test cases:' "$OUTDIR/$t.log" | tail -1 | sed 's/\[doctest\] //') rc=$rc"
+done
+for b in $GPU_BENCHES; do
+  timeout 300 "$bin/$b" 2>&1 | tee "$OUTDIR/$b.log"
+  row "$b" "$(grep '^RESULT' "$OUTDIR/$b.log" | tail -1)"
+done
+
+echo
+echo "==== kvgc gpu-check summary ($(head -1 "$OUTDIR/gpu.txt")) ===="
+printf '%s\n' "${summary[@]}"

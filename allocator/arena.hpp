@@ -34,7 +34,7 @@ class Arena {
   void release(Slab& s) {
     s.cls = Slab::kFree;
     s.pages_total = s.pages_used = s.bump = 0;
-    s.free_pages.clear();
+    s.free_head = Slab::kNil;
     free_.push_front(s);
   }
 

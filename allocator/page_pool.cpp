@@ -48,7 +48,7 @@ bool PagePool::can_alloc(int cls, uint64_t n) const {
 }
 
 PageId PagePool::alloc(int cls, SegmentId owner) {
-  KVGC_ASSERT(cls >= 0 && cls < kNumClasses && owner != kNoSegment);
+  KVGC_ASSERT(cls >= 0 && cls < kNumClasses && owner < kMaxSegments);
   SlabList& partial = partial_[cls];
   if (partial.empty()) {
     Slab* s = arena_.acquire();
@@ -74,8 +74,9 @@ PageId PagePool::alloc(int cls, SegmentId owner) {
 }
 
 void PagePool::free(PageId id) {
-  KVGC_ASSERT(allocated(id));  // double free or a foreign id
   Slab& s = arena_.slab(slab_of(id));
+  // Double free or a foreign id; free touches this descriptor anyway, so it is cheap.
+  KVGC_ASSERT(s.cls != Slab::kFree && index_of(id) < s.bump && !s.desc[index_of(id)].is_free());
   const int cls = s.cls;
   const bool was_full = s.full();
   s.push(index_of(id));
@@ -96,8 +97,7 @@ bool PagePool::allocated(PageId id) const {
   const uint32_t slab = slab_of(id);
   if (id == kNoPage || slab >= arena_.slabs()) return false;
   const Slab& s = arena_.slab(slab);
-  return s.cls != Slab::kFree && index_of(id) < s.bump &&
-         s.desc[index_of(id)].owner != kNoSegment;
+  return s.cls != Slab::kFree && index_of(id) < s.bump && !s.desc[index_of(id)].is_free();
 }
 
 PageId PagePool::page_at(uintptr_t a) const {
@@ -145,11 +145,10 @@ bool PagePool::check(std::string* err) const {
     if (!s.full() && on_list[i] != 2) return fail(name + " has free pages but is not partial");
     if (s.bump > s.pages_total) return fail(name + " bump past its pages");
     uint32_t owned = 0, listed = 0;
-    for (uint32_t p = 0; p < s.bump; ++p) owned += s.desc[p].owner != kNoSegment;
-    for (const PageDesc& d : s.free_pages) {
-      const ptrdiff_t p = &d - s.desc.get();
-      if (p < 0 || uint32_t(p) >= s.bump) return fail(name + " free list holds a foreign page");
-      if (d.owner != kNoSegment) return fail(name + " free list holds an owned page");
+    for (uint32_t p = 0; p < s.bump; ++p) owned += !s.desc[p].is_free();
+    for (uint32_t p = s.free_head; p != Slab::kNil; p = s.desc[p].owner & ~PageDesc::kFreeBit) {
+      if (p >= s.bump) return fail(name + " free list holds a foreign page");
+      if (!s.desc[p].is_free()) return fail(name + " free list holds an owned page");
       if (++listed > s.bump) return fail(name + " free list has a cycle");
     }
     if (owned != s.pages_used) return fail(name + " pages_used disagrees with owners");

@@ -91,7 +91,7 @@ void PagePool::for_each_allocated(F&& f) const {
     const Slab& slab = arena_.slab(s);
     if (slab.cls == Slab::kFree) continue;
     for (uint32_t i = 0; i < slab.bump; ++i)
-      if (slab.desc[i].owner != kNoSegment) f(make_id(s, i, index_bits_), slab.desc[i]);
+      if (!slab.desc[i].is_free()) f(make_id(s, i, index_bits_), slab.desc[i]);
   }
 }
 

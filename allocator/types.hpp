@@ -37,7 +37,10 @@ namespace kvgc {
 using PageId = uint32_t;
 using SegmentId = uint32_t;
 constexpr PageId kNoPage = UINT32_MAX;
+// Segment ids use 31 bits: a page descriptor's owner word with the top bit set means
+// "free", its low bits then link the slab's free list (see slab.hpp).
 constexpr SegmentId kNoSegment = UINT32_MAX;
+constexpr SegmentId kMaxSegments = 0x7fffffffu;
 constexpr int kNumClasses = 2;  // KVGC_CLASS_COUNT, without pulling in the C header
 
 }  // namespace kvgc

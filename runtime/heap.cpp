@@ -90,8 +90,8 @@ Status ManagedHeap::find(kvgc_seq seq, uint32_t layer, const char* fn, SequenceS
 
 Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   const uint32_t slot = free_slots_.empty() ? uint32_t(seq_slots_.size()) : free_slots_.back();
-  // Segment ids (slot * layers + layer) must stay below kNoSegment.
-  if ((uint64_t(slot) + 1) * model_.n_layers >= kNoSegment)
+  // Segment ids (slot * layers + layer) must fit the allocator's 31-bit owner ids.
+  if ((uint64_t(slot) + 1) * model_.n_layers > kMaxSegments)
     return fail(KVGC_ENOMEM, "kvgc_seq_create: too many live sequences");
   auto s = std::make_unique<SequenceState>();
   s->tenant = tenant;

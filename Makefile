@@ -20,7 +20,7 @@ build: $(BUILD)/build.ninja
 # The main job (until the reference engine lands): plan a real model's KV memory, then
 # serve requests through the allocator on the CPU backend.
 demo: build
-	$(BUILD)/tools/kvgc-plan --config tools/samples/smollm2-135m-instruct.json --budget 2G
+	$(BUILD)/tools/kvgc-plan --config tools/samples/SmolLM2-135M-Instruct.json --budget 2G
 	@echo
 	$(BUILD)/tools/kvgc-demo
 

@@ -27,7 +27,8 @@ GPU_BENCHES="kvgc-bench-cuda-copy"
 if [ "${1:-}" = "--prepare" ]; then
   set -e
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/include
-  meson setup build-gpu --wipe -Dgpu_arch="$ARCH" -Dcuda=enabled -Dtcmalloc=disabled \
+  rm -rf build-gpu
+  meson setup build-gpu -Dgpu_arch="$ARCH" -Dcuda=enabled -Dtcmalloc=disabled \
     -Dtools=false -Dcpp_link_args='-static-libstdc++ -static-libgcc' >/dev/null
   ninja -C build-gpu tests/kvgc-cuda-tests bench/kvgc-bench-cuda-copy >/dev/null
   cp build-gpu/tests/kvgc-cuda-tests build-gpu/bench/kvgc-bench-cuda-copy .gpu/bin/
@@ -51,9 +52,12 @@ row() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUTDIR/gpu.txt"
 
 # Run the carried binaries if this machine's libc can; otherwise rebuild here.
+# (KVGC_GPU_REBUILD=1 forces the rebuild.) 0 = ran, 77 = ran and found no GPU; anything
+# else (127, a loader error about GLIBC/GLIBCXX) means the binary cannot run here.
 bin=.gpu/bin
-if ! "$bin/kvgc-cuda-tests" --help >/dev/null 2>&1; then
-  echo "carried binaries do not run here ($("$bin/kvgc-cuda-tests" --help 2>&1 | head -1)); rebuilding with nvcc"
+probe=$("$bin/kvgc-cuda-tests" --help 2>&1); rc=$?
+if [ "${KVGC_GPU_REBUILD:-0}" = 1 ] || { [ $rc -ne 0 ] && [ $rc -ne 77 ]; }; then
+  echo "carried binaries not used (rc=$rc: $(echo "$probe" | head -1)); rebuilding with nvcc"
   bin=.gpu/rebuilt && mkdir -p $bin
   flags="-std=c++20 -O2 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -I c_api -I .gpu/include -DKVGC_ASSERT_LEVEL=1"
   nvcc $flags $(core_sources) tests/test_cuda.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &

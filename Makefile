@@ -25,7 +25,7 @@ demo: build
 	$(BUILD)/tools/kvgc-demo
 
 test: build
-	meson test -C $(BUILD) --no-rebuild --print-errorlogs --suite unit --suite cuda --suite bench
+	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
 # ASan+UBSan over the unit suite and TSan over the threads test (CPU backend).
 sanitize: deps

@@ -150,7 +150,7 @@ kvgc_status kvgc_kv_bytes(const kvgc_model_desc* model, uint64_t tokens, kvgc_st
     if (!model) return fail(KVGC_EINVAL, "kvgc_kv_bytes: model is NULL");
     if (!bytes_out) return fail(KVGC_EINVAL, "kvgc_kv_bytes: bytes_out is NULL");
     KVGC_TRY(kvgc::model_validate(*model, "kvgc_kv_bytes: model"));
-    if (cls != KVGC_CLASS_FP16 && cls != KVGC_CLASS_INT4)
+    if (kvgc::raw_enum(cls) != KVGC_CLASS_FP16 && kvgc::raw_enum(cls) != KVGC_CLASS_INT4)
       return fail(KVGC_EINVAL, "kvgc_kv_bytes: cls must be KVGC_CLASS_FP16 or KVGC_CLASS_INT4");
     if (page_tokens > kvgc::kMaxPageTokens)
       return fail(KVGC_EINVAL, "kvgc_kv_bytes: page_tokens must be 0 (raw) or 1..256");

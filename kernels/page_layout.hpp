@@ -33,6 +33,15 @@ namespace kvgc {
 
 enum SlotGen : uint8_t { kGenSink = 0, kGenYoung = 1, kGenIntermediate = 2, kGenLongTerm = 3 };
 
+// The gen byte: bits 0-1 the generation, bits 2-7 the slot's age (minor GCs survived in
+// the intermediate tier, saturating at 63), which is what "stable" means for promotion.
+KVGC_HD constexpr uint8_t gen_of(uint8_t b) { return b & 3u; }
+KVGC_HD constexpr uint8_t age_of(uint8_t b) { return b >> 2; }
+KVGC_HD constexpr uint8_t make_gen(uint8_t gen, uint8_t age) {
+  return uint8_t((age > 63 ? 63 : age) << 2 | (gen & 3u));
+}
+KVGC_HD constexpr uint8_t gen_bit(uint8_t gen) { return uint8_t(1u << gen); }
+
 constexpr uint32_t kMaxPageTokens = 256;
 constexpr uint32_t kMaxHeadDim = 1024;
 constexpr size_t kPageAlign = 256;

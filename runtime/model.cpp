@@ -17,7 +17,8 @@ Status model_validate(const kvgc_model_desc& m, const char* arg) {
     return fail(KVGC_EINVAL, a + "->n_q_heads must be a positive multiple of n_kv_heads (GQA)");
   if (m.head_dim < 2 || m.head_dim > kMaxHeadDim || m.head_dim % 2)
     return fail(KVGC_EINVAL, a + "->head_dim must be even and in 2..1024");
-  if (m.dtype != KVGC_DTYPE_F16 && m.dtype != KVGC_DTYPE_BF16 && m.dtype != KVGC_DTYPE_F32)
+  const int dtype = raw_enum(m.dtype);
+  if (dtype != KVGC_DTYPE_F16 && dtype != KVGC_DTYPE_BF16 && dtype != KVGC_DTYPE_F32)
     return fail(KVGC_EINVAL, a + "->dtype must be KVGC_DTYPE_F16, _BF16 or _F32");
   return Status::Ok();
 }

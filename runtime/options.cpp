@@ -63,6 +63,14 @@ bool parse_double(const std::string& s, double* out) {
   return true;
 }
 
+// "25%" -> 0.25; (0, 100] only.
+bool parse_percent(const std::string& s, double* fraction) {
+  double p;
+  if (!parse_double(s.substr(0, s.size() - 1), &p) || p <= 0 || p > 100) return false;
+  *fraction = p / 100;
+  return true;
+}
+
 bool parse_u64(const std::string& s, uint64_t* out) {
   if (s.empty() || s[0] == '-' || s[0] == '+') return false;
   errno = 0;
@@ -198,12 +206,12 @@ Status options_validate(const kvgc_heap_options& o) {
     return fail(KVGC_EINVAL, std::string("opts->") + field + ": " + why);
   };
   if (o.flags & ~KVGC_OPT_IGNORE_ENV) return bad("flags", "unknown bits set");
-  if (o.device < KVGC_DEVICE_AUTO || o.device > KVGC_DEVICE_CUDA)
+  if (raw_enum(o.device) < KVGC_DEVICE_AUTO || raw_enum(o.device) > KVGC_DEVICE_CUDA)
     return bad("device", "must be KVGC_DEVICE_AUTO, _CPU or _CUDA");
   if (o.cuda_device < 0) return bad("cuda_device", "must be >= 0");
   if (o.budget_bytes == 0 && !(o.budget_fraction > 0 && o.budget_fraction <= 1))
     return bad("budget_fraction", "must be in (0, 1] when budget_bytes is 0");
-  if (o.policy < KVGC_POLICY_GENERATIONAL || o.policy > KVGC_POLICY_RANDOM)
+  if (raw_enum(o.policy) < KVGC_POLICY_GENERATIONAL || raw_enum(o.policy) > KVGC_POLICY_RANDOM)
     return bad("policy", "unknown policy");
   if (!(o.token_budget_fraction >= 0 && o.token_budget_fraction <= 1))
     return bad("token_budget_fraction", "must be in [0, 1]");
@@ -215,9 +223,10 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("page_tokens", "must be in 1..256");
   if (!(o.compact_threshold > 0 && o.compact_threshold <= 1))
     return bad("compact_threshold", "must be in (0, 1]");
-  if (o.demote != KVGC_DEMOTE_OFF && o.demote != KVGC_DEMOTE_INT4)
+  if (raw_enum(o.demote) != KVGC_DEMOTE_OFF && raw_enum(o.demote) != KVGC_DEMOTE_INT4)
     return bad("demote", "must be KVGC_DEMOTE_OFF or _INT4");
-  if (o.layer_budget != KVGC_LAYER_BUDGET_UNIFORM && o.layer_budget != KVGC_LAYER_BUDGET_PYRAMID)
+  if (raw_enum(o.layer_budget) != KVGC_LAYER_BUDGET_UNIFORM &&
+      raw_enum(o.layer_budget) != KVGC_LAYER_BUDGET_PYRAMID)
     return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM or _PYRAMID");
   if (!(o.score_noise >= 0 && std::isfinite(o.score_noise)))
     return bad("score_noise", "must be a finite number >= 0");
@@ -264,12 +273,7 @@ bool parse_bytes_or_percent(const std::string& s, uint64_t* bytes, double* fract
   *bytes = 0;
   *fraction = 0;
   if (s.empty()) return false;
-  if (s.back() == '%') {
-    double p;
-    if (!parse_double(s.substr(0, s.size() - 1), &p) || p <= 0 || p > 100) return false;
-    *fraction = p / 100;
-    return true;
-  }
+  if (s.back() == '%') return parse_percent(s, fraction);
   std::string num = s;
   double mult = 1;
   // Accept 2G, 2GB, 2GiB (all binary), case-insensitive suffix.
@@ -301,12 +305,7 @@ bool parse_count_or_fraction(const std::string& s, uint64_t* count, double* frac
   *count = 0;
   *fraction = 0;
   if (s.empty()) return false;
-  if (s.back() == '%') {
-    double p;
-    if (!parse_double(s.substr(0, s.size() - 1), &p) || p <= 0 || p > 100) return false;
-    *fraction = p / 100;
-    return true;
-  }
+  if (s.back() == '%') return parse_percent(s, fraction);
   if (s.find_first_of(".eE") != std::string::npos) {
     double f;
     if (!parse_double(s, &f) || f <= 0 || f > 1) return false;

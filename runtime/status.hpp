@@ -2,6 +2,7 @@
 // Cheap when OK (an empty string never allocates).
 #pragma once
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -20,6 +21,16 @@ struct [[nodiscard]] Status {
 };
 
 inline Status fail(kvgc_status c, std::string m) { return Status(c, std::move(m)); }
+
+// A C caller may put any int in an enum field; in C++ loading an out-of-range enum is
+// undefined (UBSan flags it). Validation reads enum fields through this instead.
+template <class E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized on supported ABIs");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 #define KVGC_TRY(expr)                  \
   do {                                  \

@@ -136,7 +136,7 @@ TEST_CASE("bad input: documented status, a message naming the argument, nothing 
        [&](kvgc_heap*, kvgc_seq) {
          kvgc_heap* x;
          bad_model = m;
-         bad_model.dtype = kvgc_dtype(7);
+         poke_enum(bad_model.dtype, 7);
          return kvgc_heap_create(&bad_model, &o, &x);
        }},
       {"heap_create model struct_size", KVGC_EINVAL, "model->struct_size",
@@ -164,7 +164,7 @@ TEST_CASE("bad input: documented status, a message naming the argument, nothing 
        [&](kvgc_heap*, kvgc_seq) {
          kvgc_heap* x;
          bad_opts = o;
-         bad_opts.device = kvgc_device(9);
+         poke_enum(bad_opts.device, 9);
          return kvgc_heap_create(&m, &bad_opts, &x);
        }},
       {"kv_bytes NULL model", KVGC_EINVAL, "model is NULL",

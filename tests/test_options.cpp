@@ -144,7 +144,7 @@ TEST_CASE("validate names the field of a bad options struct") {
   CHECK(st.code == KVGC_EINVAL);
   CHECK(st.msg.find("opts->page_tokens") != std::string::npos);
   options_defaults(&o);
-  o.policy = kvgc_policy(99);
+  kvgc_test::poke_enum(o.policy, 99);
   CHECK(options_validate(o).msg.find("opts->policy") != std::string::npos);
   options_defaults(&o);
   o.token_budget = 10;

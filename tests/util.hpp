@@ -28,6 +28,14 @@ inline uint32_t tag(uint64_t seq, uint32_t layer, int64_t pos, uint32_t head, ui
              (dim << 1) ^ uint64_t(is_v) ^ 0x9e3779b97f4a7c15ull * (pos + 1));
 }
 
+// Stores any int in an enum field, as a C caller may; a C++ cast to an out-of-range enum
+// would itself be undefined.
+template <class E>
+void poke_enum(E& field, int value) {
+  static_assert(sizeof(E) == sizeof(int));
+  std::memcpy(&field, &value, sizeof value);
+}
+
 inline kvgc_model_desc model(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
                              kvgc_dtype dtype = KVGC_DTYPE_F16, uint32_t gqa = 1) {
   kvgc_model_desc m;

@@ -115,6 +115,22 @@ int unit_bytes(size_t row, std::initializer_list<uintptr_t> ptrs) {
   return 1;
 }
 
+// Calls f(T{}) with the copy unit type for `unit` bytes: one switch for every launcher.
+template <class F>
+void with_unit(int unit, F&& f) {
+  switch (unit) {
+    case 16: f(uint4{}); break;
+    case 8: f(uint2{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f(uint16_t{}); break;
+  }
+}
+
+// Blocks along x for `units` copy units: enough to cover them, at most 1024.
+uint32_t blocks_for(uint64_t units) {
+  return uint32_t(std::clamp<uint64_t>((units + kThreads - 1) / kThreads, 1, 1024));
+}
+
 template <uint32_t N>
 cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
   const PageLayout& L = op.layout;
@@ -131,15 +147,11 @@ cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
       p.runs[i] = op.runs[base + i];
       max_count = std::max(max_count, p.runs[i].count);
     }
-    const uint64_t units = uint64_t(max_count) * L.n_kv_heads * (L.slot_stride / unit);
-    const uint32_t bx = uint32_t(std::clamp<uint64_t>((units + kThreads - 1) / kThreads, 1, 1024));
-    const dim3 grid(bx, p.n_runs);
-    switch (unit) {
-      case 16: append_kernel<uint4, N><<<grid, kThreads, 0, stream>>>(p); break;
-      case 8: append_kernel<uint2, N><<<grid, kThreads, 0, stream>>>(p); break;
-      case 4: append_kernel<uint32_t, N><<<grid, kThreads, 0, stream>>>(p); break;
-      default: append_kernel<uint16_t, N><<<grid, kThreads, 0, stream>>>(p); break;
-    }
+    const dim3 grid(blocks_for(uint64_t(max_count) * L.n_kv_heads * (L.slot_stride / unit)),
+                    p.n_runs);
+    with_unit(unit, [&](auto t) {
+      append_kernel<decltype(t), N><<<grid, kThreads, 0, stream>>>(p);
+    });
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -153,18 +165,14 @@ cudaError_t gather_chunks(const GatherOp& op, int unit, cudaStream_t stream) {
   p.k_out = static_cast<uint8_t*>(op.k_out);
   p.v_out = static_cast<uint8_t*>(op.v_out);
   p.pos_out = op.pos_out;
-  const uint64_t units = uint64_t(L.page_tokens) * L.n_kv_heads * (L.slot_stride / unit);
-  const uint32_t bx = uint32_t(std::clamp<uint64_t>((units + kThreads - 1) / kThreads, 1, 1024));
+  const uint32_t bx = blocks_for(uint64_t(L.page_tokens) * L.n_kv_heads * (L.slot_stride / unit));
   for (uint32_t base = 0; base < op.n_pages; base += N) {
     p.n_pages = std::min(N, op.n_pages - base);
     for (uint32_t i = 0; i < p.n_pages; ++i) p.pages[i] = op.pages[base + i];
     const dim3 grid(bx, p.n_pages);
-    switch (unit) {
-      case 16: gather_kernel<uint4, N><<<grid, kThreads, 0, stream>>>(p); break;
-      case 8: gather_kernel<uint2, N><<<grid, kThreads, 0, stream>>>(p); break;
-      case 4: gather_kernel<uint32_t, N><<<grid, kThreads, 0, stream>>>(p); break;
-      default: gather_kernel<uint16_t, N><<<grid, kThreads, 0, stream>>>(p); break;
-    }
+    with_unit(unit, [&](auto t) {
+      gather_kernel<decltype(t), N><<<grid, kThreads, 0, stream>>>(p);
+    });
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;

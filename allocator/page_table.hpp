@@ -13,7 +13,6 @@ struct PageTable {
   std::vector<PageId> pages;
   uint64_t live = 0;    // live tokens (sum of the pages' live counts)
   uint64_t used = 0;    // slots ever filled and still held (sum of the pages' used)
-  uint64_t length = 0;  // tokens appended since creation: the next position
 
   uint64_t held_slots(uint32_t page_tokens) const { return uint64_t(pages.size()) * page_tokens; }
   uint64_t dead() const { return used - live; }

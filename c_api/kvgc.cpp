@@ -241,11 +241,29 @@ kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, void* k_out
   });
 }
 
+kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const float* mass,
+                         uint64_t n, void* stream) {
+  return with_heap(heap, "kvgc_observe", [&](kvgc::ManagedHeap& h) {
+    return h.observe(seq, layer, mass, n, stream);
+  }, Mutates::Yes);
+}
+
+kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream) {
+  return with_heap(heap, "kvgc_step", [&](kvgc::ManagedHeap& h) { return h.step(seq, stream); },
+                   Mutates::Yes);
+}
+
 kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
   return with_heap(heap, "kvgc_get_stats", [&](kvgc::ManagedHeap& h) -> Status {
     if (!out) return fail(KVGC_EINVAL, "kvgc_get_stats: out is NULL");
-    KVGC_TRY(check_struct_size(out->struct_size, sizeof *out, "kvgc_get_stats: out"));
-    h.stats(out);
+    // Version 1 callers (a smaller struct) get the fields they know.
+    const size_t size = out->struct_size;
+    if (size != KVGC_STATS_V1_SIZE)
+      KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
+    kvgc_stats full;
+    h.stats(&full);
+    full.struct_size = size;
+    std::memcpy(out, &full, size);
     return Status::Ok();
   });
 }

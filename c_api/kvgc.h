@@ -112,6 +112,15 @@ typedef enum kvgc_demote {
   KVGC_DEMOTE_INT4 = 1
 } kvgc_demote;
 
+/* Token generations (tiers): sinks and the young window are never evicted. */
+typedef enum kvgc_generation {
+  KVGC_GEN_SINK = 0,
+  KVGC_GEN_YOUNG = 1,
+  KVGC_GEN_INTERMEDIATE = 2,
+  KVGC_GEN_LONG_TERM = 3,
+  KVGC_GEN_COUNT = 4
+} kvgc_generation;
+
 typedef enum kvgc_layer_budget {
   KVGC_LAYER_BUDGET_UNIFORM = 0,
   KVGC_LAYER_BUDGET_PYRAMID = 1 /* PyramidKV: more for lower layers, same total */
@@ -221,8 +230,27 @@ KVGC_API kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, vo
                                void* v_out, int32_t* pos_out, uint64_t capacity,
                                uint64_t* n_out, void* stream);
 
+/* ---- the GC ----------------------------------------------------------------------- */
+/* Hands in the attention mass each live slot of segment (seq, layer) received this step:
+ * mass[i] (float32, heap's device) belongs to the i-th row kvgc_read would return, and n
+ * must equal the segment's live count. Mass accumulates into each token's score, the
+ * signal h2o and generational rank by. For engines that compute attention themselves. */
+KVGC_API kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
+                                  const float* mass, uint64_t n, void* stream);
+
+/* The end of one engine step for a sequence: runs, for each of its segments, what the
+ * policy says is due: a GC (generational: a minor GC every page_tokens new tokens, a
+ * major one when the minor cannot meet the budget; flat policies: whenever over budget),
+ * freeing every page left without a live token, then compaction when a segment's
+ * fragmentation passes compact_threshold. Evicted tokens disappear from kvgc_read;
+ * demoted ones read back dequantized. KVGC_EBUDGET when a segment stays over its budget
+ * because every remaining token is protected (sinks, young window): advisory, nothing
+ * is lost, and the next step proceeds. Not yet on the CUDA backend (KVGC_EUNSUPPORTED,
+ * except with policy full, where a step has nothing to do). */
+KVGC_API kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream);
+
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 1
+#define KVGC_STATS_VERSION 2
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -258,7 +286,26 @@ typedef struct kvgc_stats {
   uint64_t slabs_acquired;
   uint64_t slabs_released;
   uint64_t enomem;         /* calls that failed with KVGC_ENOMEM */
+  /* version 2: the GC */
+  uint64_t tier_tokens[KVGC_GEN_COUNT]; /* live tokens per generation, all segments */
+  uint64_t steps;          /* kvgc_step calls */
+  uint64_t observes;       /* kvgc_observe calls */
+  uint64_t gcs;            /* segment collections (all policies) */
+  uint64_t minor_gcs;      /* generational */
+  uint64_t major_gcs;      /* generational */
+  uint64_t tokens_ranked;  /* candidates ranked, summed over collections */
+  uint64_t tokens_evicted;
+  uint64_t tokens_demoted; /* fp16 -> int4 */
+  uint64_t tokens_promoted;/* intermediate -> long-term */
+  uint64_t tokens_tenured; /* young -> intermediate */
+  uint64_t compactions;
+  uint64_t slots_moved;    /* by compaction */
+  uint64_t bytes_moved;    /* by compaction and demotion */
+  uint64_t ebudget;        /* segments left over budget (KVGC_EBUDGET) */
 } kvgc_stats;
+
+/* sizeof(kvgc_stats) of version 1, still accepted by kvgc_get_stats. */
+#define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

@@ -30,20 +30,87 @@ struct AppendOp {
   uint32_t n_runs;
 };
 
-// One page to gather: its live slots, in slot order, go to output rows
-// [out_row, out_row + live count of the page).
-struct GatherPage {
-  const uint8_t* page;
+// One page of a segment as the ops see it. Read order is the segment's FP16 pages, then
+// its INT4 pages; a page's live slots, in slot order, are rows [out_row, out_row + live)
+// of that order (for gather's outputs and observe's mass).
+struct SegPage {
+  uint8_t* page;
+  uint32_t cls;  // kvgc_storage_class
   uint64_t out_row;
 };
+using GatherPage = SegPage;
 
 struct GatherOp {
-  PageLayout layout;
-  const GatherPage* pages;  // host array
+  PageLayout layout[KVGC_CLASS_COUNT];
+  const SegPage* pages;  // host array
   uint32_t n_pages;
   void* k_out;              // [rows][n_kv_heads][head_dim] model dtype, or null
   void* v_out;
   int32_t* pos_out;         // [rows], or null
+};
+
+// Adds mass[row] to the score of the slot at each read-order row.
+struct ObserveOp {
+  PageLayout layout[KVGC_CLASS_COUNT];
+  const SegPage* pages;
+  uint32_t n_pages;
+  const float* mass;  // [live rows], heap's device
+};
+
+// The ranking key of a policy: accumulated score (h2o, generational), position (oldest
+// first: streaming), or a seeded hash of the position (random).
+enum class KeyKind : uint8_t { Score, Position, Random };
+
+// The GC's one data-plane decision: over a segment's pages, tenure tokens leaving the
+// young window, rank the candidate tiers by key (+ Laplace noise), give back `reclaim`
+// fp16-token units from the lowest-ranked (evict, or demote to int4 when the victim
+// scores at least demote_ratio x the candidates' mean and a destination slot is left),
+// promote top-ranked stable intermediate tokens, re-split tiers on a major GC, age the
+// intermediate survivors. Reports page-granular results only.
+struct SelectResult {
+  uint64_t ranked = 0, tenured = 0, evicted = 0, demoted = 0, promoted = 0;
+  uint64_t promote_eligible = 0;        // intermediate tokens old enough, not promoted
+  double reclaimed = 0;                 // fp16-token units given back
+  uint64_t tier[4] = {0, 0, 0, 0};      // live tokens per generation after the op
+  uint64_t live[KVGC_CLASS_COUNT] = {0, 0};
+};
+
+struct SelectOp {
+  PageLayout layout[KVGC_CLASS_COUNT];
+  const SegPage* pages;       // every page of the segment (incl. demotion targets)
+  uint32_t n_pages;
+  int64_t tenure_before;      // young slots with position < this become intermediate
+  uint8_t candidates;         // gen_bit mask of tiers ranked
+  KeyKind key;
+  double noise;               // Laplace scale on score keys (0 = off)
+  uint64_t seed, segment_salt, epoch;  // random keys: (seed, salt); noise: + epoch
+  double reclaim;             // fp16-token units to give back
+  double int4_cost;           // an int4 token's cost in those units
+  double demote_ratio;        // < 0: no demotion
+  const AppendRun* demote_dst;  // INT4 slots to fill, in order; a run from slot 0 is a
+                                // fresh page whose live mask the op clears first
+  uint32_t n_demote_dst;
+  uint32_t promote;           // at most this many intermediate -> long-term
+  uint8_t promote_age;
+  bool retier;                // major GC: top retier_top survivors long-term, rest intermediate
+  uint64_t retier_top;
+  bool age_intermediate;
+  uint16_t* page_live;        // out, [n_pages]: live slots per page after the op (host)
+  SelectResult* result;       // out (host)
+};
+
+// Moves `count` live slots (the highest) of src into the first holes (dead slots) of
+// dst, K/V and metadata together; dst is fully used, so every dead slot is a hole.
+struct CompactMove {
+  uint8_t* dst;
+  uint8_t* src;
+  uint32_t count;
+};
+
+struct CompactOp {
+  PageLayout layout;
+  const CompactMove* moves;  // applied in order
+  uint32_t n_moves;
 };
 
 }  // namespace kvgc

@@ -50,6 +50,12 @@ inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * 
 
 inline constexpr uint32_t dtype_bytes(kvgc_dtype d) { return d == KVGC_DTYPE_F32 ? 4u : 2u; }
 
+// The 16-bit type of int4 scale/zero pairs: f16 for f16 models; bf16 otherwise, since
+// bf16 and f32 values can exceed f16's range.
+inline constexpr kvgc_dtype qparam_dtype(kvgc_dtype model) {
+  return model == KVGC_DTYPE_F16 ? KVGC_DTYPE_F16 : KVGC_DTYPE_BF16;
+}
+
 // int4 quantisation groups: 32 elements when head_dim allows, else the whole head.
 inline constexpr uint32_t int4_group(uint32_t head_dim) {
   return head_dim % 32 == 0 ? 32u : head_dim;

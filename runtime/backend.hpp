@@ -40,6 +40,11 @@ class Backend {
 
   virtual Status append(const AppendOp& op, void* stream) = 0;
   virtual Status gather(const GatherOp& op, void* stream) = 0;
+  // The GC's ops. Their page-level outputs (SelectOp::page_live, result) are host
+  // memory the runtime reads after the op; on CPU they are complete on return.
+  virtual Status observe(const ObserveOp& op, void* stream) = 0;
+  virtual Status select(const SelectOp& op, void* stream) = 0;
+  virtual Status compact(const CompactOp& op, void* stream) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

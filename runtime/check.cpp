@@ -1,6 +1,7 @@
 // heap_check: the expensive invariant walker (mimalloc's mi_heap_check, in spirit).
 // Allocator lists and counters, page ownership, and the host's page-granular counts
 // against the slot metadata the device holds. Synchronises: a test and debug tool.
+#include <algorithm>
 #include <bit>
 #include <unordered_set>
 #include <vector>
@@ -23,53 +24,67 @@ Status ManagedHeap::check() {
     if (s.slot >= seq_slots_.size() || seq_slots_[s.slot] != &s)
       return bad("sequence " + std::to_string(id) + " is not in its slot");
     for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {
-      const PageTable& t = s.layers[layer];
-      const std::string seg = "segment (seq " + std::to_string(id) + ", layer " +
-                              std::to_string(layer) + ")";
-      uint64_t used = 0, live = 0;
+      const Segment& seg = s.layers[layer];
+      const std::string name = "segment (seq " + std::to_string(id) + ", layer " +
+                               std::to_string(layer) + ")";
       std::unordered_set<int32_t> positions;
-      for (size_t i = 0; i < t.pages.size(); ++i) {
-        const PageId p = t.pages[i];
-        if (!pool_.allocated(p)) return bad(seg + " holds a page that is not allocated");
-        if (!seen.insert(p).second) return bad(seg + " holds a page owned twice");
-        const PageDesc& d = pool_.desc(p);
-        if (d.owner != segment_id(s, layer)) return bad(seg + " holds another segment's page");
-        if (d.live > d.used || d.used > pt) return bad(seg + " page counts out of range");
-        if (d.used == 0) return bad(seg + " holds an empty page");
-        if (i + 1 < t.pages.size() && d.used != pt)
-          return bad(seg + " has a partly filled page before its tail");
-        used += d.used;
-        live += d.live;
-        // Device-side metadata of this page.
-        const PageLayout& L = layout_[pool_.class_of(p)];
-        header.resize(L.k_off);
-        KVGC_TRY(backend_->copy(header.data(), page_ptr(p), L.k_off, CopyKind::DeviceToHost, nullptr));
-        KVGC_TRY(backend_->synchronize(nullptr));
-        const auto* bits = reinterpret_cast<const uint32_t*>(header.data() + L.live_off);
-        const auto* pos = reinterpret_cast<const int32_t*>(header.data() + L.pos_off);
-        const uint8_t* gen = header.data() + L.gen_off;
-        uint32_t n_live = 0;
-        for (uint32_t slot = 0; slot < pt; ++slot) {
-          if (!(bits[slot / 32] >> (slot % 32) & 1)) continue;
-          ++n_live;
-          if (slot >= d.used) return bad(seg + " has a live bit past the page's used slots");
-          if (pos[slot] < 0 || uint64_t(pos[slot]) >= t.length)
-            return bad(seg + " has a live slot with position " + std::to_string(pos[slot]) +
-                       " outside [0, length)");
-          if (!positions.insert(pos[slot]).second)
-            return bad(seg + " has position " + std::to_string(pos[slot]) + " twice");
-          if (gen[slot] > kGenLongTerm) return bad(seg + " has a bad generation");
-          if ((pos[slot] < int64_t(opts_.sinks)) != (gen[slot] == kGenSink))
-            return bad(seg + " has a sink flag that disagrees with its position");
+      uint64_t tiers[4] = {0, 0, 0, 0};
+      for (int cls = 0; cls < KVGC_CLASS_COUNT; ++cls) {
+        const PageTable& t = seg.table[cls];
+        const std::string segname = name + (cls ? " int4" : " fp16");
+        uint64_t used = 0, live = 0;
+        for (size_t i = 0; i < t.pages.size(); ++i) {
+          const PageId p = t.pages[i];
+          if (!pool_.allocated(p)) return bad(segname + " holds a page that is not allocated");
+          if (!seen.insert(p).second) return bad(segname + " holds a page owned twice");
+          if (pool_.class_of(p) != cls) return bad(segname + " holds a page of the other class");
+          const PageDesc& d = pool_.desc(p);
+          if (d.owner != segment_id(s, layer)) return bad(segname + " holds another segment's page");
+          if (d.live > d.used || d.used > pt) return bad(segname + " page counts out of range");
+          if (d.live == 0) return bad(segname + " holds a page with no live token");
+          if (i + 1 < t.pages.size() && d.used != pt)
+            return bad(segname + " has a partly filled page before its tail");
+          used += d.used;
+          live += d.live;
+          // Device-side metadata of this page.
+          const PageLayout& L = layout_[cls];
+          header.resize(L.k_off);
+          KVGC_TRY(backend_->copy(header.data(), page_ptr(p), L.k_off, CopyKind::DeviceToHost, nullptr));
+          KVGC_TRY(backend_->synchronize(nullptr));
+          const auto* bits = reinterpret_cast<const uint32_t*>(header.data() + L.live_off);
+          const auto* pos = reinterpret_cast<const int32_t*>(header.data() + L.pos_off);
+          const uint8_t* gen = header.data() + L.gen_off;
+          uint32_t n_live = 0;
+          for (uint32_t slot = 0; slot < pt; ++slot) {
+            if (!(bits[slot / 32] >> (slot % 32) & 1)) continue;
+            ++n_live;
+            if (slot >= d.used) return bad(segname + " has a live bit past the page's used slots");
+            if (pos[slot] < 0 || uint64_t(pos[slot]) >= seg.length)
+              return bad(segname + " has a live slot with position " + std::to_string(pos[slot]) +
+                         " outside [0, length)");
+            if (!positions.insert(pos[slot]).second)
+              return bad(segname + " has position " + std::to_string(pos[slot]) + " twice");
+            const uint8_t g = gen_of(gen[slot]);
+            ++tiers[g];
+            if ((pos[slot] < int64_t(opts_.sinks)) != (g == kGenSink))
+              return bad(segname + " has a sink flag that disagrees with its position");
+          }
+          if (n_live != d.live)
+            return bad(segname + " page live count " + std::to_string(d.live) + " but " +
+                       std::to_string(n_live) + " live bits on the device");
         }
-        if (n_live != d.live)
-          return bad(seg + " page live count " + std::to_string(d.live) + " but " +
-                     std::to_string(n_live) + " live bits on the device");
+        if (used != t.used || live != t.live) return bad(segname + " totals disagree with its pages");
+        pages_in_tables += t.pages.size();
       }
-      if (used != t.used || live != t.live)
-        return bad(seg + " totals disagree with its pages");
-      if (t.used > t.length) return bad(seg + " holds more slots than it was given tokens");
-      pages_in_tables += t.pages.size();
+      for (int g = 0; g < 4; ++g)
+        if (tiers[g] != seg.tier[g])
+          return bad(name + " tier " + std::to_string(g) + " count " + std::to_string(seg.tier[g]) +
+                     " but " + std::to_string(tiers[g]) + " tokens of that generation");
+      // Sinks and the young window are never evicted: all of them must still be live.
+      const uint64_t sinks = std::min<uint64_t>(opts_.sinks, seg.length);
+      if (tiers[kGenSink] != sinks) return bad(name + " lost a sink");
+      for (uint64_t p = seg.length > opts_.window ? seg.length - opts_.window : 0; p < seg.length; ++p)
+        if (!positions.count(int32_t(p))) return bad(name + " lost position " + std::to_string(p) + " of its young window");
     }
   }
   uint64_t pages_used = 0;

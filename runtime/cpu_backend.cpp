@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "../kernels/cpu/copy.hpp"
+#include "../kernels/cpu/gc.hpp"
 #include "backend.hpp"
 
 namespace kvgc {
@@ -65,6 +66,18 @@ class CpuBackend final : public Backend {
   }
   Status gather(const GatherOp& op, void*) override {
     cpu::gather(op);
+    return Status::Ok();
+  }
+  Status observe(const ObserveOp& op, void*) override {
+    cpu::observe(op);
+    return Status::Ok();
+  }
+  Status select(const SelectOp& op, void*) override {
+    cpu::select(op);
+    return Status::Ok();
+  }
+  Status compact(const CompactOp& op, void*) override {
+    cpu::compact(op);
     return Status::Ok();
   }
 };

@@ -47,6 +47,14 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   KVGC_TRY(h->backend_->reserve(size_t(arena), &h->arena_));
   h->arena_bytes_ = size_t(arena);
 
+  h->policy_.policy = h->opts_.policy;
+  h->policy_.sinks = h->opts_.sinks;
+  h->policy_.window = h->opts_.window;
+  h->policy_.page_tokens = h->opts_.page_tokens;
+  h->policy_.demote = h->opts_.demote == KVGC_DEMOTE_INT4;
+  h->policy_.int4_cost =
+      double(h->layout_[KVGC_CLASS_INT4].bytes) / double(h->layout_[KVGC_CLASS_FP16].bytes);
+
   PoolConfig cfg;
   cfg.base = reinterpret_cast<uintptr_t>(h->arena_);
   cfg.arena_bytes = h->arena_bytes_;
@@ -71,7 +79,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
 
 ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
-    for (PageTable& t : s->layers) free_pages(t);
+    for (Segment& seg : s->layers) free_pages(seg);
   if (arena_) backend_->release(arena_);
 }
 
@@ -112,19 +120,31 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   return Status::Ok();
 }
 
-void ManagedHeap::free_pages(PageTable& t) {
-  for (PageId p : t.pages) pool_.free(p);
-  counters_.pages_freed += t.pages.size();
-  t.pages.clear();
-  t.pages.shrink_to_fit();
-  t.live = t.used = 0;
+void ManagedHeap::free_pages(Segment& s) {
+  for (PageTable& t : s.table) {
+    for (PageId p : t.pages) pool_.free(p);
+    counters_.pages_freed += t.pages.size();
+    t.pages.clear();
+    t.pages.shrink_to_fit();
+    t.live = t.used = 0;
+  }
+}
+
+void ManagedHeap::segment_pages(const Segment& s, std::vector<SegPage>* out) const {
+  out->clear();
+  uint64_t row = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    for (PageId p : s.table[c].pages) {
+      out->push_back({page_ptr(p), uint32_t(c), row});
+      row += pool_.desc(p).live;
+    }
 }
 
 Status ManagedHeap::seq_destroy(kvgc_seq seq) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_seq_destroy", &s));
   free_slots_.reserve(free_slots_.size() + 1);
-  for (PageTable& t : s->layers) free_pages(t);
+  for (Segment& seg : s->layers) free_pages(seg);
   seq_slots_[s->slot] = nullptr;
   free_slots_.push_back(s->slot);
   seqs_.erase(seq);
@@ -142,9 +162,10 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   if (uintptr_t(k) % elem || uintptr_t(v) % elem)
     return fail(KVGC_EINVAL, "kvgc_append: k and v must be aligned to the dtype's " +
                                  std::to_string(elem) + " bytes");
-  PageTable& t = s->layers[layer];
+  Segment& seg = s->layers[layer];
+  PageTable& t = seg.table[KVGC_CLASS_FP16];  // new tokens are always stored fp16
   const uint32_t pt = opts_.page_tokens;
-  if (t.length + n > uint64_t(INT32_MAX))
+  if (seg.length + n > uint64_t(INT32_MAX))
     return fail(KVGC_EINVAL, "kvgc_append: n_tokens " + std::to_string(n) +
                                  " would take the segment past 2^31 positions");
   const uint64_t need = t.pages_needed(pool_, pt, n);
@@ -182,7 +203,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
     runs_.push_back({page_ptr(t.pages[i]), used, count, src});
     src += count;
   }
-  AppendOp op{layout_[KVGC_CLASS_FP16], k, v, int64_t(t.length), opts_.sinks, runs_.data(),
+  AppendOp op{layout_[KVGC_CLASS_FP16], k, v, int64_t(seg.length), opts_.sinks, runs_.data(),
               uint32_t(runs_.size())};
   Status st = backend_->append(op, stream);
   if (!st.ok()) {
@@ -197,7 +218,11 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   }
   t.used += n;
   t.live += n;
-  t.length += n;
+  const uint64_t sinks = seg.length < opts_.sinks ? std::min<uint64_t>(opts_.sinks - seg.length, n) : 0;
+  seg.tier[kGenSink] += sinks;
+  seg.tier[kGenYoung] += n - sinks;
+  seg.length += n;
+  seg.since_minor = uint32_t(std::min<uint64_t>(uint64_t(seg.since_minor) + n, UINT32_MAX));
   counters_.appends += 1;
   counters_.tokens_appended += n;
   counters_.pages_allocated += need;
@@ -207,7 +232,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
 Status ManagedHeap::tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length) {
   SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_seq_tokens", &s));
-  if (live) *live = s->layers[layer].live;
+  if (live) *live = s->layers[layer].live();
   if (length) *length = s->layers[layer].length;
   return Status::Ok();
 }
@@ -216,7 +241,7 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
                   uint64_t capacity, uint64_t* n_out, void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_read", &s));
-  const PageTable& t = s->layers[layer];
+  const Segment& seg = s->layers[layer];
   const uint32_t elem = dtype_bytes(model_.dtype);
   if (k_out) KVGC_TRY(backend_->check_pointer(k_out, "kvgc_read: k_out"));
   if (v_out) KVGC_TRY(backend_->check_pointer(v_out, "kvgc_read: v_out"));
@@ -224,21 +249,15 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
   if (uintptr_t(k_out) % elem || uintptr_t(v_out) % elem || uintptr_t(pos_out) % 4)
     return fail(KVGC_EINVAL, "kvgc_read: k_out/v_out must be aligned to " +
                                  std::to_string(elem) + " bytes and pos_out to 4");
-  *n_out = t.live;
-  if ((k_out || v_out || pos_out) && capacity < t.live)
+  const uint64_t live = seg.live();
+  *n_out = live;
+  if ((k_out || v_out || pos_out) && capacity < live)
     return fail(KVGC_EINVAL, "kvgc_read: capacity " + std::to_string(capacity) +
-                                 " is smaller than the segment's " + std::to_string(t.live) +
+                                 " is smaller than the segment's " + std::to_string(live) +
                                  " live tokens");
-  if (!(k_out || v_out || pos_out) || t.live == 0) return Status::Ok();
-  gather_.clear();
-  gather_.reserve(t.pages.size());
-  uint64_t row = 0;
-  for (PageId p : t.pages) {
-    const uint16_t live = pool_.desc(p).live;
-    if (live) gather_.push_back({page_ptr(p), row});
-    row += live;
-  }
-  GatherOp op{layout_[KVGC_CLASS_FP16], gather_.data(), uint32_t(gather_.size()), k_out, v_out,
+  if (!(k_out || v_out || pos_out) || live == 0) return Status::Ok();
+  segment_pages(seg, &pages_);
+  GatherOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), k_out, v_out,
               pos_out};
   return backend_->gather(op, stream);
 }
@@ -268,11 +287,14 @@ void ManagedHeap::stats(kvgc_stats* o) const {
   }
   o->sequences = seqs_.size();
   for (const auto& [id, s] : seqs_)
-    for (const PageTable& t : s->layers) {
-      o->segments += !t.pages.empty();
-      o->live_tokens += t.live;
-      o->slots_held += t.held_slots(opts_.page_tokens);
-      o->dead_slots += t.dead();
+    for (const Segment& seg : s->layers) {
+      o->segments += !seg.table[0].pages.empty() || !seg.table[1].pages.empty();
+      for (const PageTable& t : seg.table) {
+        o->live_tokens += t.live;
+        o->slots_held += t.held_slots(opts_.page_tokens);
+        o->dead_slots += t.dead();
+      }
+      for (int g = 0; g < 4; ++g) o->tier_tokens[g] += seg.tier[g];
     }
   o->fragmentation = o->slots_held ? double(o->dead_slots) / double(o->slots_held) : 0.0;
   o->appends = counters_.appends;
@@ -282,6 +304,20 @@ void ManagedHeap::stats(kvgc_stats* o) const {
   o->slabs_acquired = pool_.slabs_acquired();
   o->slabs_released = pool_.slabs_released();
   o->enomem = counters_.enomem;
+  o->steps = counters_.steps;
+  o->observes = counters_.observes;
+  o->gcs = counters_.gcs;
+  o->minor_gcs = counters_.minor_gcs;
+  o->major_gcs = counters_.major_gcs;
+  o->tokens_ranked = counters_.tokens_ranked;
+  o->tokens_evicted = counters_.tokens_evicted;
+  o->tokens_demoted = counters_.tokens_demoted;
+  o->tokens_promoted = counters_.tokens_promoted;
+  o->tokens_tenured = counters_.tokens_tenured;
+  o->compactions = counters_.compactions;
+  o->slots_moved = counters_.slots_moved;
+  o->bytes_moved = counters_.bytes_moved;
+  o->ebudget = counters_.ebudget;
 }
 
 }  // namespace kvgc

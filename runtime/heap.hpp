@@ -12,19 +12,36 @@
 #include <vector>
 
 #include "../allocator/page_table.hpp"
+#include "../gc/plan.hpp"
 #include "../kernels/page_layout.hpp"
 #include "backend.hpp"
 
 namespace kvgc {
 
+// One (sequence, layer): its pages per storage class (read order: FP16 then INT4), and
+// the host's page-granular view the GC plans from.
+struct Segment {
+  PageTable table[KVGC_CLASS_COUNT];
+  uint64_t length = 0;              // tokens appended: the next position
+  uint64_t tier[4] = {0, 0, 0, 0};  // live tokens per SlotGen
+  uint32_t since_minor = 0;         // tokens appended since the last minor GC
+  uint32_t minors_since_major = 0;
+  bool promote_blocked = false;
+
+  uint64_t live() const { return table[0].live + table[1].live; }
+};
+
 struct SequenceState {
   uint32_t tenant = 0;
   uint32_t slot = 0;               // index into ManagedHeap::seq_slots_; segment ids derive from it
-  std::vector<PageTable> layers;   // one segment per layer
+  std::vector<Segment> layers;     // one segment per layer
 };
 
 struct Counters {
   uint64_t appends = 0, tokens_appended = 0, pages_allocated = 0, pages_freed = 0, enomem = 0;
+  uint64_t steps = 0, observes = 0, gcs = 0, minor_gcs = 0, major_gcs = 0;
+  uint64_t tokens_ranked = 0, tokens_evicted = 0, tokens_demoted = 0, tokens_promoted = 0;
+  uint64_t tokens_tenured = 0, compactions = 0, slots_moved = 0, bytes_moved = 0, ebudget = 0;
 };
 
 class ManagedHeap {
@@ -47,6 +64,8 @@ class ManagedHeap {
   Status tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length);
   Status read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_t* pos_out,
               uint64_t capacity, uint64_t* n_out, void* stream);
+  Status observe(kvgc_seq seq, uint32_t layer, const float* mass, uint64_t n, void* stream);
+  Status step(kvgc_seq seq, void* stream);
   void stats(kvgc_stats* out) const;  // a full struct; the C glue copies struct_size
   Status check();                     // the invariant walker
 
@@ -57,7 +76,17 @@ class ManagedHeap {
     return s.slot * model_.n_layers + layer;
   }
   uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
-  void free_pages(PageTable& t);
+  void free_pages(Segment& s);
+  // The segment's pages in read order, with each page's first read-order row.
+  void segment_pages(const Segment& s, std::vector<SegPage>* out) const;
+  // One segment's GC (collect.cpp): plan, select, free empty pages, compact. Sets
+  // *short_of_budget when the budget could not be met.
+  Status collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
+                 bool* short_of_budget);
+  Status compact(Segment& seg, int cls, void* stream);
+  // Frees the pages of `t` whose live count is zero, keeping the order of the others.
+  void free_empty_pages(PageTable& t);
+  std::vector<uint64_t> layer_budgets(const SequenceState& s);
 
   std::mutex mu_;
   kvgc_model_desc model_{};
@@ -72,9 +101,12 @@ class ManagedHeap {
   std::vector<uint32_t> free_slots_;
   kvgc_seq next_seq_ = 1;
   Counters counters_;
+  PolicyParams policy_;
+  uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   // Scratch reused across calls so that the decode path does not allocate.
   std::vector<AppendRun> runs_;
-  std::vector<GatherPage> gather_;
+  std::vector<SegPage> pages_;
+  std::vector<uint16_t> page_live_;
 };
 
 }  // namespace kvgc

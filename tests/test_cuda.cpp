@@ -132,6 +132,27 @@ TEST_CASE("CUDA argument checks: host pointers are refused, the heap is unchange
   kvgc_heap_destroy(h);
 }
 
+TEST_CASE("the GC step on CUDA is refused clearly until the CUDA GC ops land") {
+  const kvgc_model_desc m = model(1, 2, 64);
+  kvgc_heap_options o = cpu_options(8 << 20);
+  o.device = KVGC_DEVICE_CUDA;
+  o.policy = KVGC_POLICY_H2O;
+  o.token_budget = 8;
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(h, 0, &s) == KVGC_OK);
+  DeviceBuffer d(32 * token_bytes(m));
+  REQUIRE(kvgc_append(h, s, 0, d.p, d.p, 32, nullptr) == KVGC_OK);
+  CHECK(kvgc_step(h, s, nullptr) == KVGC_EUNSUPPORTED);
+  CHECK(std::string(kvgc_errmsg(h)).find("KVGC_DEVICE=cpu") != std::string::npos);
+  uint64_t live = 0;
+  REQUIRE(kvgc_seq_tokens(h, s, 0, &live, nullptr) == KVGC_OK);
+  CHECK(live == 32);  // nothing changed
+  require_check(h);
+  kvgc_heap_destroy(h);
+}
+
 TEST_CASE("a budget beyond the device is KVGC_ENOMEM with the CUDA message, not a crash") {
   const kvgc_model_desc m = model(1, 2, 64);
   kvgc_heap_options o = cpu_options(uint64_t(1) << 50);

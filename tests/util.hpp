@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -84,6 +85,24 @@ inline std::string verify(const kvgc_model_desc& m, uint64_t seq, uint32_t layer
   (void)eb;
   return "";
 }
+
+// K (is_v = false) or V for positions [first, first + n): N(0, 1) values in the model
+// dtype, a deterministic function of (seq, layer, position, head, dim, k|v); for data
+// that must survive int4 demotion within its error bound.
+inline float gauss_value(uint64_t seq, uint32_t layer, int64_t pos, uint32_t h, uint32_t d, bool v) {
+  const uint32_t a = tag(seq, layer, pos, h, d, v), b = mix(a ^ 0x5bd1e995u);
+  const double u1 = (double(a) + 1.0) / 4294967297.0, u2 = double(b) / 4294967296.0;
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+std::vector<uint8_t> gaussian(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
+                              int64_t first, uint32_t n, bool is_v);
+
+// Reads segment (seq, layer) and checks every row against gaussian(): each head's vector
+// must be bit-identical, or (a demoted token) within relative RMSE `int4_tol` (0: exact
+// only). Empty string if all rows pass, else what failed.
+std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
+                            uint32_t layer, double int4_tol);
 
 // Options for tests: CPU, a fixed budget, environment ignored (tests must not depend
 // on the caller's shell).

@@ -1,5 +1,7 @@
 #include "copy.hpp"
 
+#include "quant.hpp"
+
 #include <bit>
 #include <cstring>
 
@@ -38,23 +40,35 @@ void append(const AppendOp& op) {
 }
 
 void gather(const GatherOp& op) {
-  const PageLayout& L = op.layout;
-  const size_t row = size_t(L.head_dim) * dtype_bytes(L.dtype);
-  const size_t token_bytes = row * L.n_kv_heads;
   auto* k_out = static_cast<uint8_t*>(op.k_out);
   auto* v_out = static_cast<uint8_t*>(op.v_out);
   for (uint32_t p = 0; p < op.n_pages; ++p) {
-    const uint8_t* page = op.pages[p].page;
+    const SegPage& sp = op.pages[p];
+    const PageLayout& L = op.layout[sp.cls];
+    const size_t row = size_t(L.head_dim) * dtype_bytes(L.dtype);  // one head, model dtype
+    const size_t token_bytes = row * L.n_kv_heads;
+    const size_t qp = (L.head_dim / L.group) * 2;  // 16-bit values per (head, slot)
+    const uint8_t* page = sp.page;
     const auto* live = reinterpret_cast<const uint32_t*>(page + L.live_off);
     const auto* pos = reinterpret_cast<const int32_t*>(page + L.pos_off);
-    uint64_t out = op.pages[p].out_row;
+    uint64_t out = sp.out_row;
     for (uint32_t w = 0; w < PageLayout::live_words(L.page_tokens); ++w) {
       for (uint32_t bits = live[w]; bits; bits &= bits - 1) {
         const uint32_t slot = w * 32 + uint32_t(std::countr_zero(bits));
         for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
           const size_t src = h * L.head_stride + slot * L.slot_stride;
-          if (k_out) std::memcpy(k_out + out * token_bytes + h * row, page + L.k_off + src, row);
-          if (v_out) std::memcpy(v_out + out * token_bytes + h * row, page + L.v_off + src, row);
+          uint8_t* kd = k_out ? k_out + out * token_bytes + h * row : nullptr;
+          uint8_t* vd = v_out ? v_out + out * token_bytes + h * row : nullptr;
+          if (L.cls == KVGC_CLASS_FP16) {
+            if (kd) std::memcpy(kd, page + L.k_off + src, row);
+            if (vd) std::memcpy(vd, page + L.v_off + src, row);
+          } else {
+            const size_t q = (size_t(h) * L.page_tokens + slot) * qp;
+            const auto* kq = reinterpret_cast<const uint16_t*>(page + L.kq_off) + q;
+            const auto* vq = reinterpret_cast<const uint16_t*>(page + L.vq_off) + q;
+            if (kd) dequantize_row(page + L.k_off + src, kq, L.dtype, L.head_dim, kd);
+            if (vd) dequantize_row(page + L.v_off + src, vq, L.dtype, L.head_dim, vd);
+          }
         }
         if (op.pos_out) op.pos_out[out] = pos[slot];
         ++out;

@@ -159,7 +159,7 @@ cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
 
 template <uint32_t N>
 cudaError_t gather_chunks(const GatherOp& op, int unit, cudaStream_t stream) {
-  const PageLayout& L = op.layout;
+  const PageLayout& L = op.layout[KVGC_CLASS_FP16];
   GatherParams<N> p;
   p.L = L;
   p.k_out = static_cast<uint8_t*>(op.k_out);
@@ -191,8 +191,11 @@ cudaError_t append(const AppendOp& op, cudaStream_t stream) {
 
 cudaError_t gather(const GatherOp& op, cudaStream_t stream) {
   if (op.n_pages == 0) return cudaSuccess;
+  // int4 pages only exist after demotion, a GC op the CUDA backend does not run yet.
+  for (uint32_t i = 0; i < op.n_pages; ++i)
+    if (op.pages[i].cls != KVGC_CLASS_FP16) return cudaErrorNotSupported;
   const int unit =
-      unit_bytes(op.layout.slot_stride, {uintptr_t(op.k_out), uintptr_t(op.v_out)});
+      unit_bytes(op.layout[KVGC_CLASS_FP16].slot_stride, {uintptr_t(op.k_out), uintptr_t(op.v_out)});
   return op.n_pages <= kSmallChunk ? gather_chunks<kSmallChunk>(op, unit, stream)
                                    : gather_chunks<kChunk>(op, unit, stream);
 }

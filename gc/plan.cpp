@@ -1,0 +1,81 @@
+#include "plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "../kernels/page_layout.hpp"
+
+namespace kvgc {
+
+double segment_cost(const PolicyParams& p, const SegmentView& s) {
+  return double(s.live_fp16) + p.int4_cost * double(s.live_int4);
+}
+
+uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s) {
+  const uint64_t sinks = std::min<uint64_t>(p.sinks, s.length);
+  const uint64_t young = std::min<uint64_t>(p.window, s.length - sinks);
+  return sinks + young;
+}
+
+uint64_t intermediate_target(const PolicyParams& p, uint64_t budget) {
+  const uint64_t protect = uint64_t(p.sinks) + p.window;
+  const uint64_t rest = budget > protect ? budget - protect : 0;
+  return std::min<uint64_t>(rest, std::max<uint64_t>(2ull * p.page_tokens, rest / 4));
+}
+
+GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
+  GcPlan g;
+  if (p.policy == KVGC_POLICY_FULL) return g;
+  // Tokens leave the young window once `window` newer tokens exist (sinks never do).
+  const int64_t window_start = int64_t(s.length) - int64_t(p.window);
+  const double cost = segment_cost(p, s);
+  const double over = s.budget == kNoBudget ? 0.0 : cost - double(s.budget);
+  g.tenure_before = std::max<int64_t>(window_start, 0);
+  g.demote = p.demote;
+
+  if (p.policy != KVGC_POLICY_GENERATIONAL) {
+    // Flat policies rank every unprotected token, at every step that is over budget.
+    if (over <= 0) return g;
+    g.run = true;
+    g.candidates = gen_bit(kGenIntermediate) | gen_bit(kGenLongTerm);
+    g.key = p.policy == KVGC_POLICY_STREAMING ? KeyKind::Position
+            : p.policy == KVGC_POLICY_RANDOM  ? KeyKind::Random
+                                              : KeyKind::Score;
+    g.reclaim = over;
+    return g;
+  }
+
+  // Generational: a minor GC per page of new tokens; nothing in between.
+  if (s.since_minor < p.page_tokens) return g;
+  g.run = true;
+  g.key = KeyKind::Score;
+  g.age_intermediate = true;
+  g.reclaim = std::max(over, 0.0);
+  const uint64_t budget = s.budget == kNoBudget ? UINT64_MAX / 2 : s.budget;
+  const uint64_t protect = uint64_t(p.sinks) + p.window;
+  const uint64_t lt_cap =
+      budget > protect + intermediate_target(p, budget)
+          ? budget - protect - intermediate_target(p, budget)
+          : 0;
+  // Tokens about to leave the window join the intermediate tier before it is ranked.
+  const uint64_t leaving =
+      window_start > 0 ? std::min<uint64_t>(s.tier[kGenYoung], uint64_t(window_start)) : 0;
+  const double intermediate_after = double(s.tier[kGenIntermediate] + leaving);
+  // Major GC: the minor cannot give back enough from the intermediate tier alone, or
+  // long-term is full while heavy hitters wait (rate-limited).
+  const bool shortfall = g.reclaim > intermediate_after;
+  const bool refresh = s.promote_blocked && s.minors_since_major + 1 >= kMajorEveryMinors;
+  if (s.budget != kNoBudget && (shortfall || refresh)) {
+    g.major = true;
+    g.candidates = gen_bit(kGenIntermediate) | gen_bit(kGenLongTerm);
+    g.retier = true;
+    g.retier_top = lt_cap;
+    return g;
+  }
+  g.candidates = gen_bit(kGenIntermediate);
+  const uint64_t lt = s.tier[kGenLongTerm];
+  g.promote = s.budget == kNoBudget ? 0 : uint32_t(std::min<uint64_t>(lt_cap > lt ? lt_cap - lt : 0, UINT32_MAX));
+  return g;
+}
+
+}  // namespace kvgc

@@ -1,0 +1,71 @@
+// GC planning: the host decides *whether* a segment collects, *which tiers* are ranked
+// and *how much* it gives back; a data-plane op (kernels/) decides *which* tokens. Pure
+// arithmetic over page-granular counts, so every policy is testable without a heap.
+//
+// Five policies, one mechanism (a priority key plus protection rules):
+//   full          never evicts (still paged, still compacts)
+//   streaming     protects sinks + young window; evicts the oldest (key = position)
+//   h2o           protects sinks + young window; evicts the lowest accumulated score
+//   random        protects sinks + young window; evicts by a seeded hash (control)
+//   generational  minor GC every page_tokens new tokens: tenures tokens leaving the
+//                 young window into the intermediate tier, ranks that tier only,
+//                 promotes its stable heavy hitters to long-term, evicts its lowest;
+//                 a major GC ranks long-term too, only when a minor GC cannot meet the
+//                 budget or long-term is full while heavy hitters wait for promotion.
+// Budgets are in fp16-token units: with int4 demotion an int4 token costs its byte
+// share (int4 page bytes / fp16 page bytes), so demotion keeps more tokens per byte.
+#pragma once
+
+#include <cstdint>
+
+#include "../kernels/ops.hpp"
+#include "kvgc.h"
+
+namespace kvgc {
+
+constexpr uint64_t kNoBudget = UINT64_MAX;
+constexpr uint8_t kPromoteAge = 2;        // minor GCs survived before promotion
+constexpr uint32_t kMajorEveryMinors = 8;  // at most one promotion-driven major GC per 8 minors
+constexpr double kDemoteRatio = 0.5;      // demote (not evict) victims scoring >= 0.5 x mean
+
+struct PolicyParams {
+  kvgc_policy policy = KVGC_POLICY_GENERATIONAL;
+  uint32_t sinks = 4, window = 64, page_tokens = 16;
+  bool demote = false;
+  double int4_cost = 0.3;  // an int4 token's cost in fp16-token units
+};
+
+// What the host knows about a segment (exact on CPU; one step late on a device).
+struct SegmentView {
+  uint64_t length = 0;               // tokens appended so far (next position)
+  uint64_t live_fp16 = 0, live_int4 = 0;
+  uint64_t tier[4] = {0, 0, 0, 0};   // live tokens per SlotGen
+  uint32_t since_minor = 0;          // tokens appended since the last minor GC
+  uint32_t minors_since_major = 0;
+  bool promote_blocked = false;      // the last minor GC had heavy hitters but no room
+  uint64_t budget = kNoBudget;       // this segment's budget, fp16-token units
+};
+
+struct GcPlan {
+  bool run = false;
+  bool major = false;                // generational: long-term is ranked too
+  int64_t tenure_before = -1;        // young slots with position < this leave the window
+  uint8_t candidates = 0;            // gen_bit mask of the tiers ranked
+  KeyKind key = KeyKind::Score;
+  double reclaim = 0;                // fp16-token units to give back
+  uint32_t promote = 0;              // intermediate -> long-term, top-ranked, age >= kPromoteAge
+  uint64_t retier_top = 0;           // major GC: keep the top this many as long-term
+  bool retier = false;
+  bool age_intermediate = false;     // survivors of the intermediate tier age by one
+  bool demote = false;               // victims above the threshold go to int4
+};
+
+double segment_cost(const PolicyParams& p, const SegmentView& s);
+// Tokens no policy may evict: the sinks and the young window.
+uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s);
+// The intermediate tier's share of a generational budget: what long-term leaves free.
+uint64_t intermediate_target(const PolicyParams& p, uint64_t budget);
+
+GcPlan plan_gc(const PolicyParams& p, const SegmentView& s);
+
+}  // namespace kvgc

@@ -1,0 +1,351 @@
+// The GC through the public API on the CPU backend: each policy on synthetic score
+// streams, data surviving eviction/demotion/compaction, a full arena, budgets that
+// cannot be met, and the invariant walker after every step.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "util.hpp"
+
+using namespace kvgc_test;
+
+namespace {
+
+struct Heap {
+  kvgc_heap* h = nullptr;
+  kvgc_model_desc m;
+  explicit Heap(const kvgc_heap_options& o, const kvgc_model_desc& model = kvgc_test::model(1, 2, 32))
+      : m(model) {
+    const kvgc_status st = kvgc_heap_create(&m, &o, &h);
+    INFO(std::string(kvgc_errmsg(nullptr)));
+    REQUIRE(st == KVGC_OK);
+  }
+  ~Heap() { kvgc_heap_destroy(h); }
+  void check() {
+    const kvgc_status st = kvgc_heap_check(h);
+    INFO(std::string(kvgc_errmsg(h)));
+    REQUIRE(st == KVGC_OK);
+  }
+  kvgc_stats stats() {
+    kvgc_stats s;
+    kvgc_stats_init(&s);
+    REQUIRE(kvgc_get_stats(h, &s) == KVGC_OK);
+    return s;
+  }
+  std::vector<int32_t> positions(kvgc_seq s, uint32_t layer = 0) {
+    uint64_t n = 0;
+    REQUIRE(kvgc_read(h, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
+    std::vector<int32_t> pos(n);
+    REQUIRE(kvgc_read(h, s, layer, nullptr, nullptr, pos.data(), n, &n, nullptr) == KVGC_OK);
+    return pos;
+  }
+  // Appends positions [from, from + n) with Gaussian K/V derived from the position.
+  void append(kvgc_seq s, uint32_t layer, int64_t from, uint32_t n) {
+    const auto k = gaussian(m, s, layer, from, n, false), v = gaussian(m, s, layer, from, n, true);
+    const kvgc_status st = kvgc_append(h, s, layer, k.data(), v.data(), n, nullptr);
+    const std::string err = kvgc_errmsg(h);
+    CAPTURE(err);
+    REQUIRE(st == KVGC_OK);
+  }
+  // Hands each live token mass(position).
+  template <class F>
+  void observe(kvgc_seq s, uint32_t layer, F&& mass) {
+    const auto pos = positions(s, layer);
+    std::vector<float> w(pos.size());
+    for (size_t i = 0; i < pos.size(); ++i) w[i] = float(mass(pos[i]));
+    REQUIRE(kvgc_observe(h, s, layer, w.data(), w.size(), nullptr) == KVGC_OK);
+  }
+  kvgc_status step(kvgc_seq s) { return kvgc_step(h, s, nullptr); }
+};
+
+kvgc_heap_options gc_options(kvgc_policy policy, uint64_t budget_tokens, uint32_t sinks = 4,
+                             uint32_t window = 8, uint32_t page_tokens = 8) {
+  kvgc_heap_options o = cpu_options(8 << 20, page_tokens);
+  o.policy = policy;
+  o.token_budget = budget_tokens;
+  o.sinks = sinks;
+  o.window = window;
+  return o;
+}
+
+double weight(int32_t pos) { return double(mix(uint64_t(pos) * 7919) % 1000) / 1000.0; }
+
+}  // namespace
+
+TEST_CASE("h2o keeps exactly the top-scored unprotected tokens") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 40));
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  H.append(s, 0, 0, 200);
+  H.observe(s, 0, weight);
+  CHECK(H.step(s) == KVGC_OK);
+  H.check();
+  // Expected: sinks [0,4), window [192,200), and the 28 best of [4,192) by weight.
+  std::vector<int32_t> mid;
+  for (int32_t p = 4; p < 192; ++p) mid.push_back(p);
+  std::stable_sort(mid.begin(), mid.end(), [](int32_t a, int32_t b) { return weight(a) > weight(b); });
+  std::set<int32_t> expect(mid.begin(), mid.begin() + 28);
+  for (int32_t p = 0; p < 4; ++p) expect.insert(p);
+  for (int32_t p = 192; p < 200; ++p) expect.insert(p);
+  const auto got = H.positions(s);
+  CHECK(std::set<int32_t>(got.begin(), got.end()) == expect);
+  CHECK(got.size() == 40);
+  CHECK(H.stats().tokens_evicted == 160);
+  CHECK(H.stats().tokens_ranked == 188);
+}
+
+TEST_CASE("streaming keeps the sinks and the newest tokens, step after step") {
+  Heap H(gc_options(KVGC_POLICY_STREAMING, 24));
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  for (int64_t len = 0; len < 300; ++len) {
+    H.append(s, 0, len, 1);
+    H.observe(s, 0, weight);  // scores must not matter to streaming
+    REQUIRE(H.step(s) == KVGC_OK);
+    const auto pos = H.positions(s);
+    std::set<int32_t> expect;
+    for (int32_t p = 0; p < std::min<int32_t>(4, int32_t(len + 1)); ++p) expect.insert(p);
+    for (int64_t p = std::max<int64_t>(4, len + 1 - 20); p <= len; ++p) expect.insert(int32_t(p));
+    REQUIRE(std::set<int32_t>(pos.begin(), pos.end()) == expect);
+    if (len % 37 == 0) H.check();
+  }
+  H.check();
+  CHECK(H.stats().compactions > 0);  // eviction of the oldest leaves holes at the front
+}
+
+TEST_CASE("random eviction is reproducible by seed and differs across seeds") {
+  auto kept = [](uint64_t seed) {
+    kvgc_heap_options o = gc_options(KVGC_POLICY_RANDOM, 50);
+    o.seed = seed;
+    Heap H(o);
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    for (int64_t len = 0; len < 400; len += 10) {
+      H.append(s, 0, len, 10);
+      REQUIRE(H.step(s) == KVGC_OK);
+    }
+    H.check();
+    const auto pos = H.positions(s);
+    return std::set<int32_t>(pos.begin(), pos.end());
+  };
+  const auto a = kept(1), b = kept(1), c = kept(2);
+  CHECK(a.size() == 50);
+  CHECK(a == b);
+  CHECK(a != c);
+  // Not simply the newest: random reaches back into the sequence.
+  CHECK(*std::next(a.begin(), 4) < 300);
+}
+
+TEST_CASE("generational keeps heavy hitters through many minor GCs and ranks far fewer tokens than h2o") {
+  auto run = [](kvgc_policy policy, std::set<int32_t>* kept) {
+    Heap H(gc_options(policy, 96, 4, 16, 8));
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    std::mt19937 rng(3);
+    for (int64_t len = 0; len < 1500; ++len) {
+      H.append(s, 0, len, 1);
+      // Heavy hitters (every 25th position) draw attention at every step; others a little.
+      H.observe(s, 0, [&](int32_t p) { return p % 25 == 7 ? 1.0 : 0.01 * (rng() % 100) / 100.0; });
+      const kvgc_status st = H.step(s);
+      REQUIRE(st == KVGC_OK);
+      if (len % 97 == 0) H.check();
+    }
+    H.check();
+    const auto pos = H.positions(s);
+    *kept = std::set<int32_t>(pos.begin(), pos.end());
+    return H.stats();
+  };
+  std::set<int32_t> gen_kept, h2o_kept;
+  const kvgc_stats gen = run(KVGC_POLICY_GENERATIONAL, &gen_kept);
+  const kvgc_stats h2o = run(KVGC_POLICY_H2O, &h2o_kept);
+  int hh = 0, hh_gen = 0, hh_h2o = 0;
+  for (int32_t p = 7; p < 1500 - 16; p += 25) {
+    ++hh;
+    hh_gen += gen_kept.count(p);
+    hh_h2o += h2o_kept.count(p);
+  }
+  MESSAGE("heavy hitters kept: generational " << hh_gen << "/" << hh << ", h2o " << hh_h2o << "/" << hh
+          << "; tokens ranked per step: generational " << double(gen.tokens_ranked) / gen.steps
+          << ", h2o " << double(h2o.tokens_ranked) / h2o.steps);
+  CHECK(hh_gen == hh);  // every heavy hitter survived ~180 minor GCs
+  CHECK(hh_h2o == hh);
+  CHECK(gen.minor_gcs > 150);
+  // All but the newest heavy hitters (not yet old enough) were promoted to long-term.
+  CHECK(gen.tokens_promoted >= uint64_t(hh - 3));
+  CHECK(gen.tier_tokens[KVGC_GEN_LONG_TERM] >= uint64_t(hh - 3));
+  CHECK(gen.tokens_ranked * 10 <= h2o.tokens_ranked);
+  CHECK(gen_kept.size() <= 96 + 8);  // a minor GC per page: up to a page over, in between
+  CHECK(h2o_kept.size() == 96);
+}
+
+TEST_CASE("data survives evictions, demotions and compactions (randomised, checked every step)") {
+  for (kvgc_policy policy : {KVGC_POLICY_GENERATIONAL, KVGC_POLICY_H2O, KVGC_POLICY_STREAMING,
+                             KVGC_POLICY_RANDOM}) {
+    for (bool demote : {false, true}) {
+      CAPTURE(policy);
+      CAPTURE(demote);
+      kvgc_heap_options o = gc_options(policy, 0, 4, 8, 8);
+      o.token_budget_fraction = 0.3;
+      o.demote = demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+      o.compact_threshold = 0.2;
+      Heap H(o, model(3, 2, 64, KVGC_DTYPE_F16));
+      std::mt19937 rng(unsigned(policy * 2 + demote));
+      std::vector<kvgc_seq> seqs(3);
+      std::vector<int64_t> len(3, 0);
+      for (auto& s : seqs) REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+      for (int step = 0; step < 120; ++step) {
+        const size_t i = rng() % seqs.size();
+        const uint32_t n = rng() % 4 == 0 ? 1 + rng() % 30 : 1;
+        for (uint32_t layer = 0; layer < 3; ++layer) H.append(seqs[i], layer, len[i], n);
+        len[i] += n;
+        for (uint32_t layer = 0; layer < 3; ++layer)
+          H.observe(seqs[i], layer, [&](int32_t p) { return weight(p + int32_t(layer)); });
+        const kvgc_status st = H.step(seqs[i]);
+        REQUIRE((st == KVGC_OK || st == KVGC_EBUDGET));
+        H.check();
+        for (uint32_t layer = 0; layer < 3; ++layer) {
+          const std::string bad = verify_gaussian(H.h, H.m, seqs[i], layer, 0.12);
+          INFO(bad);
+          REQUIRE(bad.empty());
+        }
+      }
+      const kvgc_stats st = H.stats();
+      CHECK(st.tokens_evicted > 0);
+      CHECK(st.compactions > 0);
+      if (demote) CHECK(st.tokens_demoted > 0);
+      if (demote) CHECK(st.cls[KVGC_CLASS_INT4].pages_used > 0);
+      if (!demote) CHECK(st.tokens_demoted == 0);
+    }
+  }
+}
+
+TEST_CASE("int4 demotion keeps more tokens in the same budget, and reads back dequantized") {
+  auto kept = [](bool demote) {
+    kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 64, 4, 8, 16);
+    o.demote = demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+    Heap H(o, model(1, 4, 64));
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    for (int64_t len = 0; len < 512; len += 16) {
+      H.append(s, 0, len, 16);
+      H.observe(s, 0, weight);
+      REQUIRE(H.step(s) == KVGC_OK);
+    }
+    H.check();
+    const std::string bad = verify_gaussian(H.h, H.m, s, 0, 0.12);
+    INFO(bad);
+    CHECK(bad.empty());
+    return H.stats();
+  };
+  const kvgc_stats plain = kept(false), demoted = kept(true);
+  CHECK(plain.live_tokens == 64);
+  CHECK(demoted.live_tokens > 100);  // int4 tokens cost ~0.3 of an fp16 token
+  CHECK(demoted.tokens_demoted > 0);
+  CHECK(demoted.cls[KVGC_CLASS_INT4].used_bytes > 0);
+}
+
+TEST_CASE("a full arena: append is ENOMEM, the GC evicts and compacts in place, the same append succeeds") {
+  kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 0, 4, 8, 16);
+  o.token_budget_fraction = 0.5;
+  o.budget_bytes = 256 << 10;
+  o.compact_threshold = 0.1;
+  Heap H(o, model(1, 4, 64));
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  int64_t len = 0;
+  kvgc_status st = KVGC_OK;
+  std::vector<uint8_t> k, v;
+  for (;;) {
+    k = gaussian(H.m, s, 0, len, 16, false);
+    v = gaussian(H.m, s, 0, len, 16, true);
+    st = kvgc_append(H.h, s, 0, k.data(), v.data(), 16, nullptr);
+    if (st == KVGC_ENOMEM) break;
+    REQUIRE(st == KVGC_OK);
+    len += 16;
+  }
+  CHECK(std::string(kvgc_errmsg(H.h)).find("kvgc_append") != std::string::npos);
+  const kvgc_stats full = H.stats();
+  REQUIRE(full.slabs_free == 0);
+  REQUIRE(full.cls[0].pages_free == 0);
+  CHECK(verify_gaussian(H.h, H.m, s, 0, 0.0).empty());  // the refused append corrupted nothing
+  // The arena is completely full. The step evicts half by score (scattered holes) and
+  // must compact without any free page to spare.
+  H.observe(s, 0, weight);
+  REQUIRE(H.step(s) == KVGC_OK);
+  H.check();
+  const kvgc_stats after = H.stats();
+  CHECK(after.tokens_evicted > 0);
+  CHECK(after.compactions >= 1);
+  CHECK(after.cls[0].pages_used < full.cls[0].pages_used);
+  CHECK(verify_gaussian(H.h, H.m, s, 0, 0.0).empty());
+  // The same append that failed now fits.
+  CHECK(kvgc_append(H.h, s, 0, k.data(), v.data(), 16, nullptr) == KVGC_OK);
+  H.check();
+}
+
+TEST_CASE("a budget below the protected tokens is KVGC_EBUDGET, loses nothing, and the next step proceeds") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 6, 4, 8, 8));  // sinks + window = 12 > 6
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  H.append(s, 0, 0, 12);
+  CHECK(H.step(s) == KVGC_EBUDGET);
+  CHECK(std::string(kvgc_errmsg(H.h)).find("protected") != std::string::npos);
+  CHECK(H.positions(s).size() == 12);
+  H.check();
+  H.append(s, 0, 12, 20);
+  CHECK(H.step(s) == KVGC_EBUDGET);  // still over: 12 protected remain
+  CHECK(H.positions(s).size() == 12);  // but everything unprotected went
+  CHECK(H.stats().ebudget == 2);
+  H.check();
+}
+
+TEST_CASE("pyramid budgets: lower layers keep more tokens, the total is the same") {
+  kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 64, 4, 8, 8);
+  o.layer_budget = KVGC_LAYER_BUDGET_PYRAMID;
+  Heap H(o, model(4, 2, 32));
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  for (uint32_t l = 0; l < 4; ++l) H.append(s, l, 0, 300);
+  REQUIRE(H.step(s) == KVGC_OK);
+  H.check();
+  uint64_t total = 0, prev = UINT64_MAX;
+  for (uint32_t l = 0; l < 4; ++l) {
+    const uint64_t n = H.positions(s, l).size();
+    CHECK(n <= prev);
+    prev = n;
+    total += n;
+  }
+  CHECK(total == 4 * 64);
+  CHECK(H.positions(s, 0).size() > H.positions(s, 3).size());
+}
+
+TEST_CASE("observe: bad input is refused and changes nothing") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 16));
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  H.append(s, 0, 0, 10);
+  std::vector<float> mass(10, 1.f);
+  CHECK(kvgc_observe(H.h, s, 0, mass.data(), 9, nullptr) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(H.h)).find("live count 10") != std::string::npos);
+  CHECK(kvgc_observe(H.h, s, 0, nullptr, 10, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_observe(H.h, s, 3, mass.data(), 10, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_observe(H.h, s + 1, 0, mass.data(), 10, nullptr) == KVGC_ENOTFOUND);
+  CHECK(kvgc_step(H.h, s + 1, nullptr) == KVGC_ENOTFOUND);
+  CHECK(kvgc_step(nullptr, s, nullptr) == KVGC_EINVAL);
+  CHECK(H.stats().observes == 0);
+  H.check();
+}
+
+TEST_CASE("full policy: steps never evict") {
+  Heap H(gc_options(KVGC_POLICY_FULL, 10));
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  H.append(s, 0, 0, 100);
+  CHECK(H.step(s) == KVGC_OK);
+  CHECK(H.positions(s).size() == 100);
+  CHECK(H.stats().gcs == 0);
+}

@@ -1,0 +1,53 @@
+#include "util.hpp"
+
+#include "../kernels/cpu/convert.hpp"
+
+namespace kvgc_test {
+
+std::vector<uint8_t> gaussian(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
+                              int64_t first, uint32_t n, bool is_v) {
+  std::vector<uint8_t> out(size_t(n) * token_bytes(m));
+  const size_t eb = elem_bytes(m);
+  size_t i = 0;
+  for (uint32_t t = 0; t < n; ++t)
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h)
+      for (uint32_t d = 0; d < m.head_dim; ++d, ++i)
+        kvgc::cpu::store(&out[i * eb], m.dtype, gauss_value(seq, layer, first + t, h, d, is_v));
+  return out;
+}
+
+std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
+                            uint32_t layer, double int4_tol) {
+  uint64_t n = 0;
+  if (kvgc_read(heap, seq, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) != KVGC_OK)
+    return std::string("kvgc_read: ") + kvgc_errmsg(heap);
+  const size_t tb = token_bytes(m), eb = elem_bytes(m), row = m.head_dim * eb;
+  std::vector<uint8_t> k(n * tb + 1), v(n * tb + 1);
+  std::vector<int32_t> pos(n + 1);
+  if (kvgc_read(heap, seq, layer, k.data(), v.data(), pos.data(), n, &n, nullptr) != KVGC_OK)
+    return std::string("kvgc_read: ") + kvgc_errmsg(heap);
+  for (uint64_t r = 0; r < n; ++r) {
+    for (int is_v = 0; is_v < 2; ++is_v) {
+      const auto expect = gaussian(m, seq, layer, pos[r], 1, is_v);
+      const uint8_t* got = (is_v ? v.data() : k.data()) + r * tb;
+      for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+        if (std::memcmp(got + h * row, expect.data() + h * row, row) == 0) continue;
+        double err = 0, ref = 0;
+        for (uint32_t d = 0; d < m.head_dim; ++d) {
+          const double x = kvgc::cpu::load(&expect[h * row + d * eb], m.dtype);
+          const double y = kvgc::cpu::load(got + h * row + d * eb, m.dtype);
+          err += (x - y) * (x - y);
+          ref += x * x;
+        }
+        const double rel = std::sqrt(err / ref);
+        if (!(rel <= int4_tol))
+          return std::string(is_v ? "V" : "K") + " of position " + std::to_string(pos[r]) +
+                 " head " + std::to_string(h) + " differs (relative RMSE " +
+                 std::to_string(rel) + ")";
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace kvgc_test

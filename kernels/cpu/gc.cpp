@@ -228,31 +228,38 @@ void select(const SelectOp& op) {
 
 void compact(const CompactOp& op) {
   const PageLayout& L = op.layout;
-  const size_t kv_bytes = L.slot_stride;
   const size_t qp_bytes = L.cls == KVGC_CLASS_INT4 ? (L.head_dim / L.group) * 4 : 0;
+  std::vector<std::pair<uint32_t, uint32_t>> pairs;  // (hole in dst, live slot of src)
   for (uint32_t m = 0; m < op.n_moves; ++m) {
     const CompactMove& mv = op.moves[m];
+    // Pair the first holes of dst with the last live slots of src (the plan guarantees
+    // enough of both), then copy head by head: one head's rows of a page are contiguous,
+    // so each head's copies walk one region in order (bench/gc: slot-major order, which
+    // touches every head's region per slot, ran at 0.45x memcpy).
+    pairs.clear();
     uint32_t hole = 0, src = L.page_tokens;
     for (uint32_t i = 0; i < mv.count; ++i) {
-      while (is_live(mv.dst, L, hole)) ++hole;   // the plan guarantees enough holes
-      do --src; while (!is_live(mv.src, L, src));  // and enough live slots
-      for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
-        const size_t d = h * L.head_stride + hole * L.slot_stride;
-        const size_t s = h * L.head_stride + src * L.slot_stride;
-        std::memcpy(mv.dst + L.k_off + d, mv.src + L.k_off + s, kv_bytes);
-        std::memcpy(mv.dst + L.v_off + d, mv.src + L.v_off + s, kv_bytes);
-        if (qp_bytes) {
-          const size_t qd = (size_t(h) * L.page_tokens + hole) * qp_bytes;
-          const size_t qs = (size_t(h) * L.page_tokens + src) * qp_bytes;
-          std::memcpy(mv.dst + L.kq_off + qd, mv.src + L.kq_off + qs, qp_bytes);
-          std::memcpy(mv.dst + L.vq_off + qd, mv.src + L.vq_off + qs, qp_bytes);
-        }
-      }
-      pos_at(mv.dst, L, hole) = pos_at(mv.src, L, src);
-      score_at(mv.dst, L, hole) = score_at(mv.src, L, src);
-      gen_at(mv.dst, L, hole) = gen_at(mv.src, L, src);
-      set_live(mv.dst, L, hole, true);
-      set_live(mv.src, L, src, false);
+      while (is_live(mv.dst, L, hole)) ++hole;
+      do --src; while (!is_live(mv.src, L, src));
+      pairs.push_back({hole++, src});
+    }
+    for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
+      for (size_t off : {L.k_off, L.v_off})
+        for (const auto& [d, s] : pairs)
+          std::memcpy(mv.dst + off + h * L.head_stride + d * L.slot_stride,
+                      mv.src + off + h * L.head_stride + s * L.slot_stride, L.slot_stride);
+      if (qp_bytes)
+        for (size_t off : {L.kq_off, L.vq_off})
+          for (const auto& [d, s] : pairs)
+            std::memcpy(mv.dst + off + (size_t(h) * L.page_tokens + d) * qp_bytes,
+                        mv.src + off + (size_t(h) * L.page_tokens + s) * qp_bytes, qp_bytes);
+    }
+    for (const auto& [d, s] : pairs) {
+      pos_at(mv.dst, L, d) = pos_at(mv.src, L, s);
+      score_at(mv.dst, L, d) = score_at(mv.src, L, s);
+      gen_at(mv.dst, L, d) = gen_at(mv.src, L, s);
+      set_live(mv.dst, L, d, true);
+      set_live(mv.src, L, s, false);
     }
   }
 }

@@ -40,6 +40,7 @@ sanitize: deps
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc
+	$(BUILD)/bench/kvgc-bench-gc
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan

@@ -1,5 +1,6 @@
 // C glue: argument checks, the heap lock, the per-thread error message, and the wall
 // no C++ exception crosses. Everything else lives in runtime/.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -251,6 +252,43 @@ kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const fl
 kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream) {
   return with_heap(heap, "kvgc_step", [&](kvgc::ManagedHeap& h) { return h.step(seq, stream); },
                    Mutates::Yes);
+}
+
+kvgc_status kvgc_read_scores(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, float* scores_out,
+                             uint8_t* gen_out, uint64_t capacity, uint64_t* n_out,
+                             void* stream) {
+  return with_heap(heap, "kvgc_read_scores", [&](kvgc::ManagedHeap& h) -> Status {
+    if (!n_out) return fail(KVGC_EINVAL, "kvgc_read_scores: n_out is NULL");
+    return h.read_scores(seq, layer, scores_out, gen_out, capacity, n_out, stream);
+  });
+}
+
+kvgc_status kvgc_attend_params_init(kvgc_attend_params* params) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!params) return fail(KVGC_EINVAL, "kvgc_attend_params_init: params is NULL");
+    std::memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params;
+    return Status::Ok();
+  });
+}
+
+kvgc_status kvgc_attend(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* q,
+                        uint32_t n_q, void* out, const kvgc_attend_params* params,
+                        void* stream) {
+  return with_heap(heap, "kvgc_attend", [&](kvgc::ManagedHeap& h) -> Status {
+    float scale = 1.0f / std::sqrt(float(h.model().head_dim));
+    bool scores = true;
+    if (params) {
+      KVGC_TRY(check_struct_size(params->struct_size, sizeof *params, "kvgc_attend: params"));
+      if (!(params->scale >= 0 && std::isfinite(params->scale)))
+        return fail(KVGC_EINVAL, "kvgc_attend: params->scale must be finite and >= 0 (0 = default)");
+      if (params->flags & ~KVGC_ATTEND_NO_SCORES)
+        return fail(KVGC_EINVAL, "kvgc_attend: params->flags has unknown bits");
+      if (params->scale > 0) scale = params->scale;
+      scores = !(params->flags & KVGC_ATTEND_NO_SCORES);
+    }
+    return h.attend(seq, layer, q, n_q, out, scale, scores, stream);
+  }, Mutates::Yes);
 }
 
 kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {

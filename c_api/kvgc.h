@@ -249,6 +249,39 @@ KVGC_API kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
  * except with policy full, where a step has nothing to do). */
 KVGC_API kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream);
 
+/* ---- attention ------------------------------------------------------------------ */
+#define KVGC_ATTEND_NO_SCORES 0x1u /* flags: do not add attention mass to the scores */
+
+typedef struct kvgc_attend_params {
+  size_t struct_size;
+  float scale;     /* softmax scale; 0 (the default) means 1/sqrt(head_dim) */
+  uint32_t flags;  /* KVGC_ATTEND_* */
+} kvgc_attend_params;
+
+/* Zeroes *params (defaults) and sets struct_size. */
+KVGC_API kvgc_status kvgc_attend_params_init(kvgc_attend_params* params);
+
+/* Attention of n_q queries over segment (seq, layer)'s cache, fused with the H2O signal:
+ * each live slot's probability mass, summed over the query heads that share its KV head
+ * and over the n_q queries, is added to its score (what kvgc_observe would do).
+ * q is [n_q][n_q_heads][head_dim] and out [n_q][n_q_heads][head_dim], model dtype, on the
+ * heap's device. The queries are the segment's last n_q tokens (append their K/V first):
+ * query i has position length - n_q + i and attends to live tokens at positions <= its
+ * own, so a prefill chunk sees the cache and its own earlier tokens. GQA: query head j
+ * uses KV head j / (n_q_heads / n_kv_heads). Dead (evicted) slots are skipped; int4 slots
+ * are dequantised; softmax accumulates in fp32. A query that sees no live token gets
+ * zeros. params may be NULL (defaults). */
+KVGC_API kvgc_status kvgc_attend(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* q,
+                                 uint32_t n_q, void* out, const kvgc_attend_params* params,
+                                 void* stream);
+
+/* The GC's view of segment (seq, layer): each live token's accumulated score (float32)
+ * and generation (uint8, kvgc_generation), in kvgc_read order, on the heap's device.
+ * Either output may be NULL; capacity and *n_out as for kvgc_read. */
+KVGC_API kvgc_status kvgc_read_scores(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
+                                      float* scores_out, uint8_t* gen_out, uint64_t capacity,
+                                      uint64_t* n_out, void* stream);
+
 /* ---- statistics --------------------------------------------------------------- */
 #define KVGC_STATS_VERSION 2
 
@@ -302,6 +335,7 @@ typedef struct kvgc_stats {
   uint64_t slots_moved;    /* by compaction */
   uint64_t bytes_moved;    /* by compaction and demotion */
   uint64_t ebudget;        /* segments left over budget (KVGC_EBUDGET) */
+  uint64_t attends;        /* kvgc_attend calls */
 } kvgc_stats;
 
 /* sizeof(kvgc_stats) of version 1, still accepted by kvgc_get_stats. */

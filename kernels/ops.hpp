@@ -47,6 +47,8 @@ struct GatherOp {
   void* k_out;              // [rows][n_kv_heads][head_dim] model dtype, or null
   void* v_out;
   int32_t* pos_out;         // [rows], or null
+  float* score_out = nullptr;    // [rows], or null
+  uint8_t* gen_out = nullptr;    // [rows] generation (SlotGen), or null
 };
 
 // Adds mass[row] to the score of the slot at each read-order row.
@@ -111,6 +113,28 @@ struct CompactOp {
   PageLayout layout;
   const CompactMove* moves;  // applied in order
   uint32_t n_moves;
+};
+
+}  // namespace kvgc
+
+namespace kvgc {
+
+// Paged decode/prefill attention over a segment, with each slot's attention mass added
+// to its score. Queries are the segment's last n_q positions: query i has position
+// q_pos0 + i and sees live slots with position <= its own (causal by position, so a
+// prefill chunk attends to the cache and its own earlier tokens). GQA: q head j reads
+// kv head j / (q_heads / kv_heads). Softmax in fp32; out in the model dtype.
+struct AttendOp {
+  PageLayout layout[KVGC_CLASS_COUNT];
+  const SegPage* pages;  // read order
+  uint32_t n_pages;
+  uint64_t n_live;       // live slots over all pages
+  const void* q;         // [n_q][q_heads][head_dim] model dtype
+  uint32_t n_q, q_heads;
+  int64_t q_pos0;
+  float scale;           // softmax scale (> 0)
+  void* out;             // [n_q][q_heads][head_dim] model dtype
+  bool add_scores;       // accumulate mass into the slots' scores
 };
 
 }  // namespace kvgc

@@ -45,6 +45,7 @@ class Backend {
   virtual Status observe(const ObserveOp& op, void* stream) = 0;
   virtual Status select(const SelectOp& op, void* stream) = 0;
   virtual Status compact(const CompactOp& op, void* stream) = 0;
+  virtual Status attend(const AttendOp& op, void* stream) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "../kernels/cpu/attend.hpp"
 #include "../kernels/cpu/copy.hpp"
 #include "../kernels/cpu/gc.hpp"
 #include "backend.hpp"
@@ -78,6 +79,10 @@ class CpuBackend final : public Backend {
   }
   Status compact(const CompactOp& op, void*) override {
     cpu::compact(op);
+    return Status::Ok();
+  }
+  Status attend(const AttendOp& op, void*) override {
+    cpu::attend(op);
     return Status::Ok();
   }
 };

@@ -122,6 +122,7 @@ class CudaBackend final : public Backend {
   Status observe(const ObserveOp&, void*) override { return gc_unsupported("kvgc_observe"); }
   Status select(const SelectOp&, void*) override { return gc_unsupported("the GC's select op"); }
   Status compact(const CompactOp&, void*) override { return gc_unsupported("compaction"); }
+  Status attend(const AttendOp&, void*) override { return gc_unsupported("kvgc_attend"); }
 
  private:
   int ordinal_;

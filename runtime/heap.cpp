@@ -262,6 +262,53 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
   return backend_->gather(op, stream);
 }
 
+Status ManagedHeap::read_scores(kvgc_seq seq, uint32_t layer, float* scores_out,
+                                uint8_t* gen_out, uint64_t capacity, uint64_t* n_out,
+                                void* stream) {
+  SequenceState* s;
+  KVGC_TRY(find(seq, layer, "kvgc_read_scores", &s));
+  if (scores_out) KVGC_TRY(backend_->check_pointer(scores_out, "kvgc_read_scores: scores_out"));
+  if (gen_out) KVGC_TRY(backend_->check_pointer(gen_out, "kvgc_read_scores: gen_out"));
+  if (uintptr_t(scores_out) % alignof(float))
+    return fail(KVGC_EINVAL, "kvgc_read_scores: scores_out must be 4-byte aligned");
+  const Segment& seg = s->layers[layer];
+  const uint64_t live = seg.live();
+  *n_out = live;
+  if ((scores_out || gen_out) && capacity < live)
+    return fail(KVGC_EINVAL, "kvgc_read_scores: capacity " + std::to_string(capacity) +
+                                 " is smaller than the segment's " + std::to_string(live) +
+                                 " live tokens");
+  if (!(scores_out || gen_out) || live == 0) return Status::Ok();
+  segment_pages(seg, &pages_);
+  GatherOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), nullptr,
+              nullptr, nullptr, scores_out, gen_out};
+  return backend_->gather(op, stream);
+}
+
+Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t n_q, void* out,
+                           float scale, bool add_scores, void* stream) {
+  SequenceState* s;
+  KVGC_TRY(find(seq, layer, "kvgc_attend", &s));
+  const Segment& seg = s->layers[layer];
+  if (n_q == 0 || n_q > seg.length)
+    return fail(KVGC_EINVAL, "kvgc_attend: n_q " + std::to_string(n_q) +
+                                 " must be in 1..the segment's length " +
+                                 std::to_string(seg.length) +
+                                 " (append the queries' own K/V first)");
+  KVGC_TRY(backend_->check_pointer(q, "kvgc_attend: q"));
+  KVGC_TRY(backend_->check_pointer(out, "kvgc_attend: out"));
+  const uint32_t elem = dtype_bytes(model_.dtype);
+  if (uintptr_t(q) % elem || uintptr_t(out) % elem)
+    return fail(KVGC_EINVAL, "kvgc_attend: q and out must be aligned to the dtype's " +
+                                 std::to_string(elem) + " bytes");
+  segment_pages(seg, &pages_);
+  AttendOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), seg.live(),
+              q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores};
+  KVGC_TRY(backend_->attend(op, stream));
+  ++counters_.attends;
+  return Status::Ok();
+}
+
 void ManagedHeap::stats(kvgc_stats* o) const {
   std::memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -318,6 +365,7 @@ void ManagedHeap::stats(kvgc_stats* o) const {
   o->slots_moved = counters_.slots_moved;
   o->bytes_moved = counters_.bytes_moved;
   o->ebudget = counters_.ebudget;
+  o->attends = counters_.attends;
 }
 
 }  // namespace kvgc

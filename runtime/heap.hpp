@@ -42,6 +42,7 @@ struct Counters {
   uint64_t steps = 0, observes = 0, gcs = 0, minor_gcs = 0, major_gcs = 0;
   uint64_t tokens_ranked = 0, tokens_evicted = 0, tokens_demoted = 0, tokens_promoted = 0;
   uint64_t tokens_tenured = 0, compactions = 0, slots_moved = 0, bytes_moved = 0, ebudget = 0;
+  uint64_t attends = 0;
 };
 
 class ManagedHeap {
@@ -64,8 +65,12 @@ class ManagedHeap {
   Status tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length);
   Status read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out, int32_t* pos_out,
               uint64_t capacity, uint64_t* n_out, void* stream);
+  Status read_scores(kvgc_seq seq, uint32_t layer, float* scores_out, uint8_t* gen_out,
+                     uint64_t capacity, uint64_t* n_out, void* stream);
   Status observe(kvgc_seq seq, uint32_t layer, const float* mass, uint64_t n, void* stream);
   Status step(kvgc_seq seq, void* stream);
+  Status attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t n_q, void* out,
+                float scale, bool add_scores, void* stream);
   void stats(kvgc_stats* out) const;  // a full struct; the C glue copies struct_size
   Status check();                     // the invariant walker
 

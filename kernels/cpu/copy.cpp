@@ -71,6 +71,8 @@ void gather(const GatherOp& op) {
           }
         }
         if (op.pos_out) op.pos_out[out] = pos[slot];
+        if (op.score_out) op.score_out[out] = reinterpret_cast<const float*>(page + L.score_off)[slot];
+        if (op.gen_out) op.gen_out[out] = gen_of(page[L.gen_off + slot]);
         ++out;
       }
     }

@@ -34,6 +34,8 @@ struct GatherParams {
   uint8_t* k_out;
   uint8_t* v_out;
   int32_t* pos_out;
+  float* score_out;
+  uint8_t* gen_out;
   uint32_t n_pages;
   GatherPage pages[N];
 };
@@ -100,8 +102,11 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams<N> p) {
     const uint64_t dst = (out * L.n_kv_heads + h) * row_units + u;
     if (p.k_out) reinterpret_cast<T*>(p.k_out)[dst] = reinterpret_cast<const T*>(gp.page + L.k_off)[src];
     if (p.v_out) reinterpret_cast<T*>(p.v_out)[dst] = reinterpret_cast<const T*>(gp.page + L.v_off)[src];
-    if (p.pos_out && h == 0 && u == 0)
-      p.pos_out[out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[slot];
+    if (h == 0 && u == 0) {
+      if (p.pos_out) p.pos_out[out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[slot];
+      if (p.score_out) p.score_out[out] = reinterpret_cast<const float*>(gp.page + L.score_off)[slot];
+      if (p.gen_out) p.gen_out[out] = gen_of(gp.page[L.gen_off + slot]);
+    }
   }
 }
 
@@ -165,6 +170,8 @@ cudaError_t gather_chunks(const GatherOp& op, int unit, cudaStream_t stream) {
   p.k_out = static_cast<uint8_t*>(op.k_out);
   p.v_out = static_cast<uint8_t*>(op.v_out);
   p.pos_out = op.pos_out;
+  p.score_out = op.score_out;
+  p.gen_out = op.gen_out;
   const uint32_t bx = blocks_for(uint64_t(L.page_tokens) * L.n_kv_heads * (L.slot_stride / unit));
   for (uint32_t base = 0; base < op.n_pages; base += N) {
     p.n_pages = std::min(N, op.n_pages - base);

@@ -1,0 +1,250 @@
+// kvgc_attend on the CPU backend against a naive float64 dense softmax over the live
+// slots (read back through kvgc_read, so int4 slots are compared dequantised), for random
+// shapes: GQA ratios 1/3/8, page boundaries, dead slots, int4 pages, causal prefill
+// chunks, queries that see nothing. Scores must grow by exactly the reference's mass.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+
+#include "../kernels/cpu/attend.hpp"
+#include "../kernels/cpu/convert.hpp"
+#include "util.hpp"
+
+using namespace kvgc_test;
+
+namespace {
+
+struct Reference {
+  std::vector<double> out;   // [n_q][q_heads][head_dim]
+  std::vector<double> mass;  // [live] in read order
+};
+
+std::vector<float> to_float(const std::vector<uint8_t>& raw, kvgc_dtype t) {
+  const size_t eb = t == KVGC_DTYPE_F32 ? 4 : 2;
+  std::vector<float> f(raw.size() / eb);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = kvgc::cpu::load(&raw[i * eb], t);
+  return f;
+}
+
+Reference reference(kvgc_heap* h, const kvgc_model_desc& m, kvgc_seq s, uint32_t layer,
+                    const std::vector<uint8_t>& q, uint32_t n_q, double scale) {
+  uint64_t n = 0, length = 0;
+  REQUIRE(kvgc_seq_tokens(h, s, layer, &n, &length) == KVGC_OK);
+  std::vector<uint8_t> k(n * token_bytes(m) + 1), v(k.size());
+  std::vector<int32_t> pos(n + 1);
+  REQUIRE(kvgc_read(h, s, layer, k.data(), v.data(), pos.data(), n, &n, nullptr) == KVGC_OK);
+  const auto kf = to_float(k, m.dtype), vf = to_float(v, m.dtype), qf = to_float(q, m.dtype);
+  const uint32_t hd = m.head_dim, group = m.n_q_heads / m.n_kv_heads;
+  Reference r;
+  r.out.assign(size_t(n_q) * m.n_q_heads * hd, 0.0);
+  r.mass.assign(n, 0.0);
+  for (uint32_t i = 0; i < n_q; ++i) {
+    const int64_t qpos = int64_t(length) - n_q + i;
+    for (uint32_t j = 0; j < m.n_q_heads; ++j) {
+      const uint32_t kh = j / group;
+      const float* qv = &qf[(size_t(i) * m.n_q_heads + j) * hd];
+      std::vector<double> logit(n, -INFINITY);
+      double mx = -INFINITY;
+      for (uint64_t t = 0; t < n; ++t) {
+        if (pos[t] > qpos) continue;
+        double d = 0;
+        for (uint32_t e = 0; e < hd; ++e) d += double(qv[e]) * kf[(t * m.n_kv_heads + kh) * hd + e];
+        logit[t] = d * scale;
+        mx = std::max(mx, logit[t]);
+      }
+      if (!std::isfinite(mx)) continue;  // sees nothing: zeros
+      double sum = 0;
+      for (uint64_t t = 0; t < n; ++t) sum += std::isfinite(logit[t]) ? std::exp(logit[t] - mx) : 0;
+      for (uint64_t t = 0; t < n; ++t) {
+        if (!std::isfinite(logit[t])) continue;
+        const double p = std::exp(logit[t] - mx) / sum;
+        r.mass[t] += p;
+        for (uint32_t e = 0; e < hd; ++e)
+          r.out[(size_t(i) * m.n_q_heads + j) * hd + e] += p * vf[(t * m.n_kv_heads + kh) * hd + e];
+      }
+    }
+  }
+  return r;
+}
+
+double rel_err(const std::vector<double>& ref, const std::vector<float>& got) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e += (ref[i] - got[i]) * (ref[i] - got[i]);
+    r += ref[i] * ref[i];
+  }
+  return r > 0 ? std::sqrt(e / r) : std::sqrt(e);
+}
+
+std::vector<float> scores(kvgc_heap* h, kvgc_seq s, uint32_t layer) {
+  uint64_t n = 0;
+  REQUIRE(kvgc_read_scores(h, s, layer, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
+  std::vector<float> out(n);
+  REQUIRE(kvgc_read_scores(h, s, layer, out.data(), nullptr, n, &n, nullptr) == KVGC_OK);
+  return out;
+}
+
+struct Case {
+  uint32_t kv_heads, gqa, head_dim, page_tokens;
+  kvgc_dtype dtype;
+  uint32_t tokens, n_q;
+  bool evict, demote;
+};
+
+void run_case(const Case& c, std::mt19937& rng) {
+  CAPTURE(c.kv_heads);
+  CAPTURE(c.gqa);
+  CAPTURE(c.head_dim);
+  CAPTURE(c.page_tokens);
+  CAPTURE(c.dtype);
+  CAPTURE(c.tokens);
+  CAPTURE(c.n_q);
+  CAPTURE(c.evict);
+  CAPTURE(c.demote);
+  const kvgc_model_desc m = model(1, c.kv_heads, c.head_dim, c.dtype, c.gqa);
+  kvgc_heap_options o = cpu_options(32 << 20, c.page_tokens);
+  o.policy = KVGC_POLICY_H2O;
+  o.sinks = 2;
+  o.window = 4;
+  if (c.evict) o.token_budget = c.tokens / 2;
+  o.demote = c.demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(h, 0, &s) == KVGC_OK);
+  const uint32_t first = c.tokens - c.n_q;  // the cache, then the query chunk's own tokens
+  for (uint32_t at = 0; at < first;) {
+    const uint32_t n = std::min<uint32_t>(first - at, 1 + rng() % 50);
+    const auto k = gaussian(m, s, 0, at, n, false), v = gaussian(m, s, 0, at, n, true);
+    REQUIRE(kvgc_append(h, s, 0, k.data(), v.data(), n, nullptr) == KVGC_OK);
+    at += n;
+    if (c.evict) {  // scores from a previous "step", then the GC: dead slots, int4 pages
+      uint64_t live = 0;
+      kvgc_seq_tokens(h, s, 0, &live, nullptr);
+      std::vector<float> mass(live);
+      for (auto& x : mass) x = float(rng() % 1000) / 1000.f;
+      REQUIRE(kvgc_observe(h, s, 0, mass.data(), live, nullptr) == KVGC_OK);
+      const kvgc_status st = kvgc_step(h, s, nullptr);
+      REQUIRE((st == KVGC_OK || st == KVGC_EBUDGET));
+    }
+  }
+  const auto k = gaussian(m, s, 0, first, c.n_q, false), v = gaussian(m, s, 0, first, c.n_q, true);
+  REQUIRE(kvgc_append(h, s, 0, k.data(), v.data(), c.n_q, nullptr) == KVGC_OK);
+
+  const size_t eb = elem_bytes(m);
+  std::vector<uint8_t> q(size_t(c.n_q) * m.n_q_heads * c.head_dim * eb);
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  for (size_t i = 0; i < q.size() / eb; ++i) kvgc::cpu::store(&q[i * eb], m.dtype, 2.0f * gauss(rng));
+  const double scale = 1.0 / std::sqrt(double(c.head_dim));
+  const Reference ref = reference(h, m, s, 0, q, c.n_q, scale);
+  const auto before = scores(h, s, 0);
+  std::vector<uint8_t> out(q.size(), 0xA5);  // poisoned
+  REQUIRE(kvgc_attend(h, s, 0, q.data(), c.n_q, out.data(), nullptr, nullptr) == KVGC_OK);
+  const auto after = scores(h, s, 0);
+  REQUIRE(after.size() == ref.mass.size());
+  std::vector<float> got = to_float(out, m.dtype), delta(after.size());
+  for (size_t i = 0; i < after.size(); ++i) delta[i] = after[i] - before[i];
+  const double bound = m.dtype == KVGC_DTYPE_F32 ? 1e-5 : 2e-3;
+  const double e_out = rel_err(ref.out, got), e_mass = rel_err(ref.mass, delta);
+  CHECK(e_out <= bound);
+  // Mass is f32 either way: the bound of the inputs' precision holds for it too, and the
+  // accumulated score adds the f32 rounding of the previous score.
+  CHECK(e_mass <= bound);
+  double total = 0;
+  for (double x : ref.mass) total += x;
+  CHECK(total <= double(c.n_q) * m.n_q_heads + 1e-6);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  kvgc_heap_destroy(h);
+}
+
+}  // namespace
+
+TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead and int4 slots") {
+  std::random_device rd;
+  const uint32_t seed = rd();
+  MESSAGE("test_attend seed " << seed);
+  std::mt19937 rng(seed);
+  const Case cases[] = {
+      {2, 1, 64, 16, KVGC_DTYPE_F32, 100, 1, false, false},   // MHA, decode
+      {1, 3, 64, 16, KVGC_DTYPE_F32, 257, 1, false, false},   // GQA 3, page boundary + 1
+      {2, 8, 128, 16, KVGC_DTYPE_F32, 300, 7, false, false},  // GQA 8, causal chunk
+      {2, 4, 128, 5, KVGC_DTYPE_F16, 333, 1, true, false},    // dead slots
+      {3, 3, 64, 16, KVGC_DTYPE_F16, 400, 16, true, true},    // int4 pages, chunk
+      {1, 8, 64, 16, KVGC_DTYPE_BF16, 200, 3, true, true},
+      {2, 1, 6, 7, KVGC_DTYPE_F32, 64, 64, false, false},     // prefill from empty, tiny head
+      {4, 2, 256, 32, KVGC_DTYPE_F16, 150, 2, false, false},  // head_dim 256
+      {1, 1, 64, 16, KVGC_DTYPE_F32, 1, 1, false, false},     // one token
+  };
+  for (bool simd : {true, false}) {
+    kvgc::cpu::set_simd(simd);
+    CAPTURE(simd);
+    for (const Case& c : cases) run_case(c, rng);
+  }
+  kvgc::cpu::set_simd(true);
+}
+
+TEST_CASE("a query that sees no live token gets zeros, and no score moves") {
+  const kvgc_model_desc m = model(1, 1, 64, KVGC_DTYPE_F32);
+  kvgc_heap_options o = cpu_options(8 << 20, 16);
+  o.policy = KVGC_POLICY_STREAMING;
+  o.sinks = 0;
+  o.window = 0;
+  o.token_budget = 1;
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(h, 0, &s) == KVGC_OK);
+  const auto k = gaussian(m, s, 0, 0, 10, false), v = gaussian(m, s, 0, 0, 10, true);
+  REQUIRE(kvgc_append(h, s, 0, k.data(), v.data(), 10, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_step(h, s, nullptr) == KVGC_OK);  // keeps only position 9
+  std::vector<float> q(3 * 64, 1.f), out(3 * 64, 7.f);
+  // Queries at positions 7, 8, 9: only the last sees position 9.
+  REQUIRE(kvgc_attend(h, s, 0, q.data(), 3, out.data(), nullptr, nullptr) == KVGC_OK);
+  for (int i = 0; i < 128; ++i) REQUIRE(out[i] == 0.f);
+  const auto vf = gaussian(m, s, 0, 9, 1, true);
+  CHECK(std::memcmp(&out[128], vf.data(), 64 * 4) == 0);  // one visible token: its V
+  CHECK(scores(h, s, 0)[0] == doctest::Approx(1.0));
+  kvgc_heap_destroy(h);
+}
+
+TEST_CASE("attend: scale, no-scores flag, and bad input") {
+  const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F32, 2);
+  const kvgc_heap_options o = cpu_options(8 << 20, 16);
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(h, 0, &s) == KVGC_OK);
+  const auto k = gaussian(m, s, 1, 0, 40, false), v = gaussian(m, s, 1, 0, 40, true);
+  REQUIRE(kvgc_append(h, s, 1, k.data(), v.data(), 40, nullptr) == KVGC_OK);
+  std::vector<float> q(4 * 64, 0.5f), a(4 * 64), b(4 * 64);
+  kvgc_attend_params p;
+  REQUIRE(kvgc_attend_params_init(&p) == KVGC_OK);
+  p.flags = KVGC_ATTEND_NO_SCORES;
+  REQUIRE(kvgc_attend(h, s, 1, q.data(), 1, a.data(), &p, nullptr) == KVGC_OK);
+  for (float x : scores(h, s, 1)) CHECK(x == 0.f);
+  p.scale = 0.01f;  // a different scale gives a different (flatter) result
+  REQUIRE(kvgc_attend(h, s, 1, q.data(), 1, b.data(), &p, nullptr) == KVGC_OK);
+  CHECK(a != b);
+  REQUIRE(kvgc_attend(h, s, 1, q.data(), 1, a.data(), nullptr, nullptr) == KVGC_OK);
+  double total = 0;
+  for (float x : scores(h, s, 1)) total += x;
+  CHECK(total == doctest::Approx(4.0));  // 4 query heads, one query: mass 1 each
+
+  CHECK(kvgc_attend(h, s, 0, q.data(), 1, a.data(), nullptr, nullptr) == KVGC_EINVAL);  // empty
+  CHECK(std::string(kvgc_errmsg(h)).find("n_q 1") != std::string::npos);
+  CHECK(kvgc_attend(h, s, 1, q.data(), 41, a.data(), nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_attend(h, s, 1, q.data(), 0, a.data(), nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_attend(h, s, 1, nullptr, 1, a.data(), nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_attend(h, s, 1, q.data(), 1, nullptr, nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_attend(h, s, 2, q.data(), 1, a.data(), nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_attend(h, s + 9, 1, q.data(), 1, a.data(), nullptr, nullptr) == KVGC_ENOTFOUND);
+  p.scale = -1.f;
+  CHECK(kvgc_attend(h, s, 1, q.data(), 1, a.data(), &p, nullptr) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(h)).find("params->scale") != std::string::npos);
+  p.scale = 0;
+  p.struct_size = 3;
+  CHECK(kvgc_attend(h, s, 1, q.data(), 1, a.data(), &p, nullptr) == KVGC_EINVAL);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  kvgc_heap_destroy(h);
+}

@@ -1,0 +1,134 @@
+// bench/attend: CPU decode attention (kernels/cpu/attend.cpp) against the memory-
+// bandwidth bound of the bytes it must read, measured side by side in one run; fp16
+// against int4 pages at the same live-token count; fused scores against none.
+//
+// Pages are built directly (the op's own input format) from random data: 8 KV heads, 32
+// query heads (GQA 4), head_dim 64 and 128, 4K and 32K live tokens, f16 model dtype,
+// pages of 16. The bound: bytes of K and V the op reads, over the read bandwidth of a
+// vectorised sum of a buffer of the same size, measured in the same run.
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../kernels/cpu/attend.hpp"
+#include "../kernels/cpu/convert.hpp"
+#include "../kernels/cpu/quant.hpp"
+#include "bench_util.hpp"
+
+using namespace kvgc;
+using namespace kvgc::bench;
+
+namespace {
+
+constexpr uint32_t kKvHeads = 8, kQHeads = 32, kPageTokens = 16;
+
+struct Segment {
+  PageLayout layout[2];
+  std::vector<uint8_t*> pages;
+  std::vector<SegPage> seg;
+  uint64_t live = 0;
+  ~Segment() {
+    for (uint8_t* p : pages) std::free(p);
+  }
+};
+
+// `tokens` live tokens in pages of class `cls`, from random f16 data.
+void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cls, std::mt19937& rng) {
+  for (int c = 0; c < 2; ++c)
+    s.layout[c] = PageLayout::make(kPageTokens, kKvHeads, head_dim, KVGC_DTYPE_F16, kvgc_storage_class(c));
+  const PageLayout& L = s.layout[cls];
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  std::vector<uint8_t> row(head_dim * 2);
+  for (uint32_t t = 0; t < tokens; t += kPageTokens) {
+    auto* page = static_cast<uint8_t*>(std::aligned_alloc(kPageAlign, L.bytes));
+    std::memset(page, 0, L.bytes);
+    for (uint32_t slot = 0; slot < kPageTokens; ++slot) {
+      reinterpret_cast<uint32_t*>(page + L.live_off)[slot / 32] |= 1u << (slot % 32);
+      reinterpret_cast<int32_t*>(page + L.pos_off)[slot] = int32_t(t + slot);
+      page[L.gen_off + slot] = kGenIntermediate;
+      for (uint32_t h = 0; h < kKvHeads; ++h)
+        for (size_t off : {L.k_off, L.v_off}) {
+          for (uint32_t d = 0; d < head_dim; ++d) cpu::store(&row[2 * d], KVGC_DTYPE_F16, gauss(rng));
+          uint8_t* dst = page + off + h * L.head_stride + slot * L.slot_stride;
+          if (cls == KVGC_CLASS_FP16) {
+            std::memcpy(dst, row.data(), row.size());
+          } else {
+            const size_t qoff = off == L.k_off ? L.kq_off : L.vq_off;
+            auto* qp = reinterpret_cast<uint16_t*>(page + qoff) + (size_t(h) * kPageTokens + slot) * (head_dim / L.group) * 2;
+            cpu::quantize_row(row.data(), KVGC_DTYPE_F16, head_dim, dst, qp);
+          }
+        }
+    }
+    s.seg.push_back({page, uint32_t(cls), s.live});
+    s.pages.push_back(page);
+    s.live += kPageTokens;
+  }
+}
+
+double attend_ns(const Segment& s, bool scores, const std::vector<uint16_t>& q, std::vector<uint16_t>& out,
+                 int reps) {
+  AttendOp op{{s.layout[0], s.layout[1]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
+              kQHeads, int64_t(s.live) - 1, 0.125f, out.data(), scores};
+  return median_of(reps, [&] {
+    const Timer t;
+    cpu::attend(op);
+    const double ns = t.elapsed_ns();
+    do_not_optimize(out[0]);
+    return ns;
+  }).median;
+}
+
+// Read bandwidth of a vectorisable sum over `bytes` (the bound's denominator).
+double read_gbps(size_t bytes, int reps) {
+  std::vector<uint64_t> buf(bytes / 8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i * 2654435761u;
+  const double ns = median_of(reps, [&] {
+    const Timer t;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= buf.size(); i += 4) a += buf[i], b += buf[i + 1], c += buf[i + 2], d += buf[i + 3];
+    do_not_optimize(a + b + c + d);
+    return t.elapsed_ns();
+  }).median;
+  return double(bytes) / ns;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int reps = quick ? 3 : 9;
+  std::mt19937 rng(17);
+  std::printf("kvgc-bench-attend: CPU decode attention, %u KV heads, %u query heads (GQA %u), f16, "
+              "pages of %u, %s path, single thread\n\n",
+              kKvHeads, kQHeads, kQHeads / kKvHeads, kPageTokens,
+              cpu::simd_enabled() ? "AVX2/F16C" : "scalar");
+  std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | fp16/bound | int4 ms | fp16/int4 | scores/no-scores |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  ResultLine result;
+  for (uint32_t hd : {64u, 128u}) {
+    for (uint32_t live : quick ? std::vector<uint32_t>{4096} : std::vector<uint32_t>{4096, 32768}) {
+      Segment f, i4;
+      build(f, hd, live, KVGC_CLASS_FP16, rng);
+      build(i4, hd, live, KVGC_CLASS_INT4, rng);
+      std::vector<uint16_t> q(kQHeads * hd), out(q.size());
+      std::normal_distribution<float> gauss(0.f, 1.f);
+      for (auto& x : q) x = cpu::f32_to_f16(gauss(rng));
+      const double bytes = double(live) * kKvHeads * 2 * hd * 2;  // K and V, f16
+      const double gbps = read_gbps(size_t(bytes), reps);
+      const double bound_ns = bytes / gbps;
+      const double t16 = attend_ns(f, true, q, out, reps);
+      const double t16_plain = attend_ns(f, false, q, out, reps);
+      const double t4 = attend_ns(i4, true, q, out, reps);
+      std::printf("| %u | %u | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n", hd, live, gbps,
+                  t16 / 1e6, bound_ns / 1e6, t16 / bound_ns, t4 / 1e6, t16 / t4, t16 / t16_plain);
+      std::fflush(stdout);
+      const std::string k = "hd" + std::to_string(hd) + "_" + std::to_string(live / 1024) + "k";
+      result.add("vs_bound_" + k, t16 / bound_ns);
+      result.add("int4_speedup_" + k, t16 / t4);
+      result.add("score_overhead_" + k, t16 / t16_plain, 3);
+    }
+  }
+  result.print();
+  return 0;
+}

@@ -19,10 +19,12 @@ export PATH="$PATH:/usr/local/cuda/bin"
 core_sources() {
   echo allocator/page_pool.cpp gc/layer_budget.cpp kernels/cpu/copy.cpp runtime/options.cpp \
        runtime/model.cpp runtime/heap.cpp runtime/check.cpp runtime/cpu_backend.cpp \
-       runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu
+       runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
+       runtime/collect.cpp gc/plan.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \
+       kernels/cpu/attend.cpp
 }
 GPU_TESTS="kvgc-cuda-tests"
-GPU_BENCHES="kvgc-bench-cuda-copy"
+GPU_BENCHES="kvgc-bench-cuda-copy kvgc-bench-cuda-attend"
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -30,8 +32,9 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf build-gpu
   meson setup build-gpu -Dgpu_arch="$ARCH" -Dcuda=enabled -Dtcmalloc=disabled \
     -Dtools=false -Dcpp_link_args='-static-libstdc++ -static-libgcc' >/dev/null
-  ninja -C build-gpu tests/kvgc-cuda-tests bench/kvgc-bench-cuda-copy >/dev/null
-  cp build-gpu/tests/kvgc-cuda-tests build-gpu/bench/kvgc-bench-cuda-copy .gpu/bin/
+  ninja -C build-gpu tests/kvgc-cuda-tests bench/kvgc-bench-cuda-copy bench/kvgc-bench-cuda-attend >/dev/null
+  cp build-gpu/tests/kvgc-cuda-tests build-gpu/bench/kvgc-bench-cuda-copy \
+     build-gpu/bench/kvgc-bench-cuda-attend .gpu/bin/
   # Header-only dependencies, for a rebuild on the GPU host.
   cp /usr/include/doctest/doctest.h .gpu/include/
   mkdir -p .gpu/include/doctest && cp /usr/include/doctest/doctest.h .gpu/include/doctest/
@@ -60,8 +63,9 @@ if [ "${KVGC_GPU_REBUILD:-0}" = 1 ] || { [ $rc -ne 0 ] && [ $rc -ne 77 ]; }; the
   echo "carried binaries not used (rc=$rc: $(echo "$probe" | head -1)); rebuilding with nvcc"
   bin=.gpu/rebuilt && mkdir -p $bin
   flags="-std=c++20 -O2 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -I c_api -I .gpu/include -DKVGC_ASSERT_LEVEL=1"
-  nvcc $flags $(core_sources) tests/test_cuda.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) tests/test_cuda.cpp tests/util.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
   nvcc $flags $(core_sources) bench/cuda_copy.cpp -o $bin/kvgc-bench-cuda-copy 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) bench/cuda_attend.cpp -o $bin/kvgc-bench-cuda-attend 2>&1 | tail -20 &
   wait
   row "build" "rebuilt on the GPU host with nvcc"
 else

@@ -336,6 +336,7 @@ typedef struct kvgc_stats {
   uint64_t bytes_moved;    /* by compaction and demotion */
   uint64_t ebudget;        /* segments left over budget (KVGC_EBUDGET) */
   uint64_t attends;        /* kvgc_attend calls */
+  uint64_t scratch_bytes;  /* of arena_bytes, kept for device attention (CPU: 0) */
 } kvgc_stats;
 
 /* sizeof(kvgc_stats) of version 1, still accepted by kvgc_get_stats. */

@@ -135,6 +135,8 @@ struct AttendOp {
   float scale;           // softmax scale (> 0)
   void* out;             // [n_q][q_heads][head_dim] model dtype
   bool add_scores;       // accumulate mass into the slots' scores
+  void* scratch = nullptr;     // device executors: the heap's scratch (CPU: unused)
+  size_t scratch_bytes = 0;
 };
 
 }  // namespace kvgc

@@ -46,6 +46,10 @@ class Backend {
   virtual Status select(const SelectOp& op, void* stream) = 0;
   virtual Status compact(const CompactOp& op, void* stream) = 0;
   virtual Status attend(const AttendOp& op, void* stream) = 0;
+  // Device scratch the heap must reserve (carved from its arena) so that attention can
+  // run over a segment of up to max_tokens live tokens; 0 when the executor needs none.
+  virtual size_t attend_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc& m,
+                                      uint32_t page_tokens) const = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

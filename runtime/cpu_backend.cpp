@@ -85,6 +85,9 @@ class CpuBackend final : public Backend {
     cpu::attend(op);
     return Status::Ok();
   }
+  size_t attend_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override {
+    return 0;  // host vectors, per call
+  }
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // Compiled only when kvgc is built with CUDA; see no_cuda_backend.cpp otherwise.
 #include <cuda_runtime.h>
 
+#include "../kernels/cuda/attend.cuh"
 #include "../kernels/cuda/copy.cuh"
 #include "backend.hpp"
 
@@ -47,7 +48,8 @@ Status gc_unsupported(const char* what) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
+  CudaBackend(int ordinal, std::string name, int n_sm)
+      : ordinal_(ordinal), name_(std::move(name)), n_sm_(n_sm) {}
   kvgc_device kind() const override { return KVGC_DEVICE_CUDA; }
   std::string describe() const override { return name_; }
 
@@ -122,11 +124,27 @@ class CudaBackend final : public Backend {
   Status observe(const ObserveOp&, void*) override { return gc_unsupported("kvgc_observe"); }
   Status select(const SelectOp&, void*) override { return gc_unsupported("the GC's select op"); }
   Status compact(const CompactOp&, void*) override { return gc_unsupported("compaction"); }
-  Status attend(const AttendOp&, void*) override { return gc_unsupported("kvgc_attend"); }
+  Status attend(const AttendOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    const cudaError_t e = cuda::attend(op, op.scratch, op.scratch_bytes, n_sm_, as_stream(stream));
+    if (e == cudaErrorNotSupported)
+      return fail(KVGC_EUNSUPPORTED, "kvgc_attend: head_dim " + std::to_string(op.layout[0].head_dim) +
+                                         " > 256 is not supported on the CUDA backend");
+    if (e == cudaErrorMemoryAllocation)
+      return fail(KVGC_ENOMEM, "kvgc_attend: the heap's attention scratch is too small for " +
+                                   std::to_string(op.n_live) + " live tokens");
+    KVGC_CUDA(e, "attention kernel launch");
+    return Status::Ok();
+  }
+  size_t attend_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc& m,
+                              uint32_t page_tokens) const override {
+    return cuda::attend_scratch_bytes(max_tokens, m.n_q_heads, m.head_dim, page_tokens);
+  }
 
  private:
   int ordinal_;
   std::string name_;
+  int n_sm_;
 };
 
 }  // namespace
@@ -146,7 +164,7 @@ Status make_cuda_backend(int ordinal, std::unique_ptr<Backend>* out) {
   char name[320];
   std::snprintf(name, sizeof name, "cuda:%d %s (sm_%d%d, %.1f GiB)", ordinal, prop.name,
                 prop.major, prop.minor, double(prop.totalGlobalMem) / double(1ull << 30));
-  *out = std::make_unique<CudaBackend>(ordinal, name);
+  *out = std::make_unique<CudaBackend>(ordinal, name, prop.multiProcessorCount);
   return Status::Ok();
 }
 

@@ -55,9 +55,22 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->policy_.int4_cost =
       double(h->layout_[KVGC_CLASS_INT4].bytes) / double(h->layout_[KVGC_CLASS_FP16].bytes);
 
+  // Device executors keep their attention scratch in the arena's last slabs, sized for
+  // a segment as long as the whole arena could hold, so attention never allocates.
+  const uint64_t max_tokens =
+      uint64_t(h->arena_bytes_ / h->layout_[KVGC_CLASS_FP16].bytes) * h->opts_.page_tokens;
+  const size_t scratch = h->backend_->attend_scratch_bytes(max_tokens, model, h->opts_.page_tokens);
+  h->scratch_bytes_ = (scratch + slab - 1) / slab * slab;
+  if (h->scratch_bytes_ + slab > h->arena_bytes_)
+    return fail(KVGC_EINVAL, "KVGC_BUDGET / opts->budget_bytes: the budget (" +
+                                 std::to_string(h->arena_bytes_) +
+                                 " bytes) leaves no room for pages after the attention scratch (" +
+                                 std::to_string(h->scratch_bytes_) + " bytes)");
+  h->scratch_ = static_cast<uint8_t*>(h->arena_) + (h->arena_bytes_ - h->scratch_bytes_);
+
   PoolConfig cfg;
   cfg.base = reinterpret_cast<uintptr_t>(h->arena_);
-  cfg.arena_bytes = h->arena_bytes_;
+  cfg.arena_bytes = h->arena_bytes_ - h->scratch_bytes_;
   cfg.slab_bytes = slab;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cfg.page_bytes[c] = h->layout_[c].bytes;
   std::string err;
@@ -303,7 +316,8 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
                                  std::to_string(elem) + " bytes");
   segment_pages(seg, &pages_);
   AttendOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), seg.live(),
-              q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores};
+              q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
+              scratch_, scratch_bytes_};
   KVGC_TRY(backend_->attend(op, stream));
   ++counters_.attends;
   return Status::Ok();
@@ -366,6 +380,7 @@ void ManagedHeap::stats(kvgc_stats* o) const {
   o->bytes_moved = counters_.bytes_moved;
   o->ebudget = counters_.ebudget;
   o->attends = counters_.attends;
+  o->scratch_bytes = scratch_bytes_;
 }
 
 }  // namespace kvgc

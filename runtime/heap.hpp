@@ -99,6 +99,8 @@ class ManagedHeap {
   std::unique_ptr<Backend> backend_;
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
+  void* scratch_ = nullptr;  // device executors' attention scratch: the arena's last slabs
+  size_t scratch_bytes_ = 0;
   PageLayout layout_[KVGC_CLASS_COUNT];
   PagePool pool_;
   std::unordered_map<kvgc_seq, std::unique_ptr<SequenceState>> seqs_;

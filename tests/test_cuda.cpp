@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <random>
 
+#include "../kernels/cpu/convert.hpp"
 #include "util.hpp"
 
 using namespace kvgc_test;
@@ -130,6 +131,79 @@ TEST_CASE("CUDA argument checks: host pointers are refused, the heap is unchange
   CHECK(std::string(kvgc_errmsg(h)).find("k_out") != std::string::npos);
   require_check(h);
   kvgc_heap_destroy(h);
+}
+
+TEST_CASE("attend on CUDA equals the CPU specification (random shapes, GQA, chunks, poisoned outputs)") {
+  std::random_device rd;
+  const uint32_t seed = rd();
+  std::printf("test_cuda attend: seed %u\n", seed);
+  std::mt19937 rng(seed);
+  struct Shape { uint32_t kv_heads, gqa, head_dim, page_tokens; kvgc_dtype dtype; uint32_t tokens, n_q; };
+  const Shape shapes[] = {{8, 4, 128, 16, KVGC_DTYPE_F16, 4000, 1},  {2, 1, 64, 16, KVGC_DTYPE_F32, 300, 1},
+                          {1, 3, 64, 7, KVGC_DTYPE_BF16, 500, 5},    {2, 8, 128, 16, KVGC_DTYPE_F32, 257, 16},
+                          {4, 2, 256, 32, KVGC_DTYPE_F16, 700, 2},   {1, 16, 96, 16, KVGC_DTYPE_F16, 333, 3},
+                          {3, 1, 6, 5, KVGC_DTYPE_F32, 64, 64},      {1, 1, 64, 16, KVGC_DTYPE_F16, 1, 1}};
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.head_dim);
+    CAPTURE(sh.gqa);
+    CAPTURE(sh.n_q);
+    CAPTURE(sh.dtype);
+    const kvgc_model_desc m = model(1, sh.kv_heads, sh.head_dim, sh.dtype, sh.gqa);
+    kvgc_heap* cpu = make_heap(m, KVGC_DEVICE_CPU, sh.page_tokens, 128 << 20);
+    kvgc_heap* gpu = make_heap(m, KVGC_DEVICE_CUDA, sh.page_tokens, 128 << 20);
+    kvgc_seq sc, sg;
+    REQUIRE(kvgc_seq_create(cpu, 0, &sc) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(gpu, 0, &sg) == KVGC_OK);
+    const auto k = gaussian(m, 1, 0, 0, sh.tokens, false), v = gaussian(m, 1, 0, 0, sh.tokens, true);
+    DeviceBuffer dk(k.size()), dv(v.size());
+    REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(kvgc_append(cpu, sc, 0, k.data(), v.data(), sh.tokens, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_append(gpu, sg, 0, dk.p, dv.p, sh.tokens, stream) == KVGC_OK);
+    const size_t eb = elem_bytes(m), qn = size_t(sh.n_q) * m.n_q_heads * sh.head_dim;
+    std::vector<uint8_t> q(qn * eb), out_cpu(q.size());
+    std::normal_distribution<float> gauss(0.f, 1.f);
+    for (size_t i = 0; i < qn; ++i) kvgc::cpu::store(&q[i * eb], m.dtype, 2.f * gauss(rng));
+    DeviceBuffer dq(q.size()), dout(q.size());
+    REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(dout.p, 0xA5, q.size(), stream) == cudaSuccess);  // poison
+    for (int rep = 0; rep < 2; ++rep) {  // twice: scores accumulate
+      REQUIRE(kvgc_attend(cpu, sc, 0, q.data(), sh.n_q, out_cpu.data(), nullptr, nullptr) == KVGC_OK);
+      const kvgc_status st = kvgc_attend(gpu, sg, 0, dq.p, sh.n_q, dout.p, nullptr, stream);
+      INFO(std::string(kvgc_errmsg(gpu)));
+      REQUIRE(st == KVGC_OK);
+    }
+    std::vector<uint8_t> out_gpu(q.size());
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    REQUIRE(cudaMemcpy(out_gpu.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    double e = 0, r = 0;
+    for (size_t i = 0; i < qn; ++i) {
+      const double a = kvgc::cpu::load(&out_cpu[i * eb], m.dtype), b = kvgc::cpu::load(&out_gpu[i * eb], m.dtype);
+      e += (a - b) * (a - b);
+      r += a * a;
+    }
+    const double bound = m.dtype == KVGC_DTYPE_F32 ? 1e-5 : m.dtype == KVGC_DTYPE_F16 ? 2e-3 : 1e-2;
+    CHECK(std::sqrt(e / r) <= bound);
+    uint64_t n = 0;
+    std::vector<float> sc_cpu(sh.tokens), sc_gpu(sh.tokens);
+    REQUIRE(kvgc_read_scores(cpu, sc, 0, sc_cpu.data(), nullptr, sh.tokens, &n, nullptr) == KVGC_OK);
+    DeviceBuffer ds(sh.tokens * 4);
+    REQUIRE(kvgc_read_scores(gpu, sg, 0, ds.get<float>(), nullptr, sh.tokens, &n, stream) == KVGC_OK);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    REQUIRE(cudaMemcpy(sc_gpu.data(), ds.p, sh.tokens * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    double se = 0, sr = 0;
+    for (uint32_t i = 0; i < sh.tokens; ++i) {
+      se += double(sc_cpu[i] - sc_gpu[i]) * (sc_cpu[i] - sc_gpu[i]);
+      sr += double(sc_cpu[i]) * sc_cpu[i];
+    }
+    CHECK(std::sqrt(se / sr) <= 1e-4);
+    require_check(gpu);
+    kvgc_heap_destroy(cpu);
+    kvgc_heap_destroy(gpu);
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("the GC step on CUDA is refused clearly until the CUDA GC ops land") {

@@ -1,16 +1,16 @@
 // CPU attention with fused scores: the specification the CUDA kernel is tested against,
 // and a real backend.
 //
-// Per KV head: every live slot's K row is converted to f32 once and dotted with all the
-// queries that read it (the GQA group times the query block); each query's logits get
-// an exact fp32 softmax (max, exp, sum); then every V row, converted once, is accumulated
-// into those queries' outputs while the slot's mass (its probabilities summed over the
-// group and the block) is added to its score. Queries are processed in blocks so the
-// logits buffer stays bounded for long prefill chunks.
+// Portable path (this file, the specification): per KV head, every live slot's K row is
+// converted to f32 once and dotted with all the queries that read it (the GQA group
+// times a block of queries); each query's logits get an exact fp32 softmax (max, exp,
+// sum); then every V row, converted once, is accumulated into those queries' outputs
+// while the slot's mass (its probabilities summed over the rows) is added to its score.
+// Queries go in blocks so the logits buffer stays bounded for long prefill chunks.
 //
-// The inner loops (row conversion, dot, axpy, exp) have a portable scalar version and an
-// AVX2/FMA/F16C version picked at run time; set_simd(false) forces the scalar one (tests
-// compare them).
+// When the CPU has AVX2/FMA/F16C and head_dim % 16 == 0, attend_avx2.cpp computes the
+// same thing organised for memory bandwidth; set_simd(false) forces the portable path
+// (tests compare the two).
 #include "attend.hpp"
 
 #include <algorithm>
@@ -19,161 +19,36 @@
 #include <cstring>
 #include <vector>
 
+#include "attend_internal.hpp"
 #include "convert.hpp"
 #include "quant.hpp"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define KVGC_X86 1
-#endif
 
 namespace kvgc::cpu {
 namespace {
 
-// ---- scalar kernels -----------------------------------------------------------------
-void to_f32_scalar(const uint8_t* src, kvgc_dtype t, uint32_t n, float* dst) {
+std::atomic<bool> g_simd{avx2::available()};
+
+void to_f32(const uint8_t* src, kvgc_dtype t, uint32_t n, float* dst) {
   const uint32_t eb = dtype_bytes(t);
   for (uint32_t i = 0; i < n; ++i) dst[i] = load(src + i * eb, t);
 }
-float dot_scalar(const float* a, const float* b, uint32_t n) {
+float dot(const float* a, const float* b, uint32_t n) {
   float s = 0;
   for (uint32_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
-void axpy_scalar(float a, const float* x, float* y, uint32_t n) {
+void axpy(float a, const float* x, float* y, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
-// exp(x[i] - m) in place, returns the sum.
-float exp_sum_scalar(float* x, uint32_t n, float m) {
-  float s = 0;
-  for (uint32_t i = 0; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
-  return s;
-}
-
-#ifdef KVGC_X86
-// ---- AVX2 + FMA + F16C kernels ------------------------------------------------------
-#define KVGC_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-KVGC_AVX2 void to_f32_avx2(const uint8_t* src, kvgc_dtype t, uint32_t n, float* dst) {
-  uint32_t i = 0;
-  if (t == KVGC_DTYPE_F16) {
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
-  } else if (t == KVGC_DTYPE_BF16) {
-    for (; i + 8 <= n; i += 8) {
-      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
-      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-    }
-  } else {
-    std::memcpy(dst, src, size_t(n) * 4);
-    return;
-  }
-  for (; i < n; ++i) dst[i] = load(src + i * dtype_bytes(t), t);
-}
-
-KVGC_AVX2 float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-KVGC_AVX2 float dot_avx2(const float* a, const float* b, uint32_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  uint32_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-KVGC_AVX2 void axpy_avx2(float a, const float* x, float* y, uint32_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  uint32_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
-// exp for x <= 0 (logits minus their max), Cephes-style: 2^k * p(r), relative error
-// ~2e-7, flushing below e^-87 to 0.
-KVGC_AVX2 __m256 exp_avx2(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  const __m256 out = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_and_ps(out, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GT_OQ));
-}
-
-KVGC_AVX2 float exp_sum_avx2(float* x, uint32_t n, float m) {
-  const __m256 vm = _mm256_set1_ps(m);
-  __m256 s = _mm256_setzero_ps();
-  uint32_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
-    _mm256_storeu_ps(x + i, e);
-    s = _mm256_add_ps(s, e);
-  }
-  float t = hsum(s);
-  for (; i < n; ++i) t += (x[i] = std::exp(x[i] - m));
-  return t;
-}
-
-bool cpu_has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
-#endif
-
-struct Kernels {
-  void (*to_f32)(const uint8_t*, kvgc_dtype, uint32_t, float*);
-  float (*dot)(const float*, const float*, uint32_t);
-  void (*axpy)(float, const float*, float*, uint32_t);
-  float (*exp_sum)(float*, uint32_t, float);
-};
-constexpr Kernels kScalar{to_f32_scalar, dot_scalar, axpy_scalar, exp_sum_scalar};
-#ifdef KVGC_X86
-constexpr Kernels kAvx2{to_f32_avx2, dot_avx2, axpy_avx2, exp_sum_avx2};
-std::atomic<bool> g_simd{cpu_has_avx2()};
-#else
-std::atomic<bool> g_simd{false};
-#endif
-
-const Kernels& kernels() {
-#ifdef KVGC_X86
-  if (g_simd.load(std::memory_order_relaxed)) return kAvx2;
-#endif
-  return kScalar;
-}
-
-struct LiveSlot {
-  uint8_t* page;
-  uint32_t cls, slot;
-  int32_t pos;
-};
 
 // One head's K or V row of a slot as f32 (int4 rows dequantised through the model dtype,
 // exactly as kvgc_read returns them).
-void row_f32(const Kernels& kn, const AttendOp& op, const LiveSlot& s, uint32_t h, bool v,
-             float* dst, std::vector<uint8_t>& tmp) {
+void row_f32(const AttendOp& op, const LiveSlot& s, uint32_t h, bool v, float* dst,
+             std::vector<uint8_t>& tmp) {
   const PageLayout& L = op.layout[s.cls];
   const size_t at = h * L.head_stride + s.slot * L.slot_stride;
   if (s.cls == KVGC_CLASS_FP16) {
-    kn.to_f32(s.page + (v ? L.v_off : L.k_off) + at, L.dtype, L.head_dim, dst);
+    to_f32(s.page + (v ? L.v_off : L.k_off) + at, L.dtype, L.head_dim, dst);
     return;
   }
   const size_t qp = (size_t(h) * L.page_tokens + s.slot) * (L.head_dim / L.group) * 2;
@@ -181,26 +56,59 @@ void row_f32(const Kernels& kn, const AttendOp& op, const LiveSlot& s, uint32_t 
   dequantize_row(s.page + (v ? L.v_off : L.k_off) + at,
                  reinterpret_cast<const uint16_t*>(s.page + (v ? L.vq_off : L.kq_off)) + qp,
                  L.dtype, L.head_dim, tmp.data());
-  kn.to_f32(tmp.data(), L.dtype, L.head_dim, dst);
+  to_f32(tmp.data(), L.dtype, L.head_dim, dst);
+}
+
+// The portable path for one KV head and one block of R rows (q: [R][hd]): unnormalised
+// outputs in acc ([R][hd]), 1 / sum in inv_sum, each slot's mass added to mass[j].
+void head_block(const AttendOp& op, const LiveSlot* slots, size_t n, uint32_t h,
+                const float* q, uint32_t R, const int64_t* row_pos, float* logits, float* acc,
+                float* mass, float* inv_sum) {
+  const uint32_t hd = op.layout[0].head_dim;
+  std::vector<float> row(hd);
+  std::vector<uint8_t> tmp;
+  std::vector<float> m(R, -INFINITY);
+  for (size_t j = 0; j < n; ++j) {
+    row_f32(op, slots[j], h, false, row.data(), tmp);
+    for (uint32_t r = 0; r < R; ++r) {
+      const float l = int64_t(slots[j].pos) <= row_pos[r] ? dot(q + size_t(r) * hd, row.data(), hd)
+                                                          : -INFINITY;
+      logits[j * R + r] = l;
+      m[r] = std::max(m[r], l);
+    }
+  }
+  std::vector<float> sum(R, 0.f);
+  for (size_t j = 0; j < n; ++j)
+    for (uint32_t r = 0; r < R; ++r) {
+      float& x = logits[j * R + r];
+      x = std::isfinite(m[r]) ? std::exp(x - m[r]) : 0.f;  // sees nothing: zeros
+      sum[r] += x;
+    }
+  for (uint32_t r = 0; r < R; ++r) inv_sum[r] = sum[r] > 0 ? 1.f / sum[r] : 0.f;
+  std::fill(acc, acc + size_t(R) * hd, 0.f);
+  for (size_t j = 0; j < n; ++j) {
+    row_f32(op, slots[j], h, true, row.data(), tmp);
+    float s = 0;
+    for (uint32_t r = 0; r < R; ++r) {
+      const float p = logits[j * R + r];
+      if (p != 0.f) axpy(p, row.data(), acc + size_t(r) * hd, hd);
+      s += p * inv_sum[r];
+    }
+    if (mass) mass[j] += s;
+  }
 }
 
 }  // namespace
 
-void set_simd(bool on) {
-#ifdef KVGC_X86
-  g_simd = on && cpu_has_avx2();
-#else
-  (void)on;
-#endif
-}
+void set_simd(bool on) { g_simd = on && avx2::available(); }
 bool simd_enabled() { return g_simd; }
 
 void attend(const AttendOp& op) {
-  const Kernels& kn = kernels();
   const PageLayout& L0 = op.layout[0];
   const uint32_t hd = L0.head_dim, kv_heads = L0.n_kv_heads, group = op.q_heads / kv_heads;
   const kvgc_dtype dt = L0.dtype;
   const uint32_t eb = dtype_bytes(dt);
+  const bool simd = g_simd && hd % 16 == 0;
 
   std::vector<LiveSlot> slots;
   slots.reserve(op.n_live);
@@ -213,69 +121,54 @@ void attend(const AttendOp& op) {
       if (words[s / 32] >> (s % 32) & 1u) slots.push_back({sp.page, sp.cls, s, pos[s]});
   }
   const size_t n = slots.size();
-  // Queries per block: keep the logits buffer near 16 MiB.
-  const uint32_t block = uint32_t(std::clamp<size_t>((size_t(4) << 20) / std::max<size_t>(1, n * group), 1, op.n_q));
-  std::vector<float> logits(size_t(block) * group * n), qf(size_t(block) * group * hd);
-  std::vector<float> acc(size_t(block) * group * hd), row(hd), mass(n);
-  std::vector<uint8_t> tmp;
   const auto* q = static_cast<const uint8_t*>(op.q);
   auto* out = static_cast<uint8_t*>(op.out);
+  // Queries per block: keep the logits buffer (every head's, on the vector path) near
+  // 16 MiB.
+  const size_t heads_per_pass = simd ? kv_heads : 1;
+  const uint32_t block = uint32_t(std::clamp<size_t>(
+      (size_t(4) << 20) / std::max<size_t>(1, n * group * heads_per_pass), 1, op.n_q));
+  const size_t rows_max = size_t(block) * group, rows_padded = (rows_max + 7) / 8 * 8;
+  std::vector<float> logits(heads_per_pass * rows_max * n), acc(heads_per_pass * rows_max * hd);
+  std::vector<float> qf(heads_per_pass * rows_padded * hd, 0.f), inv_sum(heads_per_pass * rows_max);
+  std::vector<float> mass(op.add_scores ? n : 0, 0.f);
+  std::vector<int64_t> row_pos(rows_max);
+  float* m = op.add_scores ? mass.data() : nullptr;
 
-  for (uint32_t h = 0; h < kv_heads; ++h) {
-    std::fill(mass.begin(), mass.end(), 0.f);
+  // Heads [h0, h0 + heads_per_pass) at a time: all of them on the vector path.
+  for (uint32_t h0 = 0; h0 < kv_heads; h0 += uint32_t(heads_per_pass)) {
     for (uint32_t q0 = 0; q0 < op.n_q; q0 += block) {
-      const uint32_t nb = std::min(block, op.n_q - q0), rows = nb * group;
-      // Query rows (i, g) = query q0 + i, q head h * group + g; pre-scaled.
-      for (uint32_t i = 0; i < nb; ++i)
-        for (uint32_t g = 0; g < group; ++g) {
-          float* dst = &qf[size_t(i * group + g) * hd];
-          kn.to_f32(q + ((size_t(q0 + i) * op.q_heads) + h * group + g) * hd * eb, dt, hd, dst);
+      const uint32_t nb = std::min(block, op.n_q - q0), R = nb * group;
+      std::fill(qf.begin(), qf.end(), 0.f);  // padding rows stay zero
+      for (uint32_t hh = 0; hh < heads_per_pass; ++hh)
+        for (uint32_t r = 0; r < R; ++r) {
+          const uint32_t i = q0 + r / group, j = (h0 + hh) * group + r % group;
+          float* dst = &qf[(hh * rows_padded + r) * hd];
+          to_f32(q + (size_t(i) * op.q_heads + j) * hd * eb, dt, hd, dst);
           for (uint32_t d = 0; d < hd; ++d) dst[d] *= op.scale;
+          row_pos[r] = op.q_pos0 + i;
         }
-      // Logits; a slot a query must not see (a later position) gets -inf.
-      for (size_t j = 0; j < n; ++j) {
-        row_f32(kn, op, slots[j], h, false, row.data(), tmp);
-        for (uint32_t i = 0; i < nb; ++i) {
-          const bool visible = int64_t(slots[j].pos) <= op.q_pos0 + q0 + i;
-          for (uint32_t g = 0; g < group; ++g)
-            logits[size_t(i * group + g) * n + j] =
-                visible ? kn.dot(&qf[size_t(i * group + g) * hd], row.data(), hd) : -INFINITY;
-        }
-      }
-      for (uint32_t r = 0; r < rows; ++r) {
-        float* lr = &logits[size_t(r) * n];
-        const float m = n ? *std::max_element(lr, lr + n) : -INFINITY;
-        if (!std::isfinite(m)) {  // the query sees no live token: zero output, no mass
-          std::fill(lr, lr + n, 0.f);
-          continue;
-        }
-        const float inv = 1.f / kn.exp_sum(lr, uint32_t(n), m);
-        for (size_t j = 0; j < n; ++j) lr[j] *= inv;  // probabilities
-      }
-      std::fill(acc.begin(), acc.begin() + size_t(rows) * hd, 0.f);
-      for (size_t j = 0; j < n; ++j) {
-        row_f32(kn, op, slots[j], h, true, row.data(), tmp);
-        float m = 0;
-        for (uint32_t r = 0; r < rows; ++r) {
-          const float p = logits[size_t(r) * n + j];
-          if (p != 0.f) kn.axpy(p, row.data(), &acc[size_t(r) * hd], hd);
-          m += p;
-        }
-        mass[j] += m;
-      }
-      for (uint32_t i = 0; i < nb; ++i)
-        for (uint32_t g = 0; g < group; ++g) {
-          uint8_t* dst = out + ((size_t(q0 + i) * op.q_heads) + h * group + g) * hd * eb;
-          const float* a = &acc[size_t(i * group + g) * hd];
-          for (uint32_t d = 0; d < hd; ++d) store(dst + d * eb, dt, a[d]);
+      if (simd)
+        avx2::all_heads(op, slots.data(), n, qf.data(), rows_padded * hd, R, row_pos.data(),
+                        logits.data(), acc.data(), m, inv_sum.data());
+      else
+        head_block(op, slots.data(), n, h0, qf.data(), R, row_pos.data(), logits.data(),
+                   acc.data(), m, inv_sum.data());
+      for (uint32_t hh = 0; hh < heads_per_pass; ++hh)
+        for (uint32_t r = 0; r < R; ++r) {
+          const uint32_t i = q0 + r / group, j = (h0 + hh) * group + r % group;
+          uint8_t* dst = out + (size_t(i) * op.q_heads + j) * hd * eb;
+          const float* a = &acc[(hh * R + r) * hd];
+          const float inv = inv_sum[hh * R + r];
+          for (uint32_t d = 0; d < hd; ++d) store(dst + d * eb, dt, a[d] * inv);
         }
     }
-    if (op.add_scores)
-      for (size_t j = 0; j < n; ++j) {
-        const PageLayout& L = op.layout[slots[j].cls];
-        reinterpret_cast<float*>(slots[j].page + L.score_off)[slots[j].slot] += mass[j];
-      }
   }
+  if (op.add_scores)
+    for (size_t j = 0; j < n; ++j) {
+      const PageLayout& L = op.layout[slots[j].cls];
+      reinterpret_cast<float*>(slots[j].page + L.score_off)[slots[j].slot] += mass[j];
+    }
 }
 
 }  // namespace kvgc::cpu

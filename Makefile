@@ -41,6 +41,7 @@ sanitize: deps
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc
 	$(BUILD)/bench/kvgc-bench-gc
+	$(BUILD)/bench/kvgc-bench-attend
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan

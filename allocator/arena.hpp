@@ -3,8 +3,6 @@
 // between storage classes. LIFO, so a slab just returned (and warm) is reused first.
 #pragma once
 
-#include <memory>
-
 #include "slab.hpp"
 
 namespace kvgc {
@@ -13,10 +11,12 @@ class Arena {
  public:
   // Slabs [0, n_slabs) of slab_bytes each from `base` (a real or a fake address).
   bool init(uintptr_t base, size_t slab_bytes, uint32_t n_slabs) {
-    std::unique_ptr<Slab[]> s(new (std::nothrow) Slab[n_slabs]);
-    if (!s && n_slabs) return false;
     free_.clear();
-    slabs_ = std::move(s);
+    try {
+      slabs_ = host::vector<Slab>(n_slabs);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
     base_ = base;
     slab_bytes_ = slab_bytes;
     n_slabs_ = n_slabs;
@@ -38,7 +38,7 @@ class Arena {
     free_.push_front(s);
   }
 
-  uint32_t index_of(const Slab& s) const { return uint32_t(&s - slabs_.get()); }
+  uint32_t index_of(const Slab& s) const { return uint32_t(&s - slabs_.data()); }
   Slab& slab(uint32_t i) { return slabs_[i]; }
   const Slab& slab(uint32_t i) const { return slabs_[i]; }
   uintptr_t slab_address(uint32_t i) const { return base_ + uintptr_t(i) * slab_bytes_; }
@@ -53,7 +53,7 @@ class Arena {
   uintptr_t base_ = 0;
   size_t slab_bytes_ = 0;
   uint32_t n_slabs_ = 0;
-  std::unique_ptr<Slab[]> slabs_;
+  host::vector<Slab> slabs_;
   SlabList free_;
 };
 

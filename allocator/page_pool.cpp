@@ -37,7 +37,7 @@ bool PagePool::init(const PoolConfig& cfg, std::string* err) {
     return false;
   }
   if (!arena_.init(cfg.base, cfg.slab_bytes, uint32_t(n_slabs))) {
-    *err = "out of host memory for slab descriptors";
+    *err = "out of host memory for slab descriptors (" + std::to_string(n_slabs) + " slabs)";
     return false;
   }
   return true;
@@ -115,7 +115,7 @@ PageId PagePool::page_at(uintptr_t a) const {
 
 bool PagePool::check(std::string* err) const {
   auto fail = [&](const std::string& m) { *err = "allocator: " + m; return false; };
-  std::vector<uint8_t> on_list(arena_.slabs(), 0);  // 1 = arena free list, 2 = partial
+  std::vector<uint8_t> on_list(arena_.slabs(), 0);  // the walker: std, never injected  // 1 = arena free list, 2 = partial
   for (const Slab& s : arena_.free_list()) {
     const uint32_t i = arena_.index_of(s);
     if (on_list[i]) return fail("slab " + std::to_string(i) + " twice on the free list");

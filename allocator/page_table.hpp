@@ -3,14 +3,12 @@
 // here are the host's page-granular view; token metadata itself lives on the device.
 #pragma once
 
-#include <vector>
-
 #include "page_pool.hpp"
 
 namespace kvgc {
 
 struct PageTable {
-  std::vector<PageId> pages;
+  host::vector<PageId> pages;
   uint64_t live = 0;    // live tokens (sum of the pages' live counts)
   uint64_t used = 0;    // slots ever filled and still held (sum of the pages' used)
 

@@ -9,8 +9,8 @@
 #pragma once
 
 #include <boost/intrusive/list.hpp>
-#include <memory>
 
+#include "host_memory.hpp"
 #include "types.hpp"
 
 namespace kvgc {
@@ -39,8 +39,7 @@ struct Slab : bi::list_base_hook<NormalLink> {
   uint32_t pages_used = 0;
   uint32_t bump = 0;         // pages [bump, pages_total) were never handed out
   uint32_t free_head = kNil; // pages [0, bump) that came back, linked through owner
-  std::unique_ptr<PageDesc[]> desc;  // kept across carvings: re-carving is O(1)
-  uint32_t desc_capacity = 0;
+  host::vector<PageDesc> desc;  // kept across carvings: re-carving is O(1)
 
   bool full() const { return pages_used == pages_total; }
   bool empty() const { return pages_used == 0; }
@@ -48,11 +47,12 @@ struct Slab : bi::list_base_hook<NormalLink> {
   // Turns a free slab into `pages` pages of class `c`. False if the descriptor array
   // cannot grow (host out of memory); the slab is then unchanged.
   bool carve(int8_t c, uint32_t pages) {
-    if (desc_capacity < pages) {
-      std::unique_ptr<PageDesc[]> d(new (std::nothrow) PageDesc[pages]);
-      if (!d) return false;
-      desc = std::move(d);
-      desc_capacity = pages;
+    if (desc.size() < pages) {
+      try {
+        desc.resize(pages);
+      } catch (const std::bad_alloc&) {
+        return false;
+      }
     }
     cls = c;
     pages_total = pages;

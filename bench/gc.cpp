@@ -125,7 +125,7 @@ CompactCost compaction_vs_memcpy(uint32_t tokens, int reps) {
     const uint32_t x = rng();
     std::memcpy(pristine + i, &x, 4);
   }
-  std::vector<PageCounts> counts(pages);
+  host::vector<PageCounts> counts(pages);
   for (uint32_t p = 0; p < pages; ++p) {
     uint8_t* page = pristine + size_t(p) * L.bytes;
     auto* live = reinterpret_cast<uint32_t*>(page + L.live_off);

@@ -17,7 +17,7 @@ ARCH=${KVGC_GPU_ARCH:-90}
 export PATH="$PATH:/usr/local/cuda/bin"
 
 core_sources() {
-  echo allocator/page_pool.cpp gc/layer_budget.cpp kernels/cpu/copy.cpp runtime/options.cpp \
+  echo allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp kernels/cpu/copy.cpp runtime/options.cpp \
        runtime/model.cpp runtime/heap.cpp runtime/check.cpp runtime/cpu_backend.cpp \
        runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
        runtime/collect.cpp gc/plan.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \

@@ -14,7 +14,7 @@
 using kvgc::fail;
 using kvgc::Status;
 
-struct kvgc_heap {
+struct kvgc_heap : kvgc::host::HostAllocated {
   static constexpr uint64_t kMagic = 0x6b7667632d686561ull;  // "kvgc-hea"
   uint64_t magic = kMagic;
   std::unique_ptr<kvgc::ManagedHeap> impl;
@@ -174,7 +174,7 @@ kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_optio
       KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "kvgc_heap_create: opts"));
       std::memcpy(&o, opts, sizeof o);
     }
-    auto h = std::make_unique<kvgc_heap>();
+    std::unique_ptr<kvgc_heap> h(new kvgc_heap());
     Status st = kvgc::ManagedHeap::create(*model, o, &h->impl);
     if (!st.ok()) {
       st.msg = "kvgc_heap_create: " + st.msg;

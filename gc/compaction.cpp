@@ -4,7 +4,7 @@
 
 namespace kvgc {
 
-CompactionPlan plan_compaction(std::vector<PageCounts>& pages, uint32_t page_tokens) {
+CompactionPlan plan_compaction(host::vector<PageCounts>& pages, uint32_t page_tokens) {
   CompactionPlan plan;
   if (pages.empty()) return plan;
   auto holes = [&](uint32_t i) {

@@ -6,7 +6,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+
+#include "../allocator/host_memory.hpp"
 
 namespace kvgc {
 
@@ -21,14 +22,14 @@ struct Move {
 };
 
 struct CompactionPlan {
-  std::vector<Move> moves;
-  std::vector<uint32_t> freed;  // pages left with no live slot (ascending indices)
+  host::vector<Move> moves;
+  host::vector<uint32_t> freed;  // pages left with no live slot (ascending indices)
   uint64_t slots_moved = 0;
 };
 
 // Destinations are pages that are fully used (every dead slot is a hole), taken from the
 // front; sources are taken from the back. Stops when they meet. `pages` is updated to
 // the counts after the moves.
-CompactionPlan plan_compaction(std::vector<PageCounts>& pages, uint32_t page_tokens);
+CompactionPlan plan_compaction(host::vector<PageCounts>& pages, uint32_t page_tokens);
 
 }  // namespace kvgc

@@ -6,9 +6,9 @@
 
 namespace kvgc {
 
-std::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
+host::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
                                          uint64_t mean_budget, uint64_t min_per_layer) {
-  std::vector<uint64_t> out(n_layers, mean_budget);
+  host::vector<uint64_t> out(n_layers, mean_budget);
   if (kind == KVGC_LAYER_BUDGET_UNIFORM || n_layers < 2) return out;
 
   // A floor above the mean cannot hold for every layer: the total wins.
@@ -18,7 +18,7 @@ std::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_laye
   const double hi = 2.0 * double(mean_budget) - lo;      // bottom layer
   // Every layer gets the floor; what is left is shared in proportion to how far the
   // pyramid rises above the floor, so the shape stays monotone and the total exact.
-  std::vector<double> want(n_layers), rise(n_layers);
+  host::vector<double> want(n_layers), rise(n_layers);
   double rise_sum = 0;
   for (uint32_t l = 0; l < n_layers; ++l) {
     const double p = hi - (hi - lo) * l / (n_layers - 1);
@@ -31,7 +31,7 @@ std::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_laye
               (rise_sum > 0 ? extra * rise[l] / rise_sum : extra / n_layers);
   // Largest remainders: floors first, then +1 to the biggest fractional parts.
   uint64_t assigned = 0;
-  std::vector<std::pair<double, uint32_t>> frac(n_layers);
+  host::vector<std::pair<double, uint32_t>> frac(n_layers);
   for (uint32_t l = 0; l < n_layers; ++l) {
     out[l] = uint64_t(std::floor(want[l]));
     assigned += out[l];

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
+#include "../allocator/host_memory.hpp"
 #include "kvgc.h"
 
 namespace kvgc {
@@ -18,7 +18,7 @@ constexpr double kPyramidBeta = 20.0;
 // (layer 0) to the top, as PyramidKV does. Rounding keeps the total exact (largest
 // remainders); a layer never gets less than min_per_layer (sinks + window, say), the
 // difference being taken from the layers above it in the pyramid.
-std::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
+host::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
                                          uint64_t mean_budget, uint64_t min_per_layer = 0);
 
 }  // namespace kvgc

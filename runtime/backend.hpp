@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "../allocator/host_memory.hpp"
 #include "../kernels/ops.hpp"
 #include "status.hpp"
 
@@ -19,7 +20,7 @@ namespace kvgc {
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 
-class Backend {
+class Backend : public host::HostAllocated {
  public:
   virtual ~Backend() = default;
   virtual kvgc_device kind() const = 0;

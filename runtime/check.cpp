@@ -19,8 +19,7 @@ Status ManagedHeap::check() {
   uint64_t pages_in_tables = 0;
   std::unordered_set<PageId> seen;
   std::vector<uint8_t> header;
-  for (const auto& [id, sp] : seqs_) {
-    const SequenceState& s = *sp;
+  for (const auto& [id, s] : seqs_) {
     if (s.slot >= seq_slots_.size() || seq_slots_[s.slot] != &s)
       return bad("sequence " + std::to_string(id) + " is not in its slot");
     for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {

@@ -30,7 +30,7 @@ Status ManagedHeap::observe(kvgc_seq seq, uint32_t layer, const float* mass, uin
   return Status::Ok();
 }
 
-std::vector<uint64_t> ManagedHeap::layer_budgets(const SequenceState& s) {
+host::vector<uint64_t> ManagedHeap::layer_budgets(const SequenceState& s) {
   uint64_t base = kNoBudget;
   if (opts_.token_budget) {
     base = opts_.token_budget;
@@ -39,7 +39,7 @@ std::vector<uint64_t> ManagedHeap::layer_budgets(const SequenceState& s) {
     for (const Segment& seg : s.layers) length = std::max(length, seg.length);
     base = uint64_t(std::ceil(opts_.token_budget_fraction * double(length)));
   }
-  if (base == kNoBudget) return std::vector<uint64_t>(s.layers.size(), kNoBudget);
+  if (base == kNoBudget) return host::vector<uint64_t>(s.layers.size(), kNoBudget);
   // The split keeps each layer at least its protected tokens where the mean allows.
   return split_layer_budget(opts_.layer_budget, uint32_t(s.layers.size()), base,
                             uint64_t(opts_.sinks) + opts_.window);
@@ -54,7 +54,7 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
     return fail(KVGC_EUNSUPPORTED,
                 "kvgc_step: the GC's data-plane ops run on the CPU backend only until the "
                 "CUDA kernels land; use KVGC_DEVICE=cpu, or KVGC_POLICY=full on CUDA");
-  const std::vector<uint64_t> budgets = layer_budgets(*s);
+  const host::vector<uint64_t> budgets = layer_budgets(*s);
   uint32_t short_layers = 0;
   for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {
     bool short_of_budget = false;
@@ -205,12 +205,12 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
 
 Status ManagedHeap::compact(Segment& seg, int cls, void* stream) {
   PageTable& t = seg.table[cls];
-  std::vector<PageCounts> counts(t.pages.size());
+  host::vector<PageCounts> counts(t.pages.size());
   for (size_t i = 0; i < t.pages.size(); ++i)
     counts[i] = {pool_.desc(t.pages[i]).used, pool_.desc(t.pages[i]).live};
   const CompactionPlan plan = plan_compaction(counts, opts_.page_tokens);
   if (plan.moves.empty()) return Status::Ok();
-  std::vector<CompactMove> moves(plan.moves.size());
+  host::vector<CompactMove> moves(plan.moves.size());
   for (size_t i = 0; i < moves.size(); ++i)
     moves[i] = {page_ptr(t.pages[plan.moves[i].dst]), page_ptr(t.pages[plan.moves[i].src]),
                 plan.moves[i].count};

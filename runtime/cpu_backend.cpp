@@ -41,6 +41,9 @@ class CpuBackend final : public Backend {
 
   Status reserve(size_t bytes, void** base) override {
     void* p = nullptr;
+    if (host::fault_point())
+      return fail(KVGC_ENOMEM, "cannot reserve a host arena of " + std::to_string(bytes) +
+                                   " bytes (injected fault)");
     if (posix_memalign(&p, kArenaAlign, bytes) != 0 || !p)
       return fail(KVGC_ENOMEM, "cannot reserve a host arena of " + std::to_string(bytes) + " bytes");
     *base = p;
@@ -92,7 +95,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() { return std::unique_ptr<Backend>(new CpuBackend()); }
 
 Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out,
                     std::string* why) {

@@ -62,6 +62,9 @@ class CudaBackend final : public Backend {
   }
   Status reserve(size_t bytes, void** base) override {
     DeviceGuard g(ordinal_);
+    if (host::fault_point())
+      return fail(KVGC_ENOMEM, "cudaMalloc of a " + std::to_string(bytes) +
+                                   "-byte arena failed (injected fault)");
     const cudaError_t e = cudaMalloc(base, bytes);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it: an allocation failure is not sticky
@@ -164,7 +167,7 @@ Status make_cuda_backend(int ordinal, std::unique_ptr<Backend>* out) {
   char name[320];
   std::snprintf(name, sizeof name, "cuda:%d %s (sm_%d%d, %.1f GiB)", ordinal, prop.name,
                 prop.major, prop.minor, double(prop.totalGlobalMem) / double(1ull << 30));
-  *out = std::make_unique<CudaBackend>(ordinal, name, prop.multiProcessorCount);
+  *out = std::unique_ptr<Backend>(new CudaBackend(ordinal, name, prop.multiProcessorCount));
   return Status::Ok();
 }
 

@@ -74,7 +74,9 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   cfg.slab_bytes = slab;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cfg.page_bytes[c] = h->layout_[c].bytes;
   std::string err;
-  if (!h->pool_.init(cfg, &err)) return fail(KVGC_EINVAL, "heap geometry: " + err);
+  if (!h->pool_.init(cfg, &err))
+    return fail(err.rfind("out of host memory", 0) == 0 ? KVGC_ENOMEM : KVGC_EINVAL,
+                "heap geometry: " + err);
 
   if (h->opts_.verbose) {
     std::fprintf(stderr,
@@ -92,7 +94,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
 
 ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
-    for (Segment& seg : s->layers) free_pages(seg);
+    for (Segment& seg : s.layers) free_pages(seg);
   if (arena_) backend_->release(arena_);
 }
 
@@ -105,7 +107,7 @@ Status ManagedHeap::find(kvgc_seq seq, uint32_t layer, const char* fn, SequenceS
     return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
                                  " is out of range (model has " +
                                  std::to_string(model_.n_layers) + " layers)");
-  *out = it->second.get();
+  *out = &it->second;
   return Status::Ok();
 }
 
@@ -114,16 +116,16 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   // Segment ids (slot * layers + layer) must fit the allocator's 31-bit owner ids.
   if ((uint64_t(slot) + 1) * model_.n_layers > kMaxSegments)
     return fail(KVGC_ENOMEM, "kvgc_seq_create: too many live sequences");
-  auto s = std::make_unique<SequenceState>();
-  s->tenant = tenant;
-  s->slot = slot;
-  s->layers.resize(model_.n_layers);
+  SequenceState s;
+  s.tenant = tenant;
+  s.slot = slot;
+  s.layers.resize(model_.n_layers);
   // Reserve every container before the first mutation: a bad_alloc here changes nothing.
   if (free_slots_.empty()) seq_slots_.reserve(seq_slots_.size() + 1);
   seqs_.reserve(seqs_.size() + 1);
-  const kvgc_seq id = next_seq_++;
-  SequenceState* raw = s.get();
-  seqs_.emplace(id, std::move(s));
+  const kvgc_seq id = next_seq_;
+  SequenceState* raw = &seqs_.emplace(id, std::move(s)).first->second;  // may throw: nothing changed yet
+  ++next_seq_;
   if (free_slots_.empty()) seq_slots_.push_back(raw);
   else {
     free_slots_.pop_back();
@@ -143,7 +145,7 @@ void ManagedHeap::free_pages(Segment& s) {
   }
 }
 
-void ManagedHeap::segment_pages(const Segment& s, std::vector<SegPage>* out) const {
+void ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out) const {
   out->clear();
   uint64_t row = 0;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
@@ -348,7 +350,7 @@ void ManagedHeap::stats(kvgc_stats* o) const {
   }
   o->sequences = seqs_.size();
   for (const auto& [id, s] : seqs_)
-    for (const Segment& seg : s->layers) {
+    for (const Segment& seg : s.layers) {
       o->segments += !seg.table[0].pages.empty() || !seg.table[1].pages.empty();
       for (const PageTable& t : seg.table) {
         o->live_tokens += t.live;

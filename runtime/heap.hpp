@@ -34,7 +34,7 @@ struct Segment {
 struct SequenceState {
   uint32_t tenant = 0;
   uint32_t slot = 0;               // index into ManagedHeap::seq_slots_; segment ids derive from it
-  std::vector<Segment> layers;     // one segment per layer
+  host::vector<Segment> layers;    // one segment per layer
 };
 
 struct Counters {
@@ -45,7 +45,7 @@ struct Counters {
   uint64_t attends = 0;
 };
 
-class ManagedHeap {
+class ManagedHeap : public host::HostAllocated {
  public:
   // Resolves options (environment included), picks the backend and reserves the arena.
   static Status create(const kvgc_model_desc& model, const kvgc_heap_options& opts,
@@ -83,7 +83,7 @@ class ManagedHeap {
   uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
   void free_pages(Segment& s);
   // The segment's pages in read order, with each page's first read-order row.
-  void segment_pages(const Segment& s, std::vector<SegPage>* out) const;
+  void segment_pages(const Segment& s, host::vector<SegPage>* out) const;
   // One segment's GC (collect.cpp): plan, select, free empty pages, compact. Sets
   // *short_of_budget when the budget could not be met.
   Status collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
@@ -91,7 +91,7 @@ class ManagedHeap {
   Status compact(Segment& seg, int cls, void* stream);
   // Frees the pages of `t` whose live count is zero, keeping the order of the others.
   void free_empty_pages(PageTable& t);
-  std::vector<uint64_t> layer_budgets(const SequenceState& s);
+  host::vector<uint64_t> layer_budgets(const SequenceState& s);
 
   std::mutex mu_;
   kvgc_model_desc model_{};
@@ -103,17 +103,17 @@ class ManagedHeap {
   size_t scratch_bytes_ = 0;
   PageLayout layout_[KVGC_CLASS_COUNT];
   PagePool pool_;
-  std::unordered_map<kvgc_seq, std::unique_ptr<SequenceState>> seqs_;
-  std::vector<SequenceState*> seq_slots_;  // slot -> sequence (null when free)
-  std::vector<uint32_t> free_slots_;
+  host::unordered_map<kvgc_seq, SequenceState> seqs_;  // node-based: addresses are stable
+  host::vector<SequenceState*> seq_slots_;  // slot -> sequence (null when free)
+  host::vector<uint32_t> free_slots_;
   kvgc_seq next_seq_ = 1;
   Counters counters_;
   PolicyParams policy_;
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   // Scratch reused across calls so that the decode path does not allocate.
-  std::vector<AppendRun> runs_;
-  std::vector<SegPage> pages_;
-  std::vector<uint16_t> page_live_;
+  host::vector<AppendRun> runs_;
+  host::vector<SegPage> pages_;
+  host::vector<uint16_t> page_live_;
 };
 
 }  // namespace kvgc

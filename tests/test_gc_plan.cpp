@@ -109,7 +109,7 @@ TEST_CASE("budgets count int4 tokens at their byte share") {
 
 TEST_CASE("compaction plan: tail pages empty into the front pages' holes") {
   // 4 pages of 8: holes in pages 0 and 1, live slots in the tail.
-  std::vector<PageCounts> pages = {{8, 5}, {8, 6}, {8, 2}, {3, 3}};
+  host::vector<PageCounts> pages = {{8, 5}, {8, 6}, {8, 2}, {3, 3}};
   const CompactionPlan plan = plan_compaction(pages, 8);
   REQUIRE(plan.moves.size() >= 2);
   CHECK(plan.moves[0].dst == 0);
@@ -117,20 +117,20 @@ TEST_CASE("compaction plan: tail pages empty into the front pages' holes") {
   uint32_t total = 0;
   for (const PageCounts& p : pages) total += p.live;
   CHECK(total == 16);  // nothing lost
-  CHECK(plan.freed == std::vector<uint32_t>{2, 3});
+  CHECK(plan.freed == host::vector<uint32_t>{2, 3});
   CHECK(pages[0].live == 8);
   CHECK(pages[1].live == 8);
   CHECK(plan.slots_moved == 5);
 }
 
 TEST_CASE("compaction plan: edge cases (empty, all live, nothing movable)") {
-  std::vector<PageCounts> none;
+  host::vector<PageCounts> none;
   CHECK(plan_compaction(none, 8).moves.empty());
-  std::vector<PageCounts> full = {{8, 8}, {8, 8}, {4, 4}};
+  host::vector<PageCounts> full = {{8, 8}, {8, 8}, {4, 4}};
   CHECK(plan_compaction(full, 8).moves.empty());
-  std::vector<PageCounts> one = {{8, 1}};
+  host::vector<PageCounts> one = {{8, 1}};
   CHECK(plan_compaction(one, 8).moves.empty());
-  std::vector<PageCounts> tail_holes = {{8, 8}, {8, 1}};  // the only holes are in the source
+  host::vector<PageCounts> tail_holes = {{8, 8}, {8, 1}};  // the only holes are in the source
   const CompactionPlan p = plan_compaction(tail_holes, 8);
   CHECK(p.moves.empty());
   CHECK(p.freed.empty());

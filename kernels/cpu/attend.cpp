@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include "../../allocator/host_memory.hpp"
+
 #include "attend_internal.hpp"
 #include "convert.hpp"
 #include "quant.hpp"
@@ -44,7 +46,7 @@ void axpy(float a, const float* x, float* y, uint32_t n) {
 // One head's K or V row of a slot as f32 (int4 rows dequantised through the model dtype,
 // exactly as kvgc_read returns them).
 void row_f32(const AttendOp& op, const LiveSlot& s, uint32_t h, bool v, float* dst,
-             std::vector<uint8_t>& tmp) {
+             host::vector<uint8_t>& tmp) {
   const PageLayout& L = op.layout[s.cls];
   const size_t at = h * L.head_stride + s.slot * L.slot_stride;
   if (s.cls == KVGC_CLASS_FP16) {
@@ -65,9 +67,9 @@ void head_block(const AttendOp& op, const LiveSlot* slots, size_t n, uint32_t h,
                 const float* q, uint32_t R, const int64_t* row_pos, float* logits, float* acc,
                 float* mass, float* inv_sum) {
   const uint32_t hd = op.layout[0].head_dim;
-  std::vector<float> row(hd);
-  std::vector<uint8_t> tmp;
-  std::vector<float> m(R, -INFINITY);
+  host::vector<float> row(hd);
+  host::vector<uint8_t> tmp;
+  host::vector<float> m(R, -INFINITY);
   for (size_t j = 0; j < n; ++j) {
     row_f32(op, slots[j], h, false, row.data(), tmp);
     for (uint32_t r = 0; r < R; ++r) {
@@ -77,7 +79,7 @@ void head_block(const AttendOp& op, const LiveSlot* slots, size_t n, uint32_t h,
       m[r] = std::max(m[r], l);
     }
   }
-  std::vector<float> sum(R, 0.f);
+  host::vector<float> sum(R, 0.f);
   for (size_t j = 0; j < n; ++j)
     for (uint32_t r = 0; r < R; ++r) {
       float& x = logits[j * R + r];
@@ -110,7 +112,7 @@ void attend(const AttendOp& op) {
   const uint32_t eb = dtype_bytes(dt);
   const bool simd = g_simd && hd % 16 == 0;
 
-  std::vector<LiveSlot> slots;
+  host::vector<LiveSlot> slots;
   slots.reserve(op.n_live);
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
@@ -129,10 +131,10 @@ void attend(const AttendOp& op) {
   const uint32_t block = uint32_t(std::clamp<size_t>(
       (size_t(4) << 20) / std::max<size_t>(1, n * group * heads_per_pass), 1, op.n_q));
   const size_t rows_max = size_t(block) * group, rows_padded = (rows_max + 7) / 8 * 8;
-  std::vector<float> logits(heads_per_pass * rows_max * n), acc(heads_per_pass * rows_max * hd);
-  std::vector<float> qf(heads_per_pass * rows_padded * hd, 0.f), inv_sum(heads_per_pass * rows_max);
-  std::vector<float> mass(op.add_scores ? n : 0, 0.f);
-  std::vector<int64_t> row_pos(rows_max);
+  host::vector<float> logits(heads_per_pass * rows_max * n), acc(heads_per_pass * rows_max * hd);
+  host::vector<float> qf(heads_per_pass * rows_padded * hd, 0.f), inv_sum(heads_per_pass * rows_max);
+  host::vector<float> mass(op.add_scores ? n : 0, 0.f);
+  host::vector<int64_t> row_pos(rows_max);
   float* m = op.add_scores ? mass.data() : nullptr;
 
   // Heads [h0, h0 + heads_per_pass) at a time: all of them on the vector path.

@@ -19,6 +19,8 @@
 #include <numeric>
 #include <vector>
 
+#include "../../allocator/host_memory.hpp"
+
 #define KVGC_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace kvgc::cpu::avx2 {
@@ -236,11 +238,11 @@ KVGC_AVX2 void run_pass(bool k, const AttendOp& op, const LiveSlot* slots, size_
 // exp(logit - m[row]) over one head's flat [n][R] logits; returns the rows' sums. Lane i
 // of 8-chunk c is row (8c + i) % R, so the maxima repeat every lcm(8, R) / 8 chunks.
 KVGC_AVX2 void softmax_head(float* logits, size_t n, uint32_t R, const float* m_in, float* inv_sum) {
-  std::vector<float> m(m_in, m_in + R);
+  host::vector<float> m(m_in, m_in + R);
   for (uint32_t r = 0; r < R; ++r)
     if (!std::isfinite(m[r])) m[r] = 0.f;  // sees nothing: every exp is 0
   const uint32_t period = std::lcm(8u, R) / 8;
-  std::vector<float> mpat(size_t(period) * 8), vsum(size_t(period) * 8, 0.f);
+  host::vector<float> mpat(size_t(period) * 8), vsum(size_t(period) * 8, 0.f);
   for (uint32_t i = 0; i < period * 8; ++i) mpat[i] = m[i % R];
   const size_t total = n * R, full = total / 8 * 8;
   for (size_t i = 0, c = 0; i < full; i += 8, c = (c + 1 == period ? 0 : c + 1)) {
@@ -248,7 +250,7 @@ KVGC_AVX2 void softmax_head(float* logits, size_t n, uint32_t R, const float* m_
     _mm256_storeu_ps(logits + i, e);
     _mm256_storeu_ps(&vsum[c * 8], _mm256_add_ps(_mm256_loadu_ps(&vsum[c * 8]), e));
   }
-  std::vector<float> row_sum(R, 0.f);
+  host::vector<float> row_sum(R, 0.f);
   for (uint32_t i = 0; i < period * 8; ++i) row_sum[i % R] += vsum[i];
   for (size_t i = full; i < total; ++i) row_sum[i % R] += (logits[i] = std::exp(logits[i] - m[i % R]));
   for (uint32_t r = 0; r < R; ++r) inv_sum[r] = row_sum[r] > 0 ? 1.f / row_sum[r] : 0.f;
@@ -265,7 +267,7 @@ KVGC_AVX2 void all_heads(const AttendOp& op, const LiveSlot* slots, size_t n, co
                          size_t q_head_stride, uint32_t R, const int64_t* row_pos,
                          float* logits, float* acc, float* mass, float* inv_sum) {
   const uint32_t H = op.layout[0].n_kv_heads, hd = op.layout[0].head_dim;
-  std::vector<float> m(size_t(H) * R, -INFINITY);
+  host::vector<float> m(size_t(H) * R, -INFINITY);
   run_pass(true, op, slots, n, q, q_head_stride, row_pos, R, logits, m.data(), nullptr);
   for (uint32_t h = 0; h < H; ++h)
     softmax_head(logits + size_t(h) * n * R, n, R, &m[size_t(h) * R], inv_sum + size_t(h) * R);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../../allocator/host_memory.hpp"
+
 #include "../ops.hpp"
 
 namespace kvgc::cpu {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "../../allocator/host_memory.hpp"
+
 #include "quant.hpp"
 
 namespace kvgc::cpu {
@@ -106,7 +108,7 @@ void select(const SelectOp& op) {
     double key;
     uint32_t page_index, slot;
   };
-  std::vector<Cand> cands;
+  host::vector<Cand> cands;
   double key_sum = 0;
   // 1. Tenure tokens that left the young window; collect the ranked tiers.
   for (uint32_t p = 0; p < op.n_pages; ++p) {
@@ -135,7 +137,7 @@ void select(const SelectOp& op) {
   //    as int4, lowest first, while int4 slots last; then the lowest-ranked are evicted.
   //    Without demotion each victim saves at least min(1, int4_cost), which bounds how
   //    many must be ordered.
-  std::vector<uint8_t> victim(cands.size(), 0);
+  host::vector<uint8_t> victim(cands.size(), 0);
   if (op.reclaim > 0 && !cands.empty()) {
     const bool demote_on = op.demote_ratio >= 0 && op.n_demote_dst > 0;
     size_t order = cands.size();
@@ -176,7 +178,7 @@ void select(const SelectOp& op) {
     }
   }
   // 3. Survivors: promotion (minor GC) or a re-split of the tiers (major GC), then aging.
-  std::vector<Cand> rest;
+  host::vector<Cand> rest;
   rest.reserve(cands.size());
   for (size_t i = 0; i < cands.size(); ++i)
     if (!victim[i]) rest.push_back(cands[i]);
@@ -195,7 +197,7 @@ void select(const SelectOp& op) {
       g = lt ? make_gen(kGenLongTerm, age_of(g)) : make_gen(kGenIntermediate, age_of(g));
     }
   } else if (op.promote > 0 || op.age_intermediate) {
-    std::vector<Cand> eligible;
+    host::vector<Cand> eligible;
     for (const Cand& c : rest) {
       const uint8_t g = gen_ref(c);
       if (gen_of(g) == kGenIntermediate && age_of(g) >= op.promote_age) eligible.push_back(c);
@@ -229,7 +231,7 @@ void select(const SelectOp& op) {
 void compact(const CompactOp& op) {
   const PageLayout& L = op.layout;
   const size_t qp_bytes = L.cls == KVGC_CLASS_INT4 ? (L.head_dim / L.group) * 4 : 0;
-  std::vector<std::pair<uint32_t, uint32_t>> pairs;  // (hole in dst, live slot of src)
+  host::vector<std::pair<uint32_t, uint32_t>> pairs;  // (hole in dst, live slot of src)
   for (uint32_t m = 0; m < op.n_moves; ++m) {
     const CompactMove& mv = op.moves[m];
     // Pair the first holes of dst with the last live slots of src (the plan guarantees

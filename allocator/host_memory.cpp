@@ -7,12 +7,13 @@ namespace kvgc::host {
 namespace {
 
 std::atomic<uint64_t> g_fail_at{0}, g_attempts{0}, g_faults{0};
-std::atomic<bool> g_persistent{false};
+std::atomic<bool> g_persistent{false}, g_paused{false};
 std::atomic<int64_t> g_outstanding{0};
 
 }  // namespace
 
 bool fault_point() noexcept {
+  if (g_paused.load(std::memory_order_relaxed)) return false;
   const uint64_t fail_at = g_fail_at.load(std::memory_order_relaxed);
   const uint64_t n = g_attempts.fetch_add(1, std::memory_order_relaxed) + 1;
   if (fail_at == 0) return false;
@@ -46,6 +47,7 @@ void set_faults(uint64_t fail_at, bool persistent) noexcept {
   g_faults = 0;
   g_fail_at = fail_at;
 }
+void pause_faults(bool paused) noexcept { g_paused = paused; }
 uint64_t attempts() noexcept { return g_attempts; }
 uint64_t faults_injected() noexcept { return g_faults; }
 int64_t outstanding_bytes() noexcept { return g_outstanding; }

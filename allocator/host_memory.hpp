@@ -28,6 +28,9 @@ void deallocate(void* p, size_t bytes, size_t align = alignof(std::max_align_t))
 // Test hooks. fail_at = N: attempt N (1-based, counted from this call) fails, and with
 // `persistent` every later one too; 0 disables injection. Process-wide.
 void set_faults(uint64_t fail_at, bool persistent) noexcept;
+// While paused, attempts are neither counted nor failed (tests verify data between
+// faulted calls without moving the count).
+void pause_faults(bool paused) noexcept;
 uint64_t attempts() noexcept;          // since the last set_faults
 uint64_t faults_injected() noexcept;   // since the last set_faults
 int64_t outstanding_bytes() noexcept;  // allocated and not yet freed, process-wide

@@ -107,14 +107,23 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
     // reclaim could use and the arena allows (fewer targets just means more evictions).
     runs_.clear();
     const size_t int4_before = q.pages.size();
-    if (g.demote && g.reclaim > 0) {
-      const double per = 1.0 - policy_.int4_cost;
-      uint64_t want = std::min<uint64_t>(v.live_fp16, uint64_t(std::ceil(g.reclaim / per)) + 1);
+    const double per = 1.0 - policy_.int4_cost;
+    const uint64_t want_slots =
+        g.demote && g.reclaim > 0 ? std::min<uint64_t>(v.live_fp16, uint64_t(std::ceil(g.reclaim / per)) + 1) : 0;
+    // Every host container this collection needs is sized before the first page is
+    // taken, so running out of host memory cannot strand a demotion page.
+    const size_t max_new = (want_slots + pt - 1) / pt;
+    const size_t max_pages = seg.table[0].pages.size() + q.pages.size() + max_new;
+    runs_.reserve(max_new + 1);
+    pages_.reserve(max_pages);
+    page_live_.reserve(max_pages);
+    q.pages.reserve(q.pages.size() + max_new);
+    if (want_slots) {
+      uint64_t want = want_slots;
       const uint32_t room = q.tail_room(pool_, pt);
       if (room && want) runs_.push_back({page_ptr(q.pages.back()), pt - room,
                                          uint32_t(std::min<uint64_t>(room, want)), 0});
       want -= std::min<uint64_t>(room, want);
-      q.pages.reserve(q.pages.size() + (want + pt - 1) / pt);
       while (want > 0 && pool_.can_alloc(KVGC_CLASS_INT4, 1)) {
         const PageId p = pool_.alloc(KVGC_CLASS_INT4, segment_id(s, layer));
         if (p == kNoPage) break;
@@ -152,10 +161,20 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
     op.age_intermediate = g.age_intermediate;
     op.page_live = page_live_.data();
     op.result = &r;
-    Status st = backend_->select(op, stream);
-    if (!st.ok()) {  // nothing was decided: give back the unused demotion pages
+    auto give_back = [&] {  // nothing was decided: return the demotion pages
       for (size_t i = int4_before; i < q.pages.size(); ++i) pool_.free(q.pages[i]);
+      counters_.pages_freed += q.pages.size() - int4_before;
       q.pages.resize(int4_before);
+    };
+    Status st;
+    try {
+      st = backend_->select(op, stream);
+    } catch (...) {  // the op allocates before it mutates: nothing else changed
+      give_back();
+      throw;
+    }
+    if (!st.ok()) {
+      give_back();
       return st;
     }
     // Apply the page-level results: live counts, then the int4 slots demotion filled.

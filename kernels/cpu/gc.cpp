@@ -108,7 +108,21 @@ void select(const SelectOp& op) {
     double key;
     uint32_t page_index, slot;
   };
-  host::vector<Cand> cands;
+  // Every container is sized before the first metadata write, so running out of host
+  // memory (an exception) can only happen before the op has changed anything.
+  uint64_t n_live = 0;
+  for (uint32_t p = 0; p < op.n_pages; ++p) {
+    const SegPage& sp = op.pages[p];
+    const PageLayout& L = op.layout[sp.cls];
+    for (uint32_t w = 0; w < PageLayout::live_words(L.page_tokens); ++w)
+      n_live += std::popcount(reinterpret_cast<const uint32_t*>(sp.page + L.live_off)[w]);
+  }
+  host::vector<Cand> cands, rest, eligible;
+  host::vector<uint8_t> victim;
+  cands.reserve(n_live);
+  rest.reserve(n_live);
+  eligible.reserve(n_live);
+  victim.reserve(n_live);
   double key_sum = 0;
   // 1. Tenure tokens that left the young window; collect the ranked tiers.
   for (uint32_t p = 0; p < op.n_pages; ++p) {
@@ -137,7 +151,7 @@ void select(const SelectOp& op) {
   //    as int4, lowest first, while int4 slots last; then the lowest-ranked are evicted.
   //    Without demotion each victim saves at least min(1, int4_cost), which bounds how
   //    many must be ordered.
-  host::vector<uint8_t> victim(cands.size(), 0);
+  victim.assign(cands.size(), 0);
   if (op.reclaim > 0 && !cands.empty()) {
     const bool demote_on = op.demote_ratio >= 0 && op.n_demote_dst > 0;
     size_t order = cands.size();
@@ -178,8 +192,6 @@ void select(const SelectOp& op) {
     }
   }
   // 3. Survivors: promotion (minor GC) or a re-split of the tiers (major GC), then aging.
-  host::vector<Cand> rest;
-  rest.reserve(cands.size());
   for (size_t i = 0; i < cands.size(); ++i)
     if (!victim[i]) rest.push_back(cands[i]);
   auto desc = [&](const Cand& a, const Cand& b) { return by_key(b, a); };
@@ -197,7 +209,6 @@ void select(const SelectOp& op) {
       g = lt ? make_gen(kGenLongTerm, age_of(g)) : make_gen(kGenIntermediate, age_of(g));
     }
   } else if (op.promote > 0 || op.age_intermediate) {
-    host::vector<Cand> eligible;
     for (const Cand& c : rest) {
       const uint8_t g = gen_ref(c);
       if (gen_of(g) == kGenIntermediate && age_of(g) >= op.promote_age) eligible.push_back(c);
@@ -232,6 +243,7 @@ void compact(const CompactOp& op) {
   const PageLayout& L = op.layout;
   const size_t qp_bytes = L.cls == KVGC_CLASS_INT4 ? (L.head_dim / L.group) * 4 : 0;
   host::vector<std::pair<uint32_t, uint32_t>> pairs;  // (hole in dst, live slot of src)
+  pairs.reserve(L.page_tokens);  // before any move: a move never pairs more slots than this
   for (uint32_t m = 0; m < op.n_moves; ++m) {
     const CompactMove& mv = op.moves[m];
     // Pair the first holes of dst with the last live slots of src (the plan guarantees

@@ -9,6 +9,7 @@
 #include "../runtime/heap.hpp"
 #include "../runtime/model.hpp"
 #include "../runtime/options.hpp"
+#include "internal.hpp"
 #include "kvgc.h"
 
 using kvgc::fail;
@@ -242,6 +243,21 @@ kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, void* k_out
   });
 }
 
+kvgc_status kvgc_tenant_set_limit(kvgc_heap* heap, uint32_t tenant, uint64_t max_bytes) {
+  return with_heap(heap, "kvgc_tenant_set_limit",
+                   [&](kvgc::ManagedHeap& h) { return h.tenant_set_limit(tenant, max_bytes); },
+                   Mutates::Yes);
+}
+
+kvgc_status kvgc_tenant_usage(kvgc_heap* heap, uint32_t tenant, uint64_t* bytes_out,
+                              uint64_t* limit_out) {
+  return with_heap(heap, "kvgc_tenant_usage", [&](kvgc::ManagedHeap& h) -> Status {
+    if (!bytes_out && !limit_out)
+      return fail(KVGC_EINVAL, "kvgc_tenant_usage: bytes_out and limit_out are both NULL");
+    return h.tenant_usage(tenant, bytes_out, limit_out);
+  });
+}
+
 kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const float* mass,
                          uint64_t n, void* stream) {
   return with_heap(heap, "kvgc_observe", [&](kvgc::ManagedHeap& h) {
@@ -307,3 +323,7 @@ kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
 }
 
 }  // extern "C"
+
+kvgc::ManagedHeap* kvgc::internal_heap(kvgc_heap* heap) {
+  return heap && heap->magic == kvgc_heap::kMagic ? heap->impl.get() : nullptr;
+}

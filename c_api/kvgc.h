@@ -230,6 +230,17 @@ KVGC_API kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, vo
                                void* v_out, int32_t* pos_out, uint64_t capacity,
                                uint64_t* n_out, void* stream);
 
+/* ---- tenants ---------------------------------------------------------------------- */
+/* A per-tenant quota on the pages its sequences hold (bytes, both storage classes);
+ * 0 removes it. An append that would take the tenant past it fails with KVGC_EBUDGET and
+ * changes nothing; demotion stays within it. A tenant's GC only ever touches its own
+ * sequences, so no tenant can evict another's tokens. Lowering a limit below current
+ * usage evicts nothing; it only refuses further growth. */
+KVGC_API kvgc_status kvgc_tenant_set_limit(kvgc_heap* heap, uint32_t tenant, uint64_t max_bytes);
+/* Bytes of pages the tenant's sequences hold now, and its limit (0 = none). */
+KVGC_API kvgc_status kvgc_tenant_usage(kvgc_heap* heap, uint32_t tenant, uint64_t* bytes_out,
+                                       uint64_t* limit_out);
+
 /* ---- the GC ----------------------------------------------------------------------- */
 /* Hands in the attention mass each live slot of segment (seq, layer) received this step:
  * mass[i] (float32, heap's device) belongs to the i-th row kvgc_read would return, and n

@@ -11,8 +11,9 @@ namespace kvgc {
 
 // Tokens [src_token, src_token + count) of the source go to slots
 // [first_slot, first_slot + count) of `page`. A run with first_slot == 0 starts a fresh
-// page and owns its whole live mask (bits past the run are cleared); later runs into
-// the same page only add bits. So recycled pages never show stale live bits.
+// page and owns all of it: its live mask (bits past the run are cleared) and the K/V and
+// metadata of the slots past the run, which it zeroes (scrubbing: a recycled page never
+// shows its previous owner's bytes). Later runs into the same page only add.
 struct AppendRun {
   uint8_t* page;
   uint32_t first_slot;

@@ -86,6 +86,16 @@ Status ManagedHeap::check() {
         if (!positions.count(int32_t(p))) return bad(name + " lost position " + std::to_string(p) + " of its young window");
     }
   }
+  for (const auto& [tenant, t] : tenants_) {
+    uint64_t bytes = 0;
+    for (const auto& [id, s] : seqs_)
+      if (s.tenant == tenant)
+        for (const Segment& seg : s.layers)
+          for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += seg.table[c].pages.size() * layout_[c].bytes;
+    if (bytes != t.bytes)
+      return bad("tenant " + std::to_string(tenant) + " is charged " + std::to_string(t.bytes) +
+                 " bytes but holds " + std::to_string(bytes));
+  }
   uint64_t pages_used = 0;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pages_used += pool_.counts(c).pages_used;
   if (pages_used != pages_in_tables)

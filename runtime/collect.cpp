@@ -71,14 +71,13 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   return Status::Ok();
 }
 
-void ManagedHeap::free_empty_pages(PageTable& t) {
+void ManagedHeap::free_empty_pages(uint32_t tenant, PageTable& t) {
   size_t kept = 0;
   for (PageId p : t.pages) {
     const PageDesc& d = pool_.desc(p);
     if (d.live == 0) {
       t.used -= d.used;
-      pool_.free(p);
-      ++counters_.pages_freed;
+      drop_page(tenant, p);
     } else {
       t.pages[kept++] = p;
     }
@@ -125,10 +124,9 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
                                          uint32_t(std::min<uint64_t>(room, want)), 0});
       want -= std::min<uint64_t>(room, want);
       while (want > 0 && pool_.can_alloc(KVGC_CLASS_INT4, 1)) {
-        const PageId p = pool_.alloc(KVGC_CLASS_INT4, segment_id(s, layer));
+        const PageId p = take_page(s, layer, KVGC_CLASS_INT4);  // within arena and quota
         if (p == kNoPage) break;
         q.pages.push_back(p);
-        ++counters_.pages_allocated;
         const uint32_t n = uint32_t(std::min<uint64_t>(pt, want));
         runs_.push_back({page_ptr(p), 0, n, 0});
         want -= n;
@@ -162,8 +160,7 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
     op.page_live = page_live_.data();
     op.result = &r;
     auto give_back = [&] {  // nothing was decided: return the demotion pages
-      for (size_t i = int4_before; i < q.pages.size(); ++i) pool_.free(q.pages[i]);
-      counters_.pages_freed += q.pages.size() - int4_before;
+      for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
       q.pages.resize(int4_before);
     };
     Status st;
@@ -191,8 +188,8 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
     }
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c) seg.table[c].live = r.live[c];
     std::copy(std::begin(r.tier), std::end(r.tier), seg.tier);
-    free_empty_pages(seg.table[KVGC_CLASS_FP16]);
-    free_empty_pages(q);  // includes demotion pages nothing was written to
+    free_empty_pages(s.tenant, seg.table[KVGC_CLASS_FP16]);
+    free_empty_pages(s.tenant, q);  // includes demotion pages nothing was written to
 
     ++counters_.gcs;
     counters_.tokens_ranked += r.ranked;
@@ -218,11 +215,11 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
   // Compaction, per class, when the segment's holes pass the threshold.
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     if (seg.table[c].fragmentation(opts_.page_tokens) > opts_.compact_threshold)
-      KVGC_TRY(compact(seg, c, stream));
+      KVGC_TRY(compact(s.tenant, seg, c, stream));
   return Status::Ok();
 }
 
-Status ManagedHeap::compact(Segment& seg, int cls, void* stream) {
+Status ManagedHeap::compact(uint32_t tenant, Segment& seg, int cls, void* stream) {
   PageTable& t = seg.table[cls];
   host::vector<PageCounts> counts(t.pages.size());
   for (size_t i = 0; i < t.pages.size(); ++i)
@@ -236,7 +233,7 @@ Status ManagedHeap::compact(Segment& seg, int cls, void* stream) {
   CompactOp op{layout_[cls], moves.data(), uint32_t(moves.size())};
   KVGC_TRY(backend_->compact(op, stream));
   for (size_t i = 0; i < t.pages.size(); ++i) pool_.desc(t.pages[i]).live = uint16_t(counts[i].live);
-  free_empty_pages(t);
+  free_empty_pages(tenant, t);
   ++counters_.compactions;
   counters_.slots_moved += plan.slots_moved;
   counters_.bytes_moved += plan.slots_moved *

@@ -94,7 +94,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
 
 ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
-    for (Segment& seg : s.layers) free_pages(seg);
+    for (Segment& seg : s.layers) free_pages(s.tenant, seg);
   if (arena_) backend_->release(arena_);
 }
 
@@ -135,10 +135,63 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   return Status::Ok();
 }
 
-void ManagedHeap::free_pages(Segment& s) {
+PageId ManagedHeap::take_page(const SequenceState& s, uint32_t layer, int cls) {
+  if (tenant_room(s.tenant) < layout_[cls].bytes) return kNoPage;
+  const PageId p = pool_.alloc(cls, segment_id(s, layer));
+  if (p == kNoPage) return kNoPage;
+  if (auto it = tenants_.find(s.tenant); it != tenants_.end()) it->second.bytes += layout_[cls].bytes;
+  ++counters_.pages_allocated;
+  return p;
+}
+
+void ManagedHeap::drop_page(uint32_t tenant, PageId id) {
+  if (auto it = tenants_.find(tenant); it != tenants_.end())
+    it->second.bytes -= layout_[pool_.class_of(id)].bytes;
+  pool_.free(id);
+  ++counters_.pages_freed;
+}
+
+uint64_t ManagedHeap::tenant_room(uint32_t tenant) const {
+  const auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || it->second.limit == 0) return UINT64_MAX;
+  return it->second.limit > it->second.bytes ? it->second.limit - it->second.bytes : 0;
+}
+
+Status ManagedHeap::tenant_set_limit(uint32_t tenant, uint64_t max_bytes) {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) {
+    // Start counting now: the tenant's current pages are summed once, here.
+    TenantState t;
+    for (const auto& [id, s] : seqs_)
+      if (s.tenant == tenant)
+        for (const Segment& seg : s.layers)
+          for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+            t.bytes += seg.table[c].pages.size() * layout_[c].bytes;
+    it = tenants_.emplace(tenant, t).first;
+  }
+  it->second.limit = max_bytes;
+  return Status::Ok();
+}
+
+Status ManagedHeap::tenant_usage(uint32_t tenant, uint64_t* bytes, uint64_t* limit) {
+  uint64_t used = 0, lim = 0;
+  if (auto it = tenants_.find(tenant); it != tenants_.end()) {
+    used = it->second.bytes;
+    lim = it->second.limit;
+  } else {
+    for (const auto& [id, s] : seqs_)
+      if (s.tenant == tenant)
+        for (const Segment& seg : s.layers)
+          for (int c = 0; c < KVGC_CLASS_COUNT; ++c) used += seg.table[c].pages.size() * layout_[c].bytes;
+  }
+  if (bytes) *bytes = used;
+  if (limit) *limit = lim;
+  return Status::Ok();
+}
+
+void ManagedHeap::free_pages(uint32_t tenant, Segment& s) {
   for (PageTable& t : s.table) {
-    for (PageId p : t.pages) pool_.free(p);
-    counters_.pages_freed += t.pages.size();
+    for (PageId p : t.pages) drop_page(tenant, p);
     t.pages.clear();
     t.pages.shrink_to_fit();
     t.live = t.used = 0;
@@ -159,7 +212,7 @@ Status ManagedHeap::seq_destroy(kvgc_seq seq) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_seq_destroy", &s));
   free_slots_.reserve(free_slots_.size() + 1);
-  for (Segment& seg : s->layers) free_pages(seg);
+  for (Segment& seg : s->layers) free_pages(s->tenant, seg);
   seq_slots_[s->slot] = nullptr;
   free_slots_.push_back(s->slot);
   seqs_.erase(seq);
@@ -192,6 +245,11 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
                                                 uint64_t(pool_.arena().free_slabs()) *
                                                     pool_.pages_per_slab(KVGC_CLASS_FP16)));
   }
+  if (tenant_room(s->tenant) < need * layout_[KVGC_CLASS_FP16].bytes)
+    return fail(KVGC_EBUDGET, "kvgc_append: tenant " + std::to_string(s->tenant) +
+                                  " would pass its quota of " +
+                                  std::to_string(tenants_.find(s->tenant)->second.limit) +
+                                  " bytes (" + std::to_string(need) + " new pages needed)");
   // Reserve host containers first, so that nothing below can fail half-way on the host.
   t.pages.reserve(t.pages.size() + need);
   runs_.clear();
@@ -200,9 +258,9 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   const size_t first_new = t.pages.size();
   const uint32_t tail_used = t.pages.empty() ? pt : pool_.desc(t.pages.back()).used;
   for (uint64_t i = 0; i < need; ++i) {
-    const PageId p = pool_.alloc(KVGC_CLASS_FP16, segment_id(*s, layer));
+    const PageId p = take_page(*s, layer, KVGC_CLASS_FP16);
     if (p == kNoPage) {  // host descriptor growth failed: undo
-      for (size_t j = first_new; j < t.pages.size(); ++j) pool_.free(t.pages[j]);
+      for (size_t j = first_new; j < t.pages.size(); ++j) drop_page(s->tenant, t.pages[j]);
       t.pages.resize(first_new);
       ++counters_.enomem;
       return fail(KVGC_ENOMEM, "kvgc_append: out of host memory for page descriptors");
@@ -222,7 +280,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
               uint32_t(runs_.size())};
   Status st = backend_->append(op, stream);
   if (!st.ok()) {
-    for (size_t j = first_new; j < t.pages.size(); ++j) pool_.free(t.pages[j]);
+    for (size_t j = first_new; j < t.pages.size(); ++j) drop_page(s->tenant, t.pages[j]);
     t.pages.resize(first_new);
     return st;
   }
@@ -240,7 +298,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   seg.since_minor = uint32_t(std::min<uint64_t>(uint64_t(seg.since_minor) + n, UINT32_MAX));
   counters_.appends += 1;
   counters_.tokens_appended += n;
-  counters_.pages_allocated += need;
+
   return Status::Ok();
 }
 

@@ -37,6 +37,11 @@ struct SequenceState {
   host::vector<Segment> layers;    // one segment per layer
 };
 
+struct TenantState {
+  uint64_t bytes = 0;  // pages held by the tenant's sequences
+  uint64_t limit = 0;  // 0: none
+};
+
 struct Counters {
   uint64_t appends = 0, tokens_appended = 0, pages_allocated = 0, pages_freed = 0, enomem = 0;
   uint64_t steps = 0, observes = 0, gcs = 0, minor_gcs = 0, major_gcs = 0;
@@ -69,6 +74,12 @@ class ManagedHeap : public host::HostAllocated {
                      uint64_t capacity, uint64_t* n_out, void* stream);
   Status observe(kvgc_seq seq, uint32_t layer, const float* mass, uint64_t n, void* stream);
   Status step(kvgc_seq seq, void* stream);
+  Status tenant_set_limit(uint32_t tenant, uint64_t max_bytes);
+  Status tenant_usage(uint32_t tenant, uint64_t* bytes, uint64_t* limit);
+  // Test hook: calls f(page bytes, size) for every page of a sequence (tenant isolation
+  // tests scan them for another tenant's bytes).
+  template <class F>
+  Status for_each_page(kvgc_seq seq, F&& f);
   Status attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t n_q, void* out,
                 float scale, bool add_scores, void* stream);
   void stats(kvgc_stats* out) const;  // a full struct; the C glue copies struct_size
@@ -81,16 +92,22 @@ class ManagedHeap : public host::HostAllocated {
     return s.slot * model_.n_layers + layer;
   }
   uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
-  void free_pages(Segment& s);
+  void free_pages(uint32_t tenant, Segment& s);
+  // Every page a segment takes or gives back goes through these two: they keep the
+  // tenant's byte count, which quotas are checked against.
+  PageId take_page(const SequenceState& s, uint32_t layer, int cls);
+  void drop_page(uint32_t tenant, PageId id);
+  // Bytes the tenant may still take (UINT64_MAX without a limit).
+  uint64_t tenant_room(uint32_t tenant) const;
   // The segment's pages in read order, with each page's first read-order row.
   void segment_pages(const Segment& s, host::vector<SegPage>* out) const;
   // One segment's GC (collect.cpp): plan, select, free empty pages, compact. Sets
   // *short_of_budget when the budget could not be met.
   Status collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
                  bool* short_of_budget);
-  Status compact(Segment& seg, int cls, void* stream);
+  Status compact(uint32_t tenant, Segment& seg, int cls, void* stream);
   // Frees the pages of `t` whose live count is zero, keeping the order of the others.
-  void free_empty_pages(PageTable& t);
+  void free_empty_pages(uint32_t tenant, PageTable& t);
   host::vector<uint64_t> layer_budgets(const SequenceState& s);
 
   std::mutex mu_;
@@ -108,6 +125,7 @@ class ManagedHeap : public host::HostAllocated {
   host::vector<uint32_t> free_slots_;
   kvgc_seq next_seq_ = 1;
   Counters counters_;
+  host::unordered_map<uint32_t, TenantState> tenants_;
   PolicyParams policy_;
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   // Scratch reused across calls so that the decode path does not allocate.
@@ -115,5 +133,15 @@ class ManagedHeap : public host::HostAllocated {
   host::vector<SegPage> pages_;
   host::vector<uint16_t> page_live_;
 };
+
+template <class F>
+Status ManagedHeap::for_each_page(kvgc_seq seq, F&& f) {
+  SequenceState* s;
+  KVGC_TRY(find(seq, 0, "for_each_page", &s));
+  for (const Segment& seg : s->layers)
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+      for (PageId p : seg.table[c].pages) f(page_ptr(p), layout_[c].bytes);
+  return Status::Ok();
+}
 
 }  // namespace kvgc

@@ -20,8 +20,18 @@ void append(const AppendOp& op) {
     auto* pos = reinterpret_cast<int32_t*>(page + L.pos_off);
     auto* score = reinterpret_cast<float*>(page + L.score_off);
     auto* gen = page + L.gen_off;
-    if (run.first_slot == 0)
+    if (run.first_slot == 0) {  // a fresh page: scrub what this run does not write
       std::memset(live, 0, 4 * size_t(PageLayout::live_words(L.page_tokens)));
+      const uint32_t rest = L.page_tokens - run.count;
+      for (uint32_t h = 0; h < L.n_kv_heads && rest; ++h) {
+        const size_t at = h * L.head_stride + size_t(run.count) * L.slot_stride;
+        std::memset(page + L.k_off + at, 0, rest * L.slot_stride);
+        std::memset(page + L.v_off + at, 0, rest * L.slot_stride);
+      }
+      std::memset(pos + run.count, 0, 4 * size_t(rest));
+      std::memset(score + run.count, 0, 4 * size_t(rest));
+      std::memset(gen + run.count, 0, rest);
+    }
     for (uint32_t t = 0; t < run.count; ++t) {
       const uint32_t slot = run.first_slot + t;
       const uint64_t src = run.src_token + t;

@@ -100,10 +100,10 @@ void select(const SelectOp& op) {
   SelectResult r;
   // Demotion targets starting at slot 0 are fresh pages: the op owns their live masks
   // (a recycled page must not show its previous owner's bits), as append does.
+  // Fresh pages are scrubbed whole (they are small): no byte of a previous owner stays.
   for (uint32_t i = 0; i < op.n_demote_dst; ++i)
     if (op.demote_dst[i].first_slot == 0)
-      std::memset(op.demote_dst[i].page + op.layout[KVGC_CLASS_INT4].live_off, 0,
-                  4 * size_t(PageLayout::live_words(op.layout[KVGC_CLASS_INT4].page_tokens)));
+      std::memset(op.demote_dst[i].page, 0, op.layout[KVGC_CLASS_INT4].bytes);
   struct Cand {
     double key;
     uint32_t page_index, slot;

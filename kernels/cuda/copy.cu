@@ -49,24 +49,32 @@ __global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
   const uint32_t row_units = uint32_t(L.slot_stride / sizeof(T));
   // 32-bit index math: count * heads * row units < 2^29 (pt <= 256, heads <= 1024,
   // row units <= 2048); 64-bit divisions per element cost more than the copy.
-  const uint32_t total = run.count * L.n_kv_heads * row_units;
+  // A fresh page's run (first_slot == 0) also zeroes the slots past it: scrubbing.
+  const uint32_t slots = run.first_slot == 0 ? L.page_tokens : run.count;
+  const uint32_t total = slots * L.n_kv_heads * row_units;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
     const uint32_t u = e % row_units;
     const uint32_t th = e / row_units;
     const uint32_t h = th % L.n_kv_heads;
     const uint32_t t = th / L.n_kv_heads;
-    const uint64_t src = (uint64_t(run.src_token + t) * L.n_kv_heads + h) * row_units + u;
     const size_t dst = (h * L.head_stride + (run.first_slot + t) * L.slot_stride) / sizeof(T) + u;
-    reinterpret_cast<T*>(run.page + L.k_off)[dst] = reinterpret_cast<const T*>(p.k)[src];
-    reinterpret_cast<T*>(run.page + L.v_off)[dst] = reinterpret_cast<const T*>(p.v)[src];
+    if (t < run.count) {
+      const uint64_t src = (uint64_t(run.src_token + t) * L.n_kv_heads + h) * row_units + u;
+      reinterpret_cast<T*>(run.page + L.k_off)[dst] = reinterpret_cast<const T*>(p.k)[src];
+      reinterpret_cast<T*>(run.page + L.v_off)[dst] = reinterpret_cast<const T*>(p.v)[src];
+    } else {
+      reinterpret_cast<T*>(run.page + L.k_off)[dst] = T{};
+      reinterpret_cast<T*>(run.page + L.v_off)[dst] = T{};
+    }
   }
   if (blockIdx.x != 0) return;
-  for (uint32_t t = threadIdx.x; t < run.count; t += blockDim.x) {
+  for (uint32_t t = threadIdx.x; t < slots; t += blockDim.x) {
     const uint32_t slot = run.first_slot + t;
     const int64_t pos = p.first_pos + int64_t(run.src_token) + t;
-    reinterpret_cast<int32_t*>(run.page + L.pos_off)[slot] = int32_t(pos);
+    const bool filled = t < run.count;
+    reinterpret_cast<int32_t*>(run.page + L.pos_off)[slot] = filled ? int32_t(pos) : 0;
     reinterpret_cast<float*>(run.page + L.score_off)[slot] = 0.f;
-    run.page[L.gen_off + slot] = pos < int64_t(p.sinks) ? kGenSink : kGenYoung;
+    run.page[L.gen_off + slot] = !filled ? 0 : pos < int64_t(p.sinks) ? kGenSink : kGenYoung;
   }
   // One thread per live word: a fresh page's run owns the whole mask.
   const uint32_t words = PageLayout::live_words(L.page_tokens);
@@ -147,10 +155,10 @@ cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
   p.sinks = op.sinks;
   for (uint32_t base = 0; base < op.n_runs; base += N) {
     p.n_runs = std::min(N, op.n_runs - base);
-    uint32_t max_count = 0;
+    uint32_t max_count = 0;  // slots a block writes, fresh pages' scrubbed tails included
     for (uint32_t i = 0; i < p.n_runs; ++i) {
       p.runs[i] = op.runs[base + i];
-      max_count = std::max(max_count, p.runs[i].count);
+      max_count = std::max(max_count, p.runs[i].first_slot == 0 ? L.page_tokens : p.runs[i].count);
     }
     const dim3 grid(blocks_for(uint64_t(max_count) * L.n_kv_heads * (L.slot_stride / unit)),
                     p.n_runs);

@@ -27,7 +27,8 @@ demo: build
 test: build
 	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
-# ASan+UBSan over the unit suite and TSan over the threads test (CPU backend).
+# ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included;
+# TSan over the threads test and the stress test (CPU backend).
 sanitize: deps
 	[ -f build-asan/build.ninja ] || meson setup build-asan -Dbuildtype=debug \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
@@ -36,7 +37,8 @@ sanitize: deps
 	[ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false \
 	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
 	ninja -C build-tsan
-	meson test -C build-tsan --no-rebuild --print-errorlogs --suite unit --test-args='-tc=threads*'
+	meson test -C build-tsan --no-rebuild --print-errorlogs unit --test-args='-tc=threads*'
+	meson test -C build-tsan --no-rebuild --print-errorlogs stress
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc

@@ -2,6 +2,7 @@
 // the message names the argument, and the heap is unchanged (check passes, stats equal).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 
@@ -173,6 +174,59 @@ TEST_CASE("bad input: documented status, a message naming the argument, nothing 
        [&](kvgc_heap*, kvgc_seq) { return kvgc_kv_bytes(&m, 1, KVGC_CLASS_FP16, 0, nullptr); }},
       {"kv_bytes page_tokens", KVGC_EINVAL, "page_tokens",
        [&](kvgc_heap*, kvgc_seq) { uint64_t b; return kvgc_kv_bytes(&m, 1, KVGC_CLASS_FP16, 999, &b); }},
+      {"observe NULL heap", KVGC_EINVAL, "heap is NULL",
+       [&](kvgc_heap*, kvgc_seq s) { float x = 0; return kvgc_observe(nullptr, s, 0, &x, 1, nullptr); }},
+      {"observe NULL mass", KVGC_EINVAL, "mass is NULL",
+       [&](kvgc_heap* h, kvgc_seq s) { return kvgc_observe(h, s, 0, nullptr, 20, nullptr); }},
+      {"observe wrong n", KVGC_EINVAL, "live count 20",
+       [&](kvgc_heap* h, kvgc_seq s) { std::vector<float> x(30); return kvgc_observe(h, s, 0, x.data(), 30, nullptr); }},
+      {"observe destroyed seq", KVGC_ENOTFOUND, "kvgc_observe",
+       [&](kvgc_heap* h, kvgc_seq) { float x = 0; return kvgc_observe(h, dead, 0, &x, 1, nullptr); }},
+      {"step NULL heap", KVGC_EINVAL, "heap is NULL",
+       [&](kvgc_heap*, kvgc_seq s) { return kvgc_step(nullptr, s, nullptr); }},
+      {"step foreign heap", KVGC_EINVAL, "not a live kvgc_heap",
+       [&](kvgc_heap*, kvgc_seq s) { return kvgc_step(foreign, s, nullptr); }},
+      {"step destroyed seq", KVGC_ENOTFOUND, "kvgc_step",
+       [&](kvgc_heap* h, kvgc_seq) { return kvgc_step(h, dead, nullptr); }},
+      {"attend NULL q", KVGC_EINVAL, "q is NULL",
+       [&](kvgc_heap* h, kvgc_seq s) { return kvgc_attend(h, s, 0, nullptr, 1, out.data(), nullptr, nullptr); }},
+      {"attend NULL out", KVGC_EINVAL, "out is NULL",
+       [&](kvgc_heap* h, kvgc_seq s) { return kvgc_attend(h, s, 0, out.data(), 1, nullptr, nullptr, nullptr); }},
+      {"attend n_q past length", KVGC_EINVAL, "n_q 21",
+       [&](kvgc_heap* h, kvgc_seq s) { return kvgc_attend(h, s, 0, out.data(), 21, out.data(), nullptr, nullptr); }},
+      {"attend empty layer", KVGC_EINVAL, "n_q 1",
+       [&](kvgc_heap* h, kvgc_seq s) { return kvgc_attend(h, s, 1, out.data(), 1, out.data(), nullptr, nullptr); }},
+      {"attend bad params size", KVGC_EINVAL, "params->struct_size",
+       [&](kvgc_heap* h, kvgc_seq s) {
+         kvgc_attend_params p;
+         kvgc_attend_params_init(&p);
+         p.struct_size = 1;
+         return kvgc_attend(h, s, 0, out.data(), 1, out.data(), &p, nullptr);
+       }},
+      {"attend NaN scale", KVGC_EINVAL, "params->scale",
+       [&](kvgc_heap* h, kvgc_seq s) {
+         kvgc_attend_params p;
+         kvgc_attend_params_init(&p);
+         p.scale = NAN;
+         return kvgc_attend(h, s, 0, out.data(), 1, out.data(), &p, nullptr);
+       }},
+      {"attend unknown flags", KVGC_EINVAL, "params->flags",
+       [&](kvgc_heap* h, kvgc_seq s) {
+         kvgc_attend_params p;
+         kvgc_attend_params_init(&p);
+         p.flags = 0x80;
+         return kvgc_attend(h, s, 0, out.data(), 1, out.data(), &p, nullptr);
+       }},
+      {"read_scores NULL n_out", KVGC_EINVAL, "n_out is NULL",
+       [&](kvgc_heap* h, kvgc_seq s) { return kvgc_read_scores(h, s, 0, nullptr, nullptr, 0, nullptr, nullptr); }},
+      {"read_scores small capacity", KVGC_EINVAL, "capacity 3",
+       [&](kvgc_heap* h, kvgc_seq s) { std::vector<float> x(3); return kvgc_read_scores(h, s, 0, x.data(), nullptr, 3, &n, nullptr); }},
+      {"tenant_usage both NULL", KVGC_EINVAL, "bytes_out and limit_out",
+       [&](kvgc_heap* h, kvgc_seq) { return kvgc_tenant_usage(h, 0, nullptr, nullptr); }},
+      {"tenant_set_limit NULL heap", KVGC_EINVAL, "heap is NULL",
+       [&](kvgc_heap*, kvgc_seq) { return kvgc_tenant_set_limit(nullptr, 0, 1); }},
+      {"attend_params_init NULL", KVGC_EINVAL, "params is NULL",
+       [&](kvgc_heap*, kvgc_seq) { return kvgc_attend_params_init(nullptr); }},
       {"options_init NULL", KVGC_EINVAL, "opts is NULL",
        [&](kvgc_heap*, kvgc_seq) { return kvgc_heap_options_init(nullptr); }},
       {"model_desc_init NULL", KVGC_EINVAL, "desc is NULL",

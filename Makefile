@@ -4,7 +4,8 @@ BUILD ?= build
 MESON_FLAGS ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo test sanitize bench clean
+.PHONY: all deps build demo test sanitize fuzz bench clean
+FUZZ_SECONDS ?= 60
 
 all: build
 
@@ -40,10 +41,22 @@ sanitize: deps
 	meson test -C build-tsan --no-rebuild --print-errorlogs unit --test-args='-tc=threads*'
 	meson test -C build-tsan --no-rebuild --print-errorlogs stress
 
+# libFuzzer with ASan+UBSan over the C API for FUZZ_SECONDS; new inputs go to
+# build-fuzz/corpus, the seeds in tests/fuzz/corpus are only read.
+fuzz: deps
+	[ -f build-fuzz/build.ninja ] || CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true \
+	  -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dassert_level=1 \
+	  -Dcuda=disabled -Dtcmalloc=disabled -Dtools=false -Dbench=false
+	ninja -C build-fuzz tests/kvgc-fuzz
+	mkdir -p build-fuzz/corpus build-fuzz/crashes
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-fuzz/tests/kvgc-fuzz \
+	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  -artifact_prefix=build-fuzz/crashes/ build-fuzz/corpus tests/fuzz/corpus
+
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc
 	$(BUILD)/bench/kvgc-bench-gc
 	$(BUILD)/bench/kvgc-bench-attend
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -27,6 +27,7 @@ constexpr uint64_t kNoBudget = UINT64_MAX;
 constexpr uint8_t kPromoteAge = 2;        // minor GCs survived before promotion
 constexpr uint32_t kMajorEveryMinors = 8;  // at most one promotion-driven major GC per 8 minors
 constexpr double kDemoteRatio = 0.5;      // demote (not evict) victims scoring >= 0.5 x mean
+constexpr double kMaxInt4Cost = 0.75;     // demotion only when an int4 token saves >= 25%
 
 struct PolicyParams {
   kvgc_policy policy = KVGC_POLICY_GENERATIONAL;

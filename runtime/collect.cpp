@@ -107,8 +107,10 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
     runs_.clear();
     const size_t int4_before = q.pages.size();
     const double per = 1.0 - policy_.int4_cost;
+    // Slots demotion could use: the reclaim over what one demotion saves (> 0.25 units).
+    const double wanted = g.demote && g.reclaim > 0 && per > 0 ? std::ceil(g.reclaim / per) + 1 : 0;
     const uint64_t want_slots =
-        g.demote && g.reclaim > 0 ? std::min<uint64_t>(v.live_fp16, uint64_t(std::ceil(g.reclaim / per)) + 1) : 0;
+        wanted >= double(v.live_fp16) ? v.live_fp16 : uint64_t(wanted);
     // Every host container this collection needs is sized before the first page is
     // taken, so running out of host memory cannot strand a demotion page.
     const size_t max_new = (want_slots + pt - 1) / pt;

@@ -54,6 +54,15 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->policy_.demote = h->opts_.demote == KVGC_DEMOTE_INT4;
   h->policy_.int4_cost =
       double(h->layout_[KVGC_CLASS_INT4].bytes) / double(h->layout_[KVGC_CLASS_FP16].bytes);
+  // For tiny heads an int4 page (nibbles + a scale/zero pair per group) saves little or
+  // nothing over fp16: demoting would cost work and precision for no memory.
+  if (h->policy_.demote && h->policy_.int4_cost > kMaxInt4Cost) {
+    h->policy_.demote = false;
+    if (h->opts_.verbose)
+      std::fprintf(stderr, "kvgc: KVGC_DEMOTE=int4 ignored: int4 pages are %.0f%% of fp16 pages "
+                           "for head_dim %u (demotion needs <= %.0f%%)\n",
+                   100 * h->policy_.int4_cost, model.head_dim, 100 * kMaxInt4Cost);
+  }
 
   // Device executors keep their attention scratch in the arena's last slabs, sized for
   // a segment as long as the whole arena could hold, so attention never allocates.

@@ -349,3 +349,16 @@ TEST_CASE("full policy: steps never evict") {
   CHECK(H.positions(s).size() == 100);
   CHECK(H.stats().gcs == 0);
 }
+
+TEST_CASE("demotion is off where int4 pages save nothing (tiny heads; found by the fuzzer)") {
+  kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 8, 1, 2, 4);
+  o.demote = KVGC_DEMOTE_INT4;
+  Heap H(o, model(1, 1, 2));  // head_dim 2: an int4 page is no smaller than an fp16 one
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  H.append(s, 0, 0, 40);
+  CHECK(H.step(s) == KVGC_OK);
+  CHECK(H.stats().tokens_demoted == 0);
+  CHECK(H.stats().live_tokens == 8);
+  H.check();
+}

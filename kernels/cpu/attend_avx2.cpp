@@ -11,6 +11,7 @@
 #include "attend_internal.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -258,9 +259,18 @@ KVGC_AVX2 void softmax_head(float* logits, size_t n, uint32_t R, const float* m_
 
 }  // namespace
 
+// cpuid directly (clang 14 has no "f16c" for __builtin_cpu_supports): FMA, F16C, AVX
+// with OS-saved YMM state (XGETBV), and AVX2.
 bool available() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+  if (!(fma && osxsave && avx && f16c)) return false;
+  unsigned xlo, xhi;
+  __asm__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  if ((xlo & 6u) != 6u) return false;  // XMM and YMM state enabled by the OS
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return b & (1u << 5);  // AVX2
 }
 
 KVGC_AVX2 void all_heads(const AttendOp& op, const LiveSlot* slots, size_t n, const float* q,

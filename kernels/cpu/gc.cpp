@@ -52,6 +52,10 @@ double laplace(double b, uint64_t h) {
   return -b * (u < 0 ? -1.0 : 1.0) * std::log(1.0 - 2.0 * std::fabs(u));
 }
 
+// A NaN key (NaN mass handed in, or attention over NaN data) ranks lowest: a total order
+// is what the selection needs, and a token with no usable score is the first to go.
+double rankable(double k) { return std::isnan(k) ? -INFINITY : k; }
+
 double key_of(const SelectOp& op, uint8_t* page, const PageLayout& L, uint32_t slot) {
   const int32_t pos = pos_at(page, L, slot);
   switch (op.key) {
@@ -63,7 +67,7 @@ double key_of(const SelectOp& op, uint8_t* page, const PageLayout& L, uint32_t s
       double k = score_at(page, L, slot);
       if (op.noise > 0)
         k += laplace(op.noise, splitmix(op.seed ^ splitmix(op.segment_salt ^ splitmix(op.epoch ^ (uint64_t(uint32_t(pos)) << 20)))));
-      return k;
+      return rankable(k);
     }
   }
 }
@@ -137,7 +141,7 @@ void select(const SelectOp& op) {
       if (op.candidates & gen_bit(gen_of(g))) {
         const double k = key_of(op, sp.page, L, s);
         cands.push_back({k, p, s});
-        key_sum += k;
+        if (std::isfinite(k)) key_sum += k;
       }
     });
   }

@@ -6,14 +6,9 @@ namespace kvgc_test {
 
 std::vector<uint8_t> gaussian(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
                               int64_t first, uint32_t n, bool is_v) {
-  std::vector<uint8_t> out(size_t(n) * token_bytes(m));
-  const size_t eb = elem_bytes(m);
-  size_t i = 0;
-  for (uint32_t t = 0; t < n; ++t)
-    for (uint32_t h = 0; h < m.n_kv_heads; ++h)
-      for (uint32_t d = 0; d < m.head_dim; ++d, ++i)
-        kvgc::cpu::store(&out[i * eb], m.dtype, gauss_value(seq, layer, first + t, h, d, is_v));
-  return out;
+  return generate(m, first, n, [&](uint8_t* dst, int64_t pos, uint32_t h, uint32_t d) {
+    kvgc::cpu::store(dst, m.dtype, gauss_value(seq, layer, pos, h, d, is_v));
+  });
 }
 
 std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,

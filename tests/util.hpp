@@ -54,19 +54,27 @@ inline size_t token_bytes(const kvgc_model_desc& m) {
   return size_t(m.n_kv_heads) * m.head_dim * elem_bytes(m);
 }
 
-// Tagged K (is_v = false) or V for positions [first, first + n) of (seq, layer).
-inline std::vector<uint8_t> tagged(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
-                                   int64_t first, uint32_t n, bool is_v) {
+// K/V bytes for positions [first, first + n), [n][kv_heads][head_dim]: put(element
+// pointer, position, head, dim) writes each element.
+template <class Put>
+std::vector<uint8_t> generate(const kvgc_model_desc& m, int64_t first, uint32_t n, Put&& put) {
   std::vector<uint8_t> out(size_t(n) * token_bytes(m));
   const size_t eb = elem_bytes(m);
   size_t i = 0;
   for (uint32_t t = 0; t < n; ++t)
     for (uint32_t h = 0; h < m.n_kv_heads; ++h)
-      for (uint32_t d = 0; d < m.head_dim; ++d, ++i) {
-        const uint32_t x = tag(seq, layer, first + t, h, d, is_v);
-        std::memcpy(&out[i * eb], &x, eb);
-      }
+      for (uint32_t d = 0; d < m.head_dim; ++d, ++i) put(&out[i * eb], first + t, h, d);
   return out;
+}
+
+// Tagged K (is_v = false) or V for positions [first, first + n) of (seq, layer).
+inline std::vector<uint8_t> tagged(const kvgc_model_desc& m, uint64_t seq, uint32_t layer,
+                                   int64_t first, uint32_t n, bool is_v) {
+  const size_t eb = elem_bytes(m);
+  return generate(m, first, n, [&](uint8_t* dst, int64_t pos, uint32_t h, uint32_t d) {
+    const uint32_t x = tag(seq, layer, pos, h, d, is_v);
+    std::memcpy(dst, &x, eb);
+  });
 }
 
 // Empty string when rows [0, n) of k/v hold the tags of positions pos[0..n).

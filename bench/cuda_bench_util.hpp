@@ -1,0 +1,58 @@
+// Shared by the GPU benchmarks: checked CUDA and kvgc calls, and a median of CUDA-event
+// timings (METHOD: time with device events, warm up first, take the median).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kvgc.h"
+
+#define CUDA_OK(call)                                                                      \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+#define KVGC_OK(heap, call)                                                                \
+  do {                                                                                     \
+    kvgc_status s_ = (call);                                                               \
+    if (s_ != KVGC_OK) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, kvgc_status_str(s_),     \
+                   kvgc_errmsg(heap));                                                     \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace kvgc::bench {
+
+// Median over `reps` runs of f() on stream s, in ms, after one warm-up run.
+template <class F>
+double median_ms(int reps, cudaStream_t s, F&& f) {
+  cudaEvent_t a, b;
+  CUDA_OK(cudaEventCreate(&a));
+  CUDA_OK(cudaEventCreate(&b));
+  f();
+  CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CUDA_OK(cudaEventRecord(a, s));
+    f();
+    CUDA_OK(cudaEventRecord(b, s));
+    CUDA_OK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+}  // namespace kvgc::bench

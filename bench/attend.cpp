@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   std::printf("kvgc-bench-attend: CPU decode attention, %u KV heads, %u query heads (GQA %u), f16, "
               "pages of %u, %s path, single thread\n\n",
               kKvHeads, kQHeads, kQHeads / kKvHeads, kPageTokens,
-              cpu::simd_enabled() ? "AVX2/F16C" : "scalar");
+              cpu::simd_name());
   std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | fp16/bound | int4 ms | fp16/int4 | scores/no-scores |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   ResultLine result;

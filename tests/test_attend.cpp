@@ -176,9 +176,9 @@ TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead and
       {4, 2, 256, 32, KVGC_DTYPE_F16, 150, 2, false, false},  // head_dim 256
       {1, 1, 64, 16, KVGC_DTYPE_F32, 1, 1, false, false},     // one token
   };
-  for (bool simd : {true, false}) {
-    kvgc::cpu::set_simd(simd);
-    CAPTURE(simd);
+  for (int level : {2, 1, 0}) {  // AVX-512, AVX2, portable (clamped to what the CPU has)
+    kvgc::cpu::set_simd_level(level);
+    CAPTURE(kvgc::cpu::simd_name());
     for (const Case& c : cases) run_case(c, rng);
   }
   kvgc::cpu::set_simd(true);

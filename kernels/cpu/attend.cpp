@@ -28,7 +28,9 @@
 namespace kvgc::cpu {
 namespace {
 
-std::atomic<bool> g_simd{avx2::available()};
+// 2: AVX-512, 1: AVX2, 0: portable. The best the CPU has, unless a test lowers it.
+int best_level() { return avx512::available() ? 2 : avx2::available() ? 1 : 0; }
+std::atomic<int> g_level{best_level()};
 
 void to_f32(const uint8_t* src, kvgc_dtype t, uint32_t n, float* dst) {
   const uint32_t eb = dtype_bytes(t);
@@ -102,15 +104,22 @@ void head_block(const AttendOp& op, const LiveSlot* slots, size_t n, uint32_t h,
 
 }  // namespace
 
-void set_simd(bool on) { g_simd = on && avx2::available(); }
-bool simd_enabled() { return g_simd; }
+void set_simd(bool on) { g_level = on ? best_level() : 0; }
+void set_simd_level(int level) { g_level = std::clamp(level, 0, best_level()); }
+bool simd_enabled() { return g_level > 0; }
+const char* simd_name() {
+  const int l = g_level;
+  return l == 2 ? "AVX-512" : l == 1 ? "AVX2/F16C" : "portable";
+}
 
 void attend(const AttendOp& op) {
   const PageLayout& L0 = op.layout[0];
   const uint32_t hd = L0.head_dim, kv_heads = L0.n_kv_heads, group = op.q_heads / kv_heads;
   const kvgc_dtype dt = L0.dtype;
   const uint32_t eb = dtype_bytes(dt);
-  const bool simd = g_simd && hd % 16 == 0;
+  const int level = g_level;
+  const bool use512 = level >= 2 && hd % 32 == 0, use256 = !use512 && level >= 1 && hd % 16 == 0;
+  const bool simd = use512 || use256;
 
   host::vector<LiveSlot> slots;
   slots.reserve(op.n_live);
@@ -150,7 +159,10 @@ void attend(const AttendOp& op) {
           for (uint32_t d = 0; d < hd; ++d) dst[d] *= op.scale;
           row_pos[r] = op.q_pos0 + i;
         }
-      if (simd)
+      if (use512)
+        avx512::all_heads(op, slots.data(), n, qf.data(), rows_padded * hd, R, row_pos.data(),
+                          logits.data(), acc.data(), m, inv_sum.data());
+      else if (use256)
         avx2::all_heads(op, slots.data(), n, qf.data(), rows_padded * hd, R, row_pos.data(),
                         logits.data(), acc.data(), m, inv_sum.data());
       else

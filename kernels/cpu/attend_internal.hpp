@@ -30,4 +30,11 @@ void all_heads(const AttendOp& op, const LiveSlot* slots, size_t n, const float*
                float* acc, float* mass, float* inv_sum);
 }  // namespace avx2
 
+namespace avx512 {  // the same contract, 16 lanes; head_dim % 32 == 0
+bool available();
+void all_heads(const AttendOp& op, const LiveSlot* slots, size_t n, const float* q,
+               size_t q_head_stride, uint32_t R, const int64_t* row_pos, float* logits,
+               float* acc, float* mass, float* inv_sum);
+}  // namespace avx512
+
 }  // namespace kvgc::cpu

@@ -1,0 +1,124 @@
+// The AVX-512 instantiation of the vector attention path (attend_simd.inc holds the
+// algorithm): 16 lanes, half the FMAs of AVX2 for the same work. Requires
+// head_dim % 32 == 0 (one int4 group per 16-lane load pair).
+#include "attend_internal.hpp"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+// GCC 12's own _mm512_cvtph_ps trips -Wmaybe-uninitialized on its internal temporary.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "../../allocator/host_memory.hpp"
+
+#define KVGC_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define KVGC_SIMD KVGC_AVX512
+
+namespace kvgc::cpu::avx512 {
+namespace {
+
+using VEC = __m512;
+constexpr int W = 16;
+KVGC_AVX512 inline VEC vzero() { return _mm512_setzero_ps(); }
+KVGC_AVX512 inline VEC vload(const float* p) { return _mm512_loadu_ps(p); }
+KVGC_AVX512 inline void vstore(float* p, VEC v) { _mm512_storeu_ps(p, v); }
+KVGC_AVX512 inline VEC vbcast(const float* p) { return _mm512_set1_ps(*p); }
+KVGC_AVX512 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm512_fmadd_ps(a, b, c); }
+KVGC_AVX512 inline VEC vadd(VEC a, VEC b) { return _mm512_add_ps(a, b); }
+KVGC_AVX512 inline VEC vsub(VEC a, VEC b) { return _mm512_sub_ps(a, b); }
+KVGC_AVX512 inline float vhsum(VEC v) { return _mm512_reduce_add_ps(v); }
+
+KVGC_AVX512 inline float load16(const uint16_t* p, kvgc_dtype t) {
+  if (t == KVGC_DTYPE_F16) return _cvtsh_ss(*p);
+  const uint32_t b = uint32_t(*p) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// 16 elements [d, d + 16) of a row as f32; int4 through the model dtype.
+template <kvgc_dtype D, bool INT4>
+KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_t group, uint32_t d) {
+  if constexpr (!INT4) {
+    if constexpr (D == KVGC_DTYPE_F16)
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * d)));
+    else if constexpr (D == KVGC_DTYPE_BF16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * d))), 16));
+    else
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  } else {
+    uint32_t lo, hi;  // 16 nibbles, low first
+    std::memcpy(&lo, row + d / 2, 4);
+    std::memcpy(&hi, row + d / 2 + 4, 4);
+    const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(int(lo))),
+                                             _mm256_set1_epi32(int(hi)), 1);
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(15));
+    const uint32_t g = d / group;
+    constexpr kvgc_dtype qt = qparam_dtype(D);
+    const VEC x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(load16(qp + 2 * g, qt)),
+                                  _mm512_set1_ps(load16(qp + 2 * g + 1, qt)));
+    if constexpr (D == KVGC_DTYPE_F16) {
+      return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if constexpr (D == KVGC_DTYPE_BF16) {
+      const __m512i b = _mm512_castps_si512(x);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+      const __m512i rounded = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+      return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(int(0xffff0000u))));
+    } else {
+      return x;
+    }
+  }
+}
+
+// Cephes-style exp for x <= 0, as the AVX2 path; 0 below e^-87.
+KVGC_AVX512 inline VEC vexp(VEC x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GT_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const VEC k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VEC r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  VEC p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+}  // namespace
+
+// AVX-512F with OS-saved ZMM and opmask state, plus what the AVX2 path needs.
+bool available() {
+  if (!avx2::available()) return false;
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16))) return false;
+  unsigned xlo, xhi;
+  __asm__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  return (xlo & 0xe6u) == 0xe6u;
+}
+
+#include "attend_simd.inc"
+
+}  // namespace kvgc::cpu::avx512
+
+#else
+namespace kvgc::cpu::avx512 {
+bool available() { return false; }
+void all_heads(const AttendOp&, const LiveSlot*, size_t, const float*, size_t, uint32_t,
+               const int64_t*, float*, float*, float*, float*) {}
+}  // namespace kvgc::cpu::avx512
+#endif

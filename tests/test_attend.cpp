@@ -178,7 +178,7 @@ TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead and
   };
   for (int level : {2, 1, 0}) {  // AVX-512, AVX2, portable (clamped to what the CPU has)
     kvgc::cpu::set_simd_level(level);
-    CAPTURE(kvgc::cpu::simd_name());
+    CAPTURE(std::string(kvgc::cpu::simd_name()));
     for (const Case& c : cases) run_case(c, rng);
   }
   kvgc::cpu::set_simd(true);

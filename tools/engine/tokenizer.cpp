@@ -225,10 +225,11 @@ bool Tokenizer::load(const gguf::File& file, std::string* err) {
     const uint32_t cp = printable ? b : next++;
     byte_to_unicode_[b] = encode_utf8(cp);
     unicode_to_byte_[cp] = uint8_t(b);
-    if (!ids_.count(byte_to_unicode_[b])) {
-      return fail("the vocabulary has no token for byte " + std::to_string(b) +
-                  "; not a byte-level BPE vocabulary");
-    }
+  }
+  const bool has_bytes = ids_.count(byte_to_unicode_[uint8_t('a')]) &&
+                         ids_.count(byte_to_unicode_[uint8_t(' ')]);
+  if (!has_bytes) {
+    return fail("the vocabulary has no byte tokens; not a byte-level BPE vocabulary");
   }
   const std::string pre = file.get_string("tokenizer.ggml.pre").value_or("default");
   split_digits_ = pre == "smollm" || pre == "starcoder" || pre == "refact";
@@ -261,10 +262,14 @@ void Tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>* out
       out->push_back(it->second);
       continue;
     }
-    // A merge whose result is not in the vocabulary: fall back to its bytes, which
-    // load() checked are all present.
+    // A merge whose result is not in the vocabulary: fall back to its bytes. Bytes with
+    // no token of their own (SmolLM has none for 0xC0, which UTF-8 never uses, or for a
+    // few control characters) are dropped, as the reference tokenizer drops them.
     for (const CodePoint& cp : decode_utf8(symbol)) {
-      out->push_back(ids_.at(byte_to_unicode_[unicode_to_byte_.at(cp.value)]));
+      const auto byte = unicode_to_byte_.find(cp.value);
+      if (byte == unicode_to_byte_.end()) continue;
+      const auto id = ids_.find(byte_to_unicode_[byte->second]);
+      if (id != ids_.end()) out->push_back(id->second);
     }
   }
 }

@@ -1,0 +1,476 @@
+// kvgc-run's engine: dequantisation against hand-computed blocks, the byte-level BPE
+// tokenizer, and the whole forward pass over a kvgc heap against a naive float64
+// dense-attention forward, on a tiny random-weight llama GGUF written here.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/forward.hpp"
+#include "engine/model.hpp"
+#include "engine/tokenizer.hpp"
+#include "gguf.hpp"
+
+namespace {
+
+using gguf::ValueType;
+
+// Little-endian GGUF v3 bytes, section by section.
+struct TinyGgufWriter {
+  std::string meta;     // key/value pairs
+  std::string infos;    // tensor infos
+  std::string data;     // tensor data, each tensor aligned
+  uint64_t n_kv = 0, n_tensors = 0;
+
+  template <class T>
+  static void put(std::string* out, T v) {
+    char b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));
+    out->append(b, sizeof(T));
+  }
+  static void put_string(std::string* out, const std::string& s) {
+    put<uint64_t>(out, s.size());
+    *out += s;
+  }
+  void key(const std::string& k, ValueType type) {
+    put_string(&meta, k);
+    put(&meta, uint32_t(type));
+    ++n_kv;
+  }
+  void u32(const std::string& k, uint32_t v) {
+    key(k, ValueType::kUInt32);
+    put(&meta, v);
+  }
+  void f32(const std::string& k, float v) {
+    key(k, ValueType::kFloat32);
+    put(&meta, v);
+  }
+  void str(const std::string& k, const std::string& v) {
+    key(k, ValueType::kString);
+    put_string(&meta, v);
+  }
+  void strings(const std::string& k, const std::vector<std::string>& values) {
+    key(k, ValueType::kArray);
+    put(&meta, uint32_t(ValueType::kString));
+    put<uint64_t>(&meta, values.size());
+    for (const std::string& v : values) put_string(&meta, v);
+  }
+  void ints(const std::string& k, const std::vector<int32_t>& values) {
+    key(k, ValueType::kArray);
+    put(&meta, uint32_t(ValueType::kInt32));
+    put<uint64_t>(&meta, values.size());
+    for (int32_t v : values) put(&meta, v);
+  }
+  void tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type,
+              const std::string& bytes) {
+    data.append((32 - data.size() % 32) % 32, '\0');
+    put_string(&infos, name);
+    put(&infos, uint32_t(dims.size()));
+    for (uint64_t d : dims) put(&infos, d);
+    put(&infos, type);
+    put<uint64_t>(&infos, data.size());
+    data += bytes;
+    ++n_tensors;
+  }
+  std::string finish() const {
+    std::string out = "GGUF";
+    put(&out, uint32_t(3));
+    put(&out, n_tensors);
+    put(&out, n_kv);
+    out += meta + infos;
+    out.append((32 - out.size() % 32) % 32, '\0');
+    return out + data;
+  }
+};
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else {
+    s += char(0xc0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3f));
+  }
+  return s;
+}
+
+// GPT-2's byte-to-unicode stand-ins (all below U+0800, so two UTF-8 bytes at most).
+std::vector<std::string> byte_tokens() {
+  std::vector<std::string> out(256);
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+    out[b] = utf8(printable ? b : next++);
+  }
+  return out;
+}
+
+// A tiny vocabulary: three control tokens, every byte, and merges spelling "hello",
+// " world" and " the".
+struct TinyVocab {
+  std::vector<std::string> tokens{"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  std::vector<int32_t> types{3, 3, 3};
+  std::vector<std::string> merges{"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or",
+                                  "l d", "Ġwor ld", "Ġ t", "Ġt he", "e r"};
+  TinyVocab() {
+    for (const std::string& b : byte_tokens()) tokens.push_back(b), types.push_back(1);
+    for (const std::string& m : merges) {
+      const size_t space = m.find(' ');
+      const std::string merged = m.substr(0, space) + m.substr(space + 1);
+      if (std::find(tokens.begin(), tokens.end(), merged) == tokens.end()) {
+        tokens.push_back(merged), types.push_back(1);
+      }
+    }
+  }
+};
+
+// A random-weight llama with 2 layers, embedding 32, 4 heads over 2 KV heads of 8, ffn 48.
+// token_embd is Q8_0, two matrices are Q4_1, the rest F32.
+struct TinyModelFile {
+  static constexpr uint32_t kEmbd = 32, kFf = 48, kHeads = 4, kKvHeads = 2, kHeadDim = 8;
+  std::mt19937 rng{1234};
+
+  std::string f32_bytes(uint64_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::string out;
+    for (uint64_t i = 0; i < n; ++i) TinyGgufWriter::put(&out, dist(rng));
+    return out;
+  }
+  // Random blocks with small f16 scales (exponent field e: about 2^(e-15)).
+  std::string q4_1_bytes(uint64_t n) {
+    std::string out;
+    for (uint64_t b = 0; b < n / 32; ++b) {
+      TinyGgufWriter::put(&out, uint16_t((11u << 10) | (rng() & 0x3ff)));            // d
+      TinyGgufWriter::put(&out, uint16_t(0x8000u | (13u << 10) | (rng() & 0x3ff)));  // m < 0
+      for (int j = 0; j < 16; ++j) out += char(rng() & 0xff);
+    }
+    return out;
+  }
+  std::string q8_0_bytes(uint64_t n) {
+    std::string out;
+    for (uint64_t b = 0; b < n / 32; ++b) {
+      TinyGgufWriter::put(&out, uint16_t((7u << 10) | (rng() & 0x3ff)));
+      for (int j = 0; j < 32; ++j) out += char(rng() & 0xff);
+    }
+    return out;
+  }
+
+  std::string build(const TinyVocab& vocab) {
+    TinyGgufWriter w;
+    w.str("general.architecture", "llama");
+    w.u32("llama.block_count", 2);
+    w.u32("llama.context_length", 256);
+    w.u32("llama.embedding_length", kEmbd);
+    w.u32("llama.feed_forward_length", kFf);
+    w.u32("llama.attention.head_count", kHeads);
+    w.u32("llama.attention.head_count_kv", kKvHeads);
+    w.u32("llama.rope.dimension_count", kHeadDim);
+    w.f32("llama.rope.freq_base", 10000.0f);
+    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.str("tokenizer.ggml.model", "gpt2");
+    w.str("tokenizer.ggml.pre", "smollm");
+    w.strings("tokenizer.ggml.tokens", vocab.tokens);
+    w.ints("tokenizer.ggml.token_type", vocab.types);
+    w.strings("tokenizer.ggml.merges", vocab.merges);
+    w.u32("tokenizer.ggml.bos_token_id", 1);
+    w.u32("tokenizer.ggml.eos_token_id", 2);
+    const uint64_t n_vocab = vocab.tokens.size();
+    const uint64_t q = kHeads * kHeadDim, kv = kKvHeads * kHeadDim;
+    w.tensor("token_embd.weight", {kEmbd, n_vocab}, engine::kGgmlQ8_0,
+             q8_0_bytes(kEmbd * n_vocab));
+    w.tensor("output_norm.weight", {kEmbd}, engine::kGgmlF32, f32_bytes(kEmbd, 0.8f, 1.2f));
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string p = "blk." + std::to_string(layer) + ".";
+      const float s = 0.3f;
+      w.tensor(p + "attn_norm.weight", {kEmbd}, 0, f32_bytes(kEmbd, 0.8f, 1.2f));
+      if (layer == 1) {
+        w.tensor(p + "attn_q.weight", {kEmbd, q}, engine::kGgmlQ4_1, q4_1_bytes(kEmbd * q));
+      } else {
+        w.tensor(p + "attn_q.weight", {kEmbd, q}, 0, f32_bytes(kEmbd * q, -s, s));
+      }
+      w.tensor(p + "attn_k.weight", {kEmbd, kv}, 0, f32_bytes(kEmbd * kv, -s, s));
+      w.tensor(p + "attn_v.weight", {kEmbd, kv}, 0, f32_bytes(kEmbd * kv, -s, s));
+      w.tensor(p + "attn_output.weight", {q, kEmbd}, 0, f32_bytes(q * kEmbd, -s, s));
+      w.tensor(p + "ffn_norm.weight", {kEmbd}, 0, f32_bytes(kEmbd, 0.8f, 1.2f));
+      w.tensor(p + "ffn_gate.weight", {kEmbd, kFf}, engine::kGgmlQ4_1,
+               q4_1_bytes(kEmbd * kFf));
+      w.tensor(p + "ffn_up.weight", {kEmbd, kFf}, 0, f32_bytes(kEmbd * kFf, -s, s));
+      w.tensor(p + "ffn_down.weight", {kFf, kEmbd}, 0, f32_bytes(kFf * kEmbd, -s, s));
+    }
+    return w.finish();
+  }
+};
+
+// Writes the tiny model to a temporary file and loads it; removes the file at scope exit.
+struct TinyModel {
+  std::filesystem::path path;
+  gguf::File file;
+  engine::Model model;
+  engine::Tokenizer tokenizer;
+
+  TinyModel() {
+    path = std::filesystem::temp_directory_path() /
+           ("kvgc_test_engine_" + std::to_string(getpid()) + ".gguf");
+    const std::string bytes = TinyModelFile().build(TinyVocab());
+    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    std::string err;
+    REQUIRE_MESSAGE(file.open(path.string(), &err), err);
+    REQUIRE_MESSAGE(engine::load_model(file, &model, &err), err);
+    REQUIRE_MESSAGE(tokenizer.load(file, &err), err);
+  }
+  ~TinyModel() {
+    file.close();
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
+
+// The llama forward in float64 with dense causal attention over plain arrays: the last
+// token's logits.
+std::vector<double> reference_logits(const engine::Model& m, const std::vector<int32_t>& ids) {
+  const engine::Config& c = m.config;
+  const size_t n = ids.size(), E = c.n_embd, D = c.head_dim;
+  const size_t H = c.n_heads, KV = c.n_kv_heads, F = c.n_ff;
+  auto matvec = [](const std::vector<float>& w, const std::vector<double>& x, size_t rows) {
+    std::vector<double> out(rows, 0.0);
+    const size_t cols = x.size();
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < cols; ++i) out[r] += double(w[r * cols + i]) * x[i];
+    }
+    return out;
+  };
+  auto norm = [&](const std::vector<double>& x, const std::vector<float>& w) {
+    double sum = 0.0;
+    for (double v : x) sum += v * v;
+    const double inv = 1.0 / std::sqrt(sum / double(x.size()) + double(c.rms_eps));
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] * inv * double(w[i]);
+    return out;
+  };
+  auto rope = [&](std::vector<double>* x, size_t heads, size_t pos) {
+    for (size_t h = 0; h < heads; ++h) {
+      for (size_t i = 0; i < D / 2; ++i) {
+        const double angle = double(pos) * std::pow(double(c.rope_base), -2.0 * i / D);
+        double* pair = x->data() + h * D + 2 * i;
+        const double a = pair[0], b = pair[1];
+        pair[0] = a * std::cos(angle) - b * std::sin(angle);
+        pair[1] = a * std::sin(angle) + b * std::cos(angle);
+      }
+    }
+  };
+  std::vector<std::vector<double>> x(n, std::vector<double>(E));
+  for (size_t t = 0; t < n; ++t) {
+    for (size_t i = 0; i < E; ++i) x[t][i] = m.token_embd[size_t(ids[t]) * E + i];
+  }
+  for (const engine::LayerWeights& w : m.layers) {
+    std::vector<std::vector<double>> q(n), k(n), v(n);
+    for (size_t t = 0; t < n; ++t) {
+      const std::vector<double> xn = norm(x[t], w.attn_norm);
+      q[t] = matvec(w.wq, xn, H * D);
+      k[t] = matvec(w.wk, xn, KV * D);
+      v[t] = matvec(w.wv, xn, KV * D);
+      rope(&q[t], H, t);
+      rope(&k[t], KV, t);
+    }
+    for (size_t t = 0; t < n; ++t) {
+      std::vector<double> att(H * D, 0.0);
+      for (size_t h = 0; h < H; ++h) {
+        const size_t kvh = h / (H / KV);
+        std::vector<double> scores(t + 1);
+        double top = -INFINITY;
+        for (size_t s = 0; s <= t; ++s) {
+          double dot = 0.0;
+          for (size_t d = 0; d < D; ++d) dot += q[t][h * D + d] * k[s][kvh * D + d];
+          scores[s] = dot / std::sqrt(double(D));
+          top = std::max(top, scores[s]);
+        }
+        double total = 0.0;
+        for (double& s : scores) total += (s = std::exp(s - top));
+        for (size_t s = 0; s <= t; ++s) {
+          for (size_t d = 0; d < D; ++d) att[h * D + d] += scores[s] / total * v[s][kvh * D + d];
+        }
+      }
+      const std::vector<double> o = matvec(w.wo, att, E);
+      for (size_t i = 0; i < E; ++i) x[t][i] += o[i];
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const std::vector<double> xn = norm(x[t], w.ffn_norm);
+      std::vector<double> g = matvec(w.w_gate, xn, F);
+      const std::vector<double> u = matvec(w.w_up, xn, F);
+      for (size_t i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const std::vector<double> d = matvec(w.w_down, g, E);
+      for (size_t i = 0; i < E; ++i) x[t][i] += d[i];
+    }
+  }
+  return matvec(m.token_embd, norm(x[n - 1], m.output_norm), c.n_vocab);
+}
+
+// max |a - b| over max |b|: relative to the logits' scale, so logits near zero do not
+// dominate.
+double max_relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double worst = 0.0, scale = 1e-12;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return worst / scale;
+}
+
+kvgc_heap_options full_policy_options() {
+  kvgc_heap_options opts;
+  kvgc_heap_options_init(&opts);
+  opts.policy = KVGC_POLICY_FULL;
+  opts.device = KVGC_DEVICE_CPU;
+  opts.flags = KVGC_OPT_IGNORE_ENV;
+  opts.budget_bytes = 64ull << 20;
+  return opts;
+}
+
+}  // namespace
+
+TEST_CASE("engine: Q4_1, Q8_0 and F16 dequantise as ggml defines them") {
+  // Q4_1: d = 0.5 (f16 0x3800), m = -1 (0xbc00); byte j holds j (low) and 15 - j (high).
+  std::string q4;
+  TinyGgufWriter::put(&q4, uint16_t(0x3800));
+  TinyGgufWriter::put(&q4, uint16_t(0xbc00));
+  for (int j = 0; j < 16; ++j) q4 += char(j | ((15 - j) << 4));
+  std::vector<float> out(32);
+  std::string err;
+  REQUIRE(engine::dequantize(engine::kGgmlQ4_1, reinterpret_cast<const uint8_t*>(q4.data()), 32,
+                             out.data(), &err));
+  for (int j = 0; j < 16; ++j) {
+    CHECK(out[size_t(j)] == doctest::Approx(0.5 * j - 1.0));
+    CHECK(out[size_t(j) + 16] == doctest::Approx(0.5 * (15 - j) - 1.0));
+  }
+  // Q8_0: d = 0.25 (0x3400), q_j = j - 16.
+  std::string q8;
+  TinyGgufWriter::put(&q8, uint16_t(0x3400));
+  for (int j = 0; j < 32; ++j) q8 += char(int8_t(j - 16));
+  REQUIRE(engine::dequantize(engine::kGgmlQ8_0, reinterpret_cast<const uint8_t*>(q8.data()), 32,
+                             out.data(), &err));
+  for (int j = 0; j < 32; ++j) CHECK(out[size_t(j)] == doctest::Approx(0.25 * (j - 16)));
+
+  CHECK(engine::f16_to_f32(0x3c00) == 1.0f);
+  CHECK(engine::f16_to_f32(0xc000) == -2.0f);
+  CHECK(engine::f16_to_f32(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(engine::f16_to_f32(0x7bff) == 65504.0f);
+  CHECK(std::isinf(engine::f16_to_f32(0x7c00)));
+
+  CHECK_FALSE(engine::dequantize(12, reinterpret_cast<const uint8_t*>(q8.data()), 32,
+                                 out.data(), &err));
+  CHECK(err.find("Q4_K") != std::string::npos);
+  CHECK(engine::tensor_bytes(engine::kGgmlQ4_1, 64) == 40);
+  CHECK(engine::tensor_bytes(engine::kGgmlQ8_0, 33) == 0);  // not whole blocks
+}
+
+TEST_CASE("engine: pre-tokenizer splits as GPT-2 with SmolLM's single digits") {
+  using V = std::vector<std::string>;
+  CHECK(engine::pre_tokenize("Hello world's end", false) == V{"Hello", " world", "'s", " end"});
+  CHECK(engine::pre_tokenize("a  b\n\nc  ", false) == V{"a", " ", " b", "\n", "\n", "c", "  "});
+  CHECK(engine::pre_tokenize("x=1234!?", false) == V{"x", "=", "1234", "!?"});
+  CHECK(engine::pre_tokenize("x 1234", true) == V{"x", " ", "1", "2", "3", "4"});
+  CHECK(engine::pre_tokenize("café ünï", false) == V{"café", " ünï"});
+}
+
+TEST_CASE("engine: byte-level BPE encodes, decodes and recognises special tokens") {
+  TinyModel tiny;
+  const engine::Tokenizer& tok = tiny.tokenizer;
+  const int32_t hello = tok.find("hello"), world = tok.find("Ġworld");
+  REQUIRE(hello >= 0);
+  REQUIRE(world >= 0);
+  CHECK(tok.encode("hello world") == std::vector<int32_t>{hello, world});
+  CHECK(tok.bos() == 1);
+  CHECK(tok.eos() == 2);
+
+  for (const std::string text : {"hello world, the weather 2024!", "  tabs\tand\nnewlines  ",
+                                 "héllo wörld ✓ 日本語 😀", ""}) {
+    CAPTURE(text);
+    CHECK(tok.decode(tok.encode(text)) == text);
+  }
+  const std::vector<int32_t> chat = tok.encode("<|im_start|>user\nhello<|im_end|>\n");
+  REQUIRE(chat.size() >= 4);
+  CHECK(chat.front() == tok.find("<|im_start|>"));
+  CHECK(chat[chat.size() - 2] == tok.find("<|im_end|>"));
+  CHECK(std::count(chat.begin(), chat.end(), hello) == 1);
+  CHECK(tok.decode(chat) == "<|im_start|>user\nhello<|im_end|>\n");
+  // Without special parsing the markers are plain text, encoded byte by byte.
+  const std::vector<int32_t> plain = tok.encode("<|im_end|>", false);
+  CHECK(plain.size() > 1);
+  CHECK(tok.decode(plain) == "<|im_end|>");
+
+  CHECK(engine::apply_chat_template({{"user", "hi"}}, true) ==
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_CASE("engine: forward over a kvgc heap matches a float64 dense-attention forward") {
+  TinyModel tiny;
+  const engine::Config& c = tiny.model.config;
+  REQUIRE(c.n_layers == 2);
+  REQUIRE(c.n_heads == 4);
+  REQUIRE(c.n_kv_heads == 2);
+  REQUIRE(c.head_dim == 8);
+  CHECK(tiny.model.output.empty());  // tied to the Q8_0 token_embd
+
+  const std::vector<int32_t> ids =
+      tiny.tokenizer.encode("<|im_start|>user\nhello world, the 42 é!<|im_end|>\n");
+  REQUIRE(ids.size() >= 18);
+  REQUIRE(ids.size() <= 30);
+  const std::vector<double> want = reference_logits(tiny.model, ids);
+  const kvgc_heap_options opts = full_policy_options();
+  std::string err;
+
+  SUBCASE("one prefill chunk") {
+    engine::Engine eng;
+    REQUIRE_MESSAGE(eng.init(tiny.model, &opts, &err), err);
+    std::vector<float> logits(c.n_vocab);
+    REQUIRE_MESSAGE(eng.forward(ids.data(), uint32_t(ids.size()), logits.data(), &err), err);
+    CHECK(eng.position() == ids.size());
+    CHECK(max_relative_error(logits, want) <= 1e-4);
+  }
+  SUBCASE("prefill, then token-by-token decode") {
+    engine::Engine eng;
+    REQUIRE_MESSAGE(eng.init(tiny.model, &opts, &err), err);
+    const uint32_t prefill = uint32_t(ids.size()) - 5;
+    REQUIRE_MESSAGE(eng.forward(ids.data(), prefill, nullptr, &err), err);
+    std::vector<float> logits(c.n_vocab);
+    for (size_t t = prefill; t < ids.size(); ++t) {
+      REQUIRE_MESSAGE(eng.forward(&ids[t], 1, logits.data(), &err), err);
+    }
+    CHECK(max_relative_error(logits, want) <= 1e-4);
+
+    kvgc_stats stats;
+    kvgc_stats_init(&stats);
+    REQUIRE(kvgc_get_stats(eng.heap(), &stats) == KVGC_OK);
+    CHECK(stats.live_tokens == ids.size() * c.n_layers);  // policy full keeps everything
+    CHECK(stats.steps == 6);
+  }
+}
+
+TEST_CASE("engine: the loader names what is missing or unsupported") {
+  TinyModel tiny;
+  engine::Model model;
+  std::string err;
+  gguf::File empty_llama;
+  TinyGgufWriter w;
+  w.str("general.architecture", "llama");
+  w.u32("llama.block_count", 1);
+  w.u32("llama.embedding_length", 32);
+  w.u32("llama.feed_forward_length", 32);
+  w.u32("llama.attention.head_count", 4);
+  const std::filesystem::path path = tiny.path.string() + ".bad";
+  const std::string bytes = w.finish();
+  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  REQUIRE_MESSAGE(empty_llama.open(path.string(), &err), err);
+  CHECK_FALSE(engine::load_model(empty_llama, &model, &err));
+  CHECK(err.find("token_embd.weight") != std::string::npos);
+  empty_llama.close();
+  std::filesystem::remove(path);
+}

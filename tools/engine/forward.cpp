@@ -1,0 +1,181 @@
+#include "engine/forward.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the wall time of a kvgc call to a running total.
+class KvgcTimer {
+ public:
+  explicit KvgcTimer(double* total) : total_(total), start_(Clock::now()) {}
+  ~KvgcTimer() { *total_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+ private:
+  double* total_;
+  Clock::time_point start_;
+};
+
+}  // namespace
+
+void matmul(const float* x, const float* w, float* out, uint32_t n, uint32_t cols,
+            uint32_t rows) {
+  if (n == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(cols), 1.0f, w, int(cols), x, 1,
+                0.0f, out, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(cols), 1.0f, x,
+                int(cols), w, int(cols), 0.0f, out, int(rows));
+  }
+}
+
+void rms_norm(const float* x, const float* weight, float* out, uint32_t width, float eps) {
+  double sum = 0.0;
+  for (uint32_t i = 0; i < width; ++i) sum += double(x[i]) * x[i];
+  const float inv = float(1.0 / std::sqrt(sum / width + eps));
+  for (uint32_t i = 0; i < width; ++i) out[i] = x[i] * inv * weight[i];
+}
+
+Engine::~Engine() {
+  if (heap_ != nullptr) {
+    if (seq_ != 0) kvgc_seq_destroy(heap_, seq_);
+    kvgc_heap_destroy(heap_);
+  }
+}
+
+bool Engine::kvgc_failed(kvgc_status status, const char* call, std::string* err) const {
+  if (status == KVGC_OK) return false;
+  if (err) *err = std::string(call) + ": " + kvgc_status_str(status) + ": " + kvgc_errmsg(heap_);
+  return true;
+}
+
+bool Engine::init(const Model& model, const kvgc_heap_options* options, std::string* err) {
+  model_ = &model;
+  const Config& c = model.config;
+  kvgc_model_desc_init(&kv_model_);
+  kv_model_.n_layers = c.n_layers;
+  kv_model_.n_q_heads = c.n_heads;
+  kv_model_.n_kv_heads = c.n_kv_heads;
+  kv_model_.head_dim = c.head_dim;
+  kv_model_.dtype = KVGC_DTYPE_F32;
+  if (kvgc_failed(kvgc_heap_create(&kv_model_, options, &heap_), "kvgc_heap_create", err) ||
+      kvgc_failed(kvgc_seq_create(heap_, 0, &seq_), "kvgc_seq_create", err)) {
+    return false;
+  }
+  inv_freq_.resize(c.head_dim / 2);
+  for (uint32_t i = 0; i < c.head_dim / 2; ++i) {
+    inv_freq_[i] = float(std::pow(double(c.rope_base), -2.0 * i / c.head_dim));
+  }
+  const size_t q_width = size_t(c.n_heads) * c.head_dim;
+  const size_t kv_width = size_t(c.n_kv_heads) * c.head_dim;
+  x_.resize(kChunkTokens * size_t(c.n_embd));
+  xb_.resize(x_.size());
+  proj_.resize(x_.size());
+  q_.resize(kChunkTokens * q_width);
+  att_.resize(q_.size());
+  k_.resize(kChunkTokens * kv_width);
+  v_.resize(k_.size());
+  gate_.resize(kChunkTokens * size_t(c.n_ff));
+  up_.resize(gate_.size());
+  return true;
+}
+
+// llama's "normal" RoPE: pairs (x[2i], x[2i+1]) of each head rotated by pos * inv_freq[i].
+void Engine::apply_rope(float* x, uint32_t n, uint32_t n_heads) const {
+  const uint32_t head_dim = model_->config.head_dim;
+  for (uint32_t t = 0; t < n; ++t) {
+    const double pos = double(position_ + t);
+    for (uint32_t i = 0; i < head_dim / 2; ++i) {
+      const double angle = pos * inv_freq_[i];
+      const float cos_a = float(std::cos(angle)), sin_a = float(std::sin(angle));
+      for (uint32_t h = 0; h < n_heads; ++h) {
+        float* pair = x + (size_t(t) * n_heads + h) * head_dim + 2 * i;
+        const float a = pair[0], b = pair[1];
+        pair[0] = a * cos_a - b * sin_a;
+        pair[1] = a * sin_a + b * cos_a;
+      }
+    }
+  }
+}
+
+bool Engine::run_chunk(const int32_t* tokens, uint32_t n, std::string* err) {
+  const Config& c = model_->config;
+  const uint32_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
+  for (uint32_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || uint32_t(tokens[t]) >= c.n_vocab) {
+      if (err) *err = "token id " + std::to_string(tokens[t]) + " is outside the vocabulary";
+      return false;
+    }
+    std::memcpy(&x_[size_t(t) * c.n_embd], &model_->token_embd[size_t(tokens[t]) * c.n_embd],
+                c.n_embd * sizeof(float));
+  }
+  for (uint32_t layer = 0; layer < c.n_layers; ++layer) {
+    const LayerWeights& w = model_->layers[layer];
+    for (uint32_t t = 0; t < n; ++t) {
+      rms_norm(&x_[size_t(t) * c.n_embd], w.attn_norm.data(), &xb_[size_t(t) * c.n_embd],
+               c.n_embd, c.rms_eps);
+    }
+    matmul(xb_.data(), w.wq.data(), q_.data(), n, c.n_embd, q_width);
+    matmul(xb_.data(), w.wk.data(), k_.data(), n, c.n_embd, kv_width);
+    matmul(xb_.data(), w.wv.data(), v_.data(), n, c.n_embd, kv_width);
+    apply_rope(q_.data(), n, c.n_heads);
+    apply_rope(k_.data(), n, c.n_kv_heads);
+    {
+      KvgcTimer timer(&kvgc_seconds_);
+      if (kvgc_failed(kvgc_append(heap_, seq_, layer, k_.data(), v_.data(), n, nullptr),
+                      "kvgc_append", err) ||
+          kvgc_failed(kvgc_attend(heap_, seq_, layer, q_.data(), n, att_.data(), nullptr,
+                                  nullptr), "kvgc_attend", err)) {
+        return false;
+      }
+    }
+    matmul(att_.data(), w.wo.data(), proj_.data(), n, q_width, c.n_embd);
+    for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
+
+    for (uint32_t t = 0; t < n; ++t) {
+      rms_norm(&x_[size_t(t) * c.n_embd], w.ffn_norm.data(), &xb_[size_t(t) * c.n_embd],
+               c.n_embd, c.rms_eps);
+    }
+    matmul(xb_.data(), w.w_gate.data(), gate_.data(), n, c.n_embd, c.n_ff);
+    matmul(xb_.data(), w.w_up.data(), up_.data(), n, c.n_embd, c.n_ff);
+    for (size_t i = 0; i < size_t(n) * c.n_ff; ++i) {
+      const float g = gate_[i];
+      gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
+    }
+    matmul(gate_.data(), w.w_down.data(), proj_.data(), n, c.n_ff, c.n_embd);
+    for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
+  }
+  position_ += n;
+  KvgcTimer timer(&kvgc_seconds_);
+  const kvgc_status status = kvgc_step(heap_, seq_, nullptr);
+  return status == KVGC_EBUDGET || !kvgc_failed(status, "kvgc_step", err);
+}
+
+bool Engine::forward(const int32_t* tokens, uint32_t n_tokens, float* logits,
+                     std::string* err) {
+  if (n_tokens == 0) {
+    if (err) *err = "forward needs at least one token";
+    return false;
+  }
+  uint32_t last = 0;
+  for (uint32_t done = 0; done < n_tokens; done += last) {
+    last = std::min(kChunkTokens, n_tokens - done);
+    if (!run_chunk(tokens + done, last, err)) return false;
+  }
+  if (logits != nullptr) {
+    const Config& c = model_->config;
+    rms_norm(&x_[size_t(last - 1) * c.n_embd], model_->output_norm.data(), xb_.data(), c.n_embd,
+             c.rms_eps);
+    matmul(xb_.data(), model_->output_weights(), logits, 1, c.n_embd, c.n_vocab);
+  }
+  return true;
+}
+
+}  // namespace engine

@@ -1,0 +1,65 @@
+// The llama forward pass over a kvgc-managed KV cache: every K/V byte lives in a kvgc
+// heap, and attention is kvgc_attend over it, so the cache policy (full, generational,
+// h2o, ...) decides what each step attends to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model.hpp"
+#include "kvgc.h"
+
+namespace engine {
+
+class Engine {
+ public:
+  // Tokens per prefill chunk: each layer appends the chunk's K/V, then attends with
+  // n_q = chunk, so the matmuls are GEMMs.
+  static constexpr uint32_t kChunkTokens = 64;
+
+  Engine() = default;
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Creates the heap and one sequence for `model` (which must outlive the engine).
+  // options == nullptr: kvgc's defaults, then the KVGC_* environment variables.
+  bool init(const Model& model, const kvgc_heap_options* options, std::string* err);
+
+  // Runs `n_tokens` tokens at the next positions, kChunkTokens at a time, calling
+  // kvgc_step after each chunk. If `logits` is not null it receives the last token's
+  // n_vocab logits. False with *err when kvgc fails (KVGC_EBUDGET is advisory: ignored).
+  bool forward(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err);
+
+  uint64_t position() const { return position_; }
+  kvgc_heap* heap() const { return heap_; }
+  kvgc_seq sequence() const { return seq_; }
+  const kvgc_model_desc& kv_model() const { return kv_model_; }
+  // Wall time spent inside kvgc calls so far.
+  double kvgc_seconds() const { return kvgc_seconds_; }
+
+ private:
+  bool run_chunk(const int32_t* tokens, uint32_t n, std::string* err);
+  bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
+  void apply_rope(float* x, uint32_t n, uint32_t n_heads) const;
+
+  const Model* model_ = nullptr;
+  kvgc_model_desc kv_model_{};
+  kvgc_heap* heap_ = nullptr;
+  kvgc_seq seq_ = 0;
+  uint64_t position_ = 0;
+  double kvgc_seconds_ = 0.0;
+  std::vector<float> inv_freq_;  // RoPE: base^(-2i/head_dim)
+  // Scratch for one chunk, [kChunkTokens][width].
+  std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
+};
+
+// out[n][rows] = x[n][cols] * W^T for W [rows][cols]: GEMV for one token, else GEMM.
+void matmul(const float* x, const float* w, float* out, uint32_t n, uint32_t cols,
+            uint32_t rows);
+
+// out = x / sqrt(mean(x^2) + eps) * weight, over `width` values.
+void rms_norm(const float* x, const float* weight, float* out, uint32_t width, float eps);
+
+}  // namespace engine

@@ -1,0 +1,237 @@
+// kvgc-run: a small reference engine. Runs a llama GGUF (SmolLM2-135M-Instruct by
+// default) on the CPU with its whole KV cache in a kvgc heap, streams the generated text,
+// and reports what the cache policy (KVGC_POLICY, KVGC_TOKEN_BUDGET, ...) did.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/forward.hpp"
+#include "engine/model.hpp"
+#include "engine/tokenizer.hpp"
+#include "gguf.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct Args {
+  std::string model;
+  std::string prompt = "What is the capital of France?";
+  bool chat = false;
+  uint32_t max_tokens = 128;
+  float temperature = 0.0f;
+  uint64_t seed = 42;
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: kvgc-run [--model PATH] [--prompt TEXT] [--chat] [--max-tokens N]\n"
+               "                [--temperature T] [--seed S]\n"
+               "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
+               "                   ~/.cache/kvgc/%s)\n"
+               "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
+               "  --chat           wrap the prompt in the model's ChatML template\n"
+               "  --max-tokens N   tokens to generate at most (default 128)\n"
+               "  --temperature T  0 (default) is greedy; above 0 samples\n"
+               "  --seed S         sampling seed (default 42)\n"
+               "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
+               "KVGC_TOKEN_BUDGET=25%%).\n",
+               kModelFile);
+}
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("KVGC_MODEL"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/kvgc/" + kModelFile;
+}
+
+bool parse_args(int argc, char** argv, Args* args) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (arg == "--help" || arg == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else if (arg == "--chat") {
+      args->chat = true;
+    } else if (arg == "--model" && (v = value())) {
+      args->model = v;
+    } else if (arg == "--prompt" && (v = value())) {
+      args->prompt = v;
+    } else if (arg == "--max-tokens" && (v = value())) {
+      args->max_tokens = uint32_t(std::strtoul(v, nullptr, 10));
+    } else if (arg == "--temperature" && (v = value())) {
+      args->temperature = std::strtof(v, nullptr);
+    } else if (arg == "--seed" && (v = value())) {
+      args->seed = std::strtoull(v, nullptr, 10);
+    } else {
+      std::fprintf(stderr, "kvgc-run: unknown or incomplete argument '%s'\n", arg.c_str());
+      usage(stderr);
+      return false;
+    }
+  }
+  if (args->model.empty()) args->model = default_model_path();
+  return true;
+}
+
+int32_t sample(const std::vector<float>& logits, float temperature, std::mt19937_64* rng) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  if (temperature <= 0.0f) return int32_t(best);
+  std::vector<double> weights(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = std::exp(double(logits[i] - logits[best]) / temperature);
+  }
+  std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
+  return int32_t(pick(*rng));
+}
+
+// Prints the longest complete UTF-8 prefix of `pending`, keeping a split character.
+void flush_utf8(std::string* pending) {
+  size_t end = pending->size();
+  for (size_t back = 1; back <= 3 && back <= pending->size(); ++back) {
+    const uint8_t c = uint8_t((*pending)[pending->size() - back]);
+    if ((c & 0xc0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    if (need > back) end = pending->size() - back;
+    break;
+  }
+  std::fwrite(pending->data(), 1, end, stdout);
+  std::fflush(stdout);
+  pending->erase(0, end);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  if (!parse_args(argc, argv, &args)) return 2;
+  if (!std::filesystem::exists(args.model)) {
+    std::fprintf(stderr,
+                 "kvgc-run: model file %s not found.\n"
+                 "Fetch SmolLM2-135M-Instruct with:  tools/fetch-model.sh\n"
+                 "(or pass --model PATH, or set KVGC_MODEL)\n",
+                 args.model.c_str());
+    return 1;
+  }
+  openblas_set_num_threads(2);
+
+  std::string err;
+  gguf::File file;
+  engine::Model model;
+  engine::Tokenizer tokenizer;
+  if (!file.open(args.model, &err) || !engine::load_model(file, &model, &err) ||
+      !tokenizer.load(file, &err)) {
+    std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
+    return 1;
+  }
+  const engine::Config& config = model.config;
+  engine::Engine engine;
+  if (!engine.init(model, nullptr, &err)) {
+    std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
+    return 1;
+  }
+  const std::string text =
+      args.chat ? engine::apply_chat_template({{"user", args.prompt}}, true) : args.prompt;
+  const std::vector<int32_t> prompt = tokenizer.encode(text);
+  if (prompt.empty()) {
+    std::fprintf(stderr, "kvgc-run: the prompt is empty\n");
+    return 2;
+  }
+
+  // Prefill, one chunk at a time so progress can be shown.
+  std::vector<float> logits(config.n_vocab);
+  const auto prefill_start = Clock::now();
+  for (size_t done = 0; done < prompt.size();) {
+    const uint32_t n = uint32_t(std::min<size_t>(engine::Engine::kChunkTokens,
+                                                 prompt.size() - done));
+    const bool last = done + n == prompt.size();
+    if (!engine.forward(prompt.data() + done, n, last ? logits.data() : nullptr, &err)) {
+      std::fprintf(stderr, "\nkvgc-run: %s\n", err.c_str());
+      return 1;
+    }
+    done += n;
+    std::fprintf(stderr, "\rprefill %zu/%zu tokens", done, prompt.size());
+  }
+  std::fprintf(stderr, "\n");
+  const double prefill_s =
+      std::chrono::duration<double>(Clock::now() - prefill_start).count();
+
+  // Decode, streaming each token's text as soon as its UTF-8 is complete.
+  std::mt19937_64 rng(args.seed);
+  const int32_t end_of_text = tokenizer.find("<|endoftext|>");
+  const int32_t im_end = tokenizer.find("<|im_end|>");
+  std::string pending;
+  uint32_t generated = 0;
+  const auto decode_start = Clock::now();
+  while (generated < args.max_tokens) {
+    const int32_t token = sample(logits, args.temperature, &rng);
+    if (token == tokenizer.eos() || token == end_of_text || token == im_end) break;
+    ++generated;
+    pending += tokenizer.token_bytes(token);
+    flush_utf8(&pending);
+    if (generated == args.max_tokens) break;
+    if (!engine.forward(&token, 1, logits.data(), &err)) {
+      std::fprintf(stderr, "\nkvgc-run: %s\n", err.c_str());
+      return 1;
+    }
+  }
+  std::fwrite(pending.data(), 1, pending.size(), stdout);
+  std::printf("\n");
+  std::fflush(stdout);
+  const double decode_s = std::chrono::duration<double>(Clock::now() - decode_start).count();
+  // The last sampled token is printed but never run through the model.
+  const uint64_t decode_steps = generated > 0 ? generated - (generated == args.max_tokens) : 0;
+
+  kvgc_stats stats;
+  kvgc_stats_init(&stats);
+  kvgc_heap_options options;
+  kvgc_heap_options_init(&options);
+  uint64_t full_bytes = 0;
+  if (kvgc_get_stats(engine.heap(), &stats) != KVGC_OK ||
+      kvgc_heap_get_options(engine.heap(), &options) != KVGC_OK ||
+      kvgc_kv_bytes(&engine.kv_model(), engine.position(), KVGC_CLASS_FP16, options.page_tokens,
+                    &full_bytes) != KVGC_OK) {
+    std::fprintf(stderr, "kvgc-run: reading kvgc statistics: %s\n", kvgc_errmsg(engine.heap()));
+    return 1;
+  }
+  static const char* kPolicies[] = {"generational", "full", "streaming", "h2o", "random"};
+  const uint64_t held = stats.cls[KVGC_CLASS_FP16].used_bytes +
+                        stats.cls[KVGC_CLASS_INT4].used_bytes;
+  const double total_s = prefill_s + decode_s;
+  const double mib = 1024.0 * 1024.0;
+  std::fprintf(stderr, "\n");
+  std::fprintf(stderr, "  policy               %s\n",
+               unsigned(options.policy) < 5 ? kPolicies[options.policy] : "?");
+  std::fprintf(stderr, "  prompt tokens        %zu\n", prompt.size());
+  std::fprintf(stderr, "  generated tokens     %u\n", generated);
+  std::fprintf(stderr, "  live KV tokens       %.1f of %llu (per layer)\n",
+               double(stats.live_tokens) / config.n_layers,
+               (unsigned long long)engine.position());
+  std::fprintf(stderr, "  KV bytes held        %.2f MiB of %.2f MiB full cache (%.0f%%)\n",
+               held / mib, full_bytes / mib, full_bytes ? 100.0 * held / full_bytes : 0.0);
+  std::fprintf(stderr, "  tokens evicted       %llu\n",
+               (unsigned long long)stats.tokens_evicted);
+  std::fprintf(stderr, "  tokens demoted       %llu\n",
+               (unsigned long long)stats.tokens_demoted);
+  std::fprintf(stderr, "  compactions          %llu\n", (unsigned long long)stats.compactions);
+  std::fprintf(stderr, "  time in kvgc         %.1f%%\n",
+               total_s > 0 ? 100.0 * engine.kvgc_seconds() / total_s : 0.0);
+  std::fprintf(stderr, "  prefill              %.1f tok/s (%.2f s)\n",
+               prefill_s > 0 ? prompt.size() / prefill_s : 0.0, prefill_s);
+  std::fprintf(stderr, "  decode               %.1f tok/s (%.2f s)\n",
+               decode_s > 0 ? decode_steps / decode_s : 0.0, decode_s);
+  return 0;
+}

@@ -4,7 +4,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo test sanitize fuzz bench clean
+.PHONY: all deps build demo demo-alloc model test sanitize fuzz bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -18,9 +18,18 @@ $(BUILD)/build.ninja: | deps
 build: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# The main job (until the reference engine lands): plan a real model's KV memory, then
-# serve requests through the allocator on the CPU backend.
-demo: build
+# The main job: a real model (SmolLM2-135M-Instruct, from its PyPI package) answering a
+# chat prompt with its KV cache in a kvgc heap under the generational GC at a 25% budget.
+DEMO_PROMPT ?= Write a short story about a lighthouse keeper who finds a message in a bottle.
+demo: build model
+	KVGC_POLICY=generational KVGC_TOKEN_BUDGET=25% $(BUILD)/tools/kvgc-run --chat \
+	  --prompt "$(DEMO_PROMPT)" --max-tokens 300 --temperature 0.7 --seed 7
+
+model: deps
+	@tools/fetch-model.sh
+
+# The allocator alone: plan a model's KV memory, then serve requests through the heap.
+demo-alloc: build
 	$(BUILD)/tools/kvgc-plan --config tools/samples/SmolLM2-135M-Instruct.json --budget 2G
 	@echo
 	$(BUILD)/tools/kvgc-demo

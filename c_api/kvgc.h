@@ -123,7 +123,9 @@ typedef enum kvgc_generation {
 
 typedef enum kvgc_layer_budget {
   KVGC_LAYER_BUDGET_UNIFORM = 0,
-  KVGC_LAYER_BUDGET_PYRAMID = 1 /* PyramidKV: more for lower layers, same total */
+  KVGC_LAYER_BUDGET_PYRAMID = 1, /* PyramidKV: more for lower layers, same total */
+  KVGC_LAYER_BUDGET_ENTROPY = 2  /* in proportion to per-layer weights (measured attention
+                                    entropy: kvgc-run --profile), same total */
 } kvgc_layer_budget;
 
 /* ---- model -------------------------------------------------------------------- */
@@ -174,6 +176,10 @@ typedef struct kvgc_heap_options {
   uint64_t seed;           /* 0x6b766763 */
   uint32_t slab_bytes;     /* 2 MiB: grown to hold at least one page of each class */
   int verbose;             /* 0: 1 prints the effective configuration to stderr */
+  /* KVGC_LAYER_BUDGET_ENTROPY: one weight per layer (> 0, finite), copied at creation.
+   * KVGC_LAYER_BUDGET=entropy:FILE reads them from FILE (one number a line, '#' comments). */
+  const float* layer_weights; /* NULL */
+  uint32_t n_layer_weights;   /* 0 */
 } kvgc_heap_options;
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */

@@ -6,29 +6,21 @@
 
 namespace kvgc {
 
-host::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
-                                         uint64_t mean_budget, uint64_t min_per_layer) {
+host::vector<uint64_t> split_by_weights(const float* weights, uint32_t n_layers,
+                                        uint64_t mean_budget, uint64_t min_per_layer) {
   host::vector<uint64_t> out(n_layers, mean_budget);
-  if (kind == KVGC_LAYER_BUDGET_UNIFORM || n_layers < 2) return out;
-
+  if (n_layers < 2) return out;
   // A floor above the mean cannot hold for every layer: the total wins.
   min_per_layer = std::min(min_per_layer, mean_budget);
   const double total = double(mean_budget) * n_layers;
-  const double lo = double(mean_budget) / kPyramidBeta;  // top layer
-  const double hi = 2.0 * double(mean_budget) - lo;      // bottom layer
-  // Every layer gets the floor; what is left is shared in proportion to how far the
-  // pyramid rises above the floor, so the shape stays monotone and the total exact.
-  host::vector<double> want(n_layers), rise(n_layers);
-  double rise_sum = 0;
-  for (uint32_t l = 0; l < n_layers; ++l) {
-    const double p = hi - (hi - lo) * l / (n_layers - 1);
-    rise[l] = std::max(0.0, p - double(min_per_layer));
-    rise_sum += rise[l];
-  }
+  // Every layer gets the floor; what is left is shared in proportion to the weights, so
+  // the shape follows them and the total stays exact.
+  double wsum = 0;
+  for (uint32_t l = 0; l < n_layers; ++l) wsum += weights[l];
   const double extra = total - double(min_per_layer) * n_layers;
+  host::vector<double> want(n_layers);
   for (uint32_t l = 0; l < n_layers; ++l)
-    want[l] = double(min_per_layer) +
-              (rise_sum > 0 ? extra * rise[l] / rise_sum : extra / n_layers);
+    want[l] = double(min_per_layer) + (wsum > 0 ? extra * weights[l] / wsum : extra / n_layers);
   // Largest remainders: floors first, then +1 to the biggest fractional parts.
   uint64_t assigned = 0;
   host::vector<std::pair<double, uint32_t>> frac(n_layers);
@@ -41,6 +33,20 @@ host::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_lay
   std::stable_sort(frac.begin(), frac.end(), [](auto& a, auto& b) { return a.first > b.first; });
   for (uint32_t i = 0; assigned < target && i < n_layers; ++i, ++assigned) ++out[frac[i].second];
   return out;
+}
+
+host::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
+                                          uint64_t mean_budget, uint64_t min_per_layer) {
+  if (kind != KVGC_LAYER_BUDGET_PYRAMID || n_layers < 2)
+    return host::vector<uint64_t>(n_layers, mean_budget);
+  // PyramidKV: linear from the bottom (hi) to the top (lo); what rises above the floor is
+  // what the weights share, so pass the rise as the weights.
+  const double lo = double(mean_budget) / kPyramidBeta, hi = 2.0 * double(mean_budget) - lo;
+  const double floor = double(std::min(min_per_layer, mean_budget));
+  host::vector<float> rise(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l)
+    rise[l] = float(std::max(0.0, hi - (hi - lo) * l / (n_layers - 1) - floor));
+  return split_by_weights(rise.data(), n_layers, mean_budget, min_per_layer);
 }
 
 }  // namespace kvgc

@@ -41,8 +41,10 @@ host::vector<uint64_t> ManagedHeap::layer_budgets(const SequenceState& s) {
   }
   if (base == kNoBudget) return host::vector<uint64_t>(s.layers.size(), kNoBudget);
   // The split keeps each layer at least its protected tokens where the mean allows.
-  return split_layer_budget(opts_.layer_budget, uint32_t(s.layers.size()), base,
-                            uint64_t(opts_.sinks) + opts_.window);
+  const uint64_t floor = uint64_t(opts_.sinks) + opts_.window;
+  if (opts_.layer_budget == KVGC_LAYER_BUDGET_ENTROPY)
+    return split_by_weights(layer_weights_.data(), uint32_t(s.layers.size()), base, floor);
+  return split_layer_budget(opts_.layer_budget, uint32_t(s.layers.size()), base, floor);
 }
 
 Status ManagedHeap::step(kvgc_seq seq, void* stream) {

@@ -1,6 +1,7 @@
 #include "heap.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,12 +16,32 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
                     std::unique_ptr<ManagedHeap>* out) {
   KVGC_TRY(model_validate(model, "model"));
   kvgc_heap_options opts = opts_in;
-  if (!(opts.flags & KVGC_OPT_IGNORE_ENV)) KVGC_TRY(options_from_env(&opts, [](const char* name) -> const char* { return std::getenv(name); }));
+  std::string profile;  // KVGC_LAYER_BUDGET=entropy:FILE
+  if (!(opts.flags & KVGC_OPT_IGNORE_ENV))
+    KVGC_TRY(options_from_env(
+        &opts, [](const char* name) -> const char* { return std::getenv(name); }, &profile));
   KVGC_TRY(options_validate(opts));
+  std::vector<float> weights;
+  if (opts.layer_budget == KVGC_LAYER_BUDGET_ENTROPY) {
+    if (!profile.empty()) {
+      KVGC_TRY(read_layer_profile(profile, model.n_layers, "KVGC_LAYER_BUDGET", &weights));
+    } else {
+      if (!opts.layer_weights || opts.n_layer_weights != model.n_layers)
+        return fail(KVGC_EINVAL, "opts->layer_weights: KVGC_LAYER_BUDGET_ENTROPY needs one "
+                                 "weight per layer (" + std::to_string(model.n_layers) + ")");
+      weights.assign(opts.layer_weights, opts.layer_weights + model.n_layers);
+      for (float w : weights)
+        if (!(w > 0) || !std::isfinite(w))
+          return fail(KVGC_EINVAL, "opts->layer_weights: weights must be finite and > 0");
+    }
+  }
+  opts.layer_weights = nullptr;  // copied below: the caller's array need not outlive create
+  opts.n_layer_weights = 0;
 
   std::unique_ptr<ManagedHeap> h(new ManagedHeap());
   h->model_ = model;
   h->opts_ = opts;
+  h->layer_weights_.assign(weights.begin(), weights.end());
   std::string why;
   KVGC_TRY(make_backend(opts.device, opts.cuda_device, &h->backend_, &why));
   h->opts_.device = h->backend_->kind();

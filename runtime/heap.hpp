@@ -127,6 +127,7 @@ class ManagedHeap : public host::HostAllocated {
   Counters counters_;
   host::unordered_map<uint32_t, TenantState> tenants_;
   PolicyParams policy_;
+  host::vector<float> layer_weights_;  // KVGC_LAYER_BUDGET_ENTROPY: one per layer
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   // Scratch reused across calls so that the decode path does not allocate.
   host::vector<AppendRun> runs_;

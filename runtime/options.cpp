@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "../kernels/page_layout.hpp"
 
@@ -28,7 +29,8 @@ constexpr Choice kPolicies[] = {{"generational", KVGC_POLICY_GENERATIONAL},
                                 {"random", KVGC_POLICY_RANDOM}};
 constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF}, {"int4", KVGC_DEMOTE_INT4}};
 constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
-                                    {"pyramid", KVGC_LAYER_BUDGET_PYRAMID}};
+                                    {"pyramid", KVGC_LAYER_BUDGET_PYRAMID},
+                                    {"entropy", KVGC_LAYER_BUDGET_ENTROPY}};
 
 template <size_t N>
 const char* choice_name(const Choice (&c)[N], int v) {
@@ -152,11 +154,15 @@ const Row kRows[] = {
        int v;
        return parse_choice(kDemotes, s, &v) && (o->demote = kvgc_demote(v), true);
      }},
-    {{"KVGC_LAYER_BUDGET", "uniform|pyramid", "uniform",
-      "split of the token budget across layers (pyramid: more for lower layers)"},
+    {{"KVGC_LAYER_BUDGET", "uniform|pyramid|entropy:FILE (FILE from kvgc-run --profile)",
+      "uniform",
+      "split of the token budget across layers (pyramid: more for lower layers; entropy: "
+      "in proportion to a measured per-layer profile)"},
      [](const std::string& s, kvgc_heap_options* o) {
+       if (s.rfind("entropy:", 0) == 0)  // the file is read by the heap: it knows the layers
+         return s.size() > 8 && (o->layer_budget = KVGC_LAYER_BUDGET_ENTROPY, true);
        int v;
-       return parse_choice(kLayerBudgets, s, &v) &&
+       return parse_choice(kLayerBudgets, s, &v) && v != KVGC_LAYER_BUDGET_ENTROPY &&
               (o->layer_budget = kvgc_layer_budget(v), true);
      }},
     {{"KVGC_SCORE_NOISE", "a number >= 0 (0 = off)", "0",
@@ -225,9 +231,9 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("compact_threshold", "must be in (0, 1]");
   if (raw_enum(o.demote) != KVGC_DEMOTE_OFF && raw_enum(o.demote) != KVGC_DEMOTE_INT4)
     return bad("demote", "must be KVGC_DEMOTE_OFF or _INT4");
-  if (raw_enum(o.layer_budget) != KVGC_LAYER_BUDGET_UNIFORM &&
-      raw_enum(o.layer_budget) != KVGC_LAYER_BUDGET_PYRAMID)
-    return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM or _PYRAMID");
+  if (raw_enum(o.layer_budget) < KVGC_LAYER_BUDGET_UNIFORM ||
+      raw_enum(o.layer_budget) > KVGC_LAYER_BUDGET_ENTROPY)
+    return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM, _PYRAMID or _ENTROPY");
   if (!(o.score_noise >= 0 && std::isfinite(o.score_noise)))
     return bad("score_noise", "must be a finite number >= 0");
   if (o.slab_bytes < (64u << 10) || o.slab_bytes > (1u << 30) || o.slab_bytes % kPageAlign)
@@ -235,7 +241,7 @@ Status options_validate(const kvgc_heap_options& o) {
   return Status::Ok();
 }
 
-Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn) {
+Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn, std::string* layer_profile) {
   kvgc_heap_options next = *o;  // all or nothing: a bad variable changes nothing
   for (const Row& r : kRows) {
     const char* raw = getenv_fn(r.doc.env);
@@ -245,7 +251,35 @@ Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn) {
       return fail(KVGC_EINVAL, std::string(r.doc.env) + "='" + raw +
                                    "' is malformed; accepted: " + r.doc.forms);
   }
+  if (const char* lb = getenv_fn("KVGC_LAYER_BUDGET"); lb && layer_profile &&
+      next.layer_budget == KVGC_LAYER_BUDGET_ENTROPY)
+    *layer_profile = trim(lb).substr(8);
   *o = next;
+  return Status::Ok();
+}
+
+Status read_layer_profile(const std::string& path, uint32_t n_layers, const char* what,
+                          std::vector<float>* weights) {
+  std::ifstream f(path);
+  if (!f)
+    return fail(KVGC_EINVAL, std::string(what) + ": cannot read the layer profile '" + path +
+                                 "' (write one with kvgc-run --profile FILE)");
+  std::vector<float> w;
+  std::string line;
+  for (int lineno = 1; std::getline(f, line); ++lineno) {
+    const std::string t = trim(line.substr(0, line.find('#')).c_str());
+    if (t.empty()) continue;
+    double v;
+    if (!parse_double(t, &v) || !(v > 0))
+      return fail(KVGC_EINVAL, std::string(what) + ": " + path + ":" + std::to_string(lineno) +
+                                   ": '" + t + "' is not a positive number");
+    w.push_back(float(v));
+  }
+  if (w.size() != n_layers)
+    return fail(KVGC_EINVAL, std::string(what) + ": " + path + " has " + std::to_string(w.size()) +
+                                 " layer weights; the model has " + std::to_string(n_layers) +
+                                 " layers");
+  *weights = std::move(w);
   return Status::Ok();
 }
 

@@ -30,8 +30,16 @@ Status options_validate(const kvgc_heap_options& o);
 
 // Applies KVGC_* over `o`. `getenv_fn` is injectable so tests need not touch the
 // process environment. The message names the variable and its accepted forms.
+// KVGC_LAYER_BUDGET=entropy:FILE sets layer_budget to ENTROPY and *layer_profile to FILE
+// (the heap reads it: it knows the layer count).
 using GetEnv = const char* (*)(const char*);
-Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn);
+Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn,
+                        std::string* layer_profile = nullptr);
+
+// Reads a layer-budget profile: one positive weight per layer ('#' starts a comment).
+// The message names `what` (the variable or field) and the file.
+Status read_layer_profile(const std::string& path, uint32_t n_layers, const char* what,
+                          std::vector<float>* weights);
 
 // The effective configuration, one "KVGC_X=value" per line (for KVGC_VERBOSE=1).
 std::string options_describe(const kvgc_heap_options& o);

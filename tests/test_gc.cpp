@@ -8,6 +8,8 @@
 #include <map>
 #include <random>
 #include <set>
+#include <cstdio>
+#include <unistd.h>
 
 #include "util.hpp"
 
@@ -361,4 +363,65 @@ TEST_CASE("demotion is off where int4 pages save nothing (tiny heads; found by t
   CHECK(H.stats().tokens_demoted == 0);
   CHECK(H.stats().live_tokens == 8);
   H.check();
+}
+
+TEST_CASE("entropy layer budgets: from a profile file (env) or the options struct; bad profiles refused") {
+  const kvgc_model_desc m = model(3, 2, 32);
+  const std::string path = "/tmp/kvgc-test-profile-" + std::to_string(::getpid()) + ".txt";
+  auto write = [&](const char* text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f);
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  auto kept_per_layer = [&](kvgc_heap* h) {
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(h, 0, &s) == KVGC_OK);
+    for (uint32_t l = 0; l < 3; ++l) {
+      const auto k = gaussian(m, s, l, 0, 400, false), v = gaussian(m, s, l, 0, 400, true);
+      REQUIRE(kvgc_append(h, s, l, k.data(), v.data(), 400, nullptr) == KVGC_OK);
+    }
+    REQUIRE(kvgc_step(h, s, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+    std::vector<uint64_t> live(3);
+    for (uint32_t l = 0; l < 3; ++l) kvgc_seq_tokens(h, s, l, &live[l], nullptr);
+    return live;
+  };
+  kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 100, 4, 8, 8);
+  o.flags = 0;  // read the environment
+  write("# kvgc layer-budget profile\n1.0\n4.0  # layer 1 is the broadest\n1.0\n");
+  setenv("KVGC_LAYER_BUDGET", ("entropy:" + path).c_str(), 1);
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  auto live = kept_per_layer(h);
+  CHECK(live[0] + live[1] + live[2] == 300);
+  CHECK(live[1] > live[0]);
+  CHECK(live[0] == live[2]);
+  kvgc_heap_destroy(h);
+  // Bad profiles: each fails creation naming the variable and the file.
+  for (const char* bad : {"1.0\n2.0\n", "1.0\nabc\n1.0\n", "1.0\n-2\n1.0\n"}) {
+    write(bad);
+    CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
+    const std::string msg = kvgc_errmsg(nullptr);
+    CHECK(msg.find("KVGC_LAYER_BUDGET") != std::string::npos);
+    CHECK(msg.find(path) != std::string::npos);
+  }
+  setenv("KVGC_LAYER_BUDGET", "entropy:/nonexistent/profile", 1);
+  CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(nullptr)).find("kvgc-run --profile") != std::string::npos);
+  unsetenv("KVGC_LAYER_BUDGET");
+  std::remove(path.c_str());
+  // The same through the options struct.
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  o.layer_budget = KVGC_LAYER_BUDGET_ENTROPY;
+  const float w[] = {4.f, 1.f, 1.f};
+  o.layer_weights = w;
+  o.n_layer_weights = 2;
+  CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(nullptr)).find("opts->layer_weights") != std::string::npos);
+  o.n_layer_weights = 3;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  live = kept_per_layer(h);
+  CHECK(live[0] > live[1]);
+  kvgc_heap_destroy(h);
 }

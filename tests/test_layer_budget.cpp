@@ -39,3 +39,21 @@ TEST_CASE("pyramid respects a per-layer floor and keeps the total") {
   const auto c = split_layer_budget(KVGC_LAYER_BUDGET_PYRAMID, 4, 10, 50);
   CHECK(std::accumulate(c.begin(), c.end(), uint64_t(0)) == 40);
 }
+
+TEST_CASE("split_by_weights: proportional, exact total, floors respected") {
+  const float w[] = {1.f, 3.f, 2.f, 2.f};
+  auto b = kvgc::split_by_weights(w, 4, 100);
+  CHECK(std::accumulate(b.begin(), b.end(), uint64_t(0)) == 400);
+  CHECK(b[1] == 150);
+  CHECK(b[0] == 50);
+  CHECK(b[2] == b[3]);
+  b = kvgc::split_by_weights(w, 4, 100, 60);  // each at least 60; the rest by weight
+  CHECK(std::accumulate(b.begin(), b.end(), uint64_t(0)) == 400);
+  for (uint64_t x : b) CHECK(x >= 60);
+  CHECK(b[1] > b[2]);
+  CHECK(b[2] > b[0]);
+  const float equal[] = {5.f, 5.f, 5.f};
+  b = kvgc::split_by_weights(equal, 3, 7);
+  CHECK(std::accumulate(b.begin(), b.end(), uint64_t(0)) == 21);
+  for (uint64_t x : b) CHECK(x == 7);
+}

@@ -30,6 +30,7 @@ struct Args {
   uint32_t max_tokens = 128;
   float temperature = 0.0f;
   uint64_t seed = 42;
+  std::string profile;  // --profile FILE: per-layer attention entropy over the prompt
 };
 
 void usage(FILE* out) {
@@ -43,6 +44,8 @@ void usage(FILE* out) {
                "  --max-tokens N   tokens to generate at most (default 128)\n"
                "  --temperature T  0 (default) is greedy; above 0 samples\n"
                "  --seed S         sampling seed (default 42)\n"
+               "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
+               "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
                "KVGC_TOKEN_BUDGET=25%%).\n",
                kModelFile);
@@ -74,6 +77,8 @@ bool parse_args(int argc, char** argv, Args* args) {
       args->temperature = std::strtof(v, nullptr);
     } else if (arg == "--seed" && (v = value())) {
       args->seed = std::strtoull(v, nullptr, 10);
+    } else if (arg == "--profile" && (v = value())) {
+      args->profile = v;
     } else {
       std::fprintf(stderr, "kvgc-run: unknown or incomplete argument '%s'\n", arg.c_str());
       usage(stderr);
@@ -96,6 +101,48 @@ int32_t sample(const std::vector<float>& logits, float temperature, std::mt19937
   }
   std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
   return int32_t(pick(*rng));
+}
+
+// Each layer's attention entropy over the prompt, from what kvgc accumulated: a token's
+// score is the mass it received from every query that saw it; divided by how many could
+// (causality favours early tokens), normalised, its entropy in nats says how broadly the
+// layer attends. High-entropy layers get more of the budget under entropy:FILE.
+bool write_profile(kvgc_heap* heap, kvgc_seq seq, uint32_t layers, uint64_t prompt_tokens,
+                   const std::string& path, std::string* err) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    *err = "cannot write the profile '" + path + "'";
+    return false;
+  }
+  std::fprintf(f, "# kvgc layer-budget profile: attention entropy per layer (nats) over a\n"
+                  "# %llu-token prompt; use with KVGC_LAYER_BUDGET=entropy:%s\n",
+               (unsigned long long)prompt_tokens, path.c_str());
+  bool ok = true;
+  for (uint32_t l = 0; l < layers && ok; ++l) {
+    uint64_t n = 0;
+    ok = kvgc_read_scores(heap, seq, l, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK;
+    std::vector<float> scores(n);
+    std::vector<int32_t> pos(n);
+    ok = ok && kvgc_read_scores(heap, seq, l, scores.data(), nullptr, n, &n, nullptr) == KVGC_OK &&
+         kvgc_read(heap, seq, l, nullptr, nullptr, pos.data(), n, &n, nullptr) == KVGC_OK;
+    if (!ok) {
+      *err = std::string("kvgc: ") + kvgc_errmsg(heap);
+      break;
+    }
+    double total = 0;
+    std::vector<double> p(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      const double seen_by = double(prompt_tokens) - double(pos[i]);
+      p[i] = seen_by > 0 ? std::max(0.0, double(scores[i])) / seen_by : 0.0;
+      total += p[i];
+    }
+    double h = 0;
+    for (double x : p)
+      if (x > 0 && total > 0) h -= (x / total) * std::log(x / total);
+    std::fprintf(f, "%.6f  # layer %u\n", std::max(h, 1e-6), l);
+  }
+  std::fclose(f);
+  return ok;
 }
 
 // Prints the longest complete UTF-8 prefix of `pending`, keeping a split character.
@@ -168,6 +215,16 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "\n");
   const double prefill_s =
       std::chrono::duration<double>(Clock::now() - prefill_start).count();
+  if (!args.profile.empty()) {
+    if (!write_profile(engine.heap(), engine.sequence(), model.config.n_layers, prompt.size(),
+                       args.profile, &err)) {
+      std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "\nkvgc-run: layer-budget profile written to %s "
+                         "(use KVGC_LAYER_BUDGET=entropy:%s)\n",
+                 args.profile.c_str(), args.profile.c_str());
+  }
 
   // Decode, streaming each token's text as soon as its UTF-8 is complete.
   std::mt19937_64 rng(args.seed);

@@ -31,7 +31,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr uint32_t kPageTokens = 16;
 constexpr uint32_t kSinks = 4;
 constexpr uint32_t kWindow = 32;
@@ -70,13 +69,7 @@ void usage(FILE* out) {
                "  --model PATH   GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
                "  --text FILE    prose for the perplexity part (default: %s/gpl-3.txt)\n"
                "  --full         longer contexts, more depths (slow; default is quick)\n",
-               kModelFile, KVGC_QUALITY_DATA_DIR);
-}
-
-std::string default_model_path() {
-  if (const char* env = std::getenv("KVGC_MODEL"); env && *env) return env;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/kvgc/" + kModelFile;
+               engine::kDefaultModelFile, KVGC_QUALITY_DATA_DIR);
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
@@ -102,7 +95,7 @@ bool parse_args(int argc, char** argv, Args* args) {
       return false;
     }
   }
-  if (args->model.empty()) args->model = default_model_path();
+  if (args->model.empty()) args->model = engine::default_model_path();
   return true;
 }
 

@@ -21,7 +21,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 struct Args {
   std::string model;
@@ -48,13 +47,7 @@ void usage(FILE* out) {
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
                "KVGC_TOKEN_BUDGET=25%%).\n",
-               kModelFile);
-}
-
-std::string default_model_path() {
-  if (const char* env = std::getenv("KVGC_MODEL"); env && *env) return env;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/kvgc/" + kModelFile;
+               engine::kDefaultModelFile);
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
@@ -85,7 +78,7 @@ bool parse_args(int argc, char** argv, Args* args) {
       return false;
     }
   }
-  if (args->model.empty()) args->model = default_model_path();
+  if (args->model.empty()) args->model = engine::default_model_path();
   return true;
 }
 

@@ -1,5 +1,7 @@
 #include "engine/model.hpp"
 
+#include <cstdlib>
+
 #include <cmath>
 #include <cstring>
 
@@ -122,6 +124,12 @@ bool dequantize(uint32_t ggml_type, const uint8_t* data, uint64_t n_elements, fl
     default: break;
   }
   return true;
+}
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("KVGC_MODEL"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/kvgc/" + kDefaultModelFile;
 }
 
 bool load_model(const gguf::File& file, Model* model, std::string* err) {

@@ -71,4 +71,9 @@ bool dequantize(uint32_t ggml_type, const uint8_t* data, uint64_t n_elements, fl
 // the missing key or tensor, the unexpected shape, or the unsupported type.
 bool load_model(const gguf::File& file, Model* model, std::string* err);
 
+// The model the tools use by default (what tools/fetch-model.sh installs), and where:
+// $KVGC_MODEL if set, else ~/.cache/kvgc/<kDefaultModelFile>.
+inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+std::string default_model_path();
+
 }  // namespace engine

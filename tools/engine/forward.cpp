@@ -105,7 +105,7 @@ void Engine::apply_rope(float* x, uint32_t n, uint32_t n_heads) const {
   }
 }
 
-bool Engine::run_chunk(const int32_t* tokens, uint32_t n, std::string* err) {
+bool Engine::run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err) {
   const Config& c = model_->config;
   const uint32_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
   for (uint32_t t = 0; t < n; ++t) {
@@ -129,9 +129,12 @@ bool Engine::run_chunk(const int32_t* tokens, uint32_t n, std::string* err) {
     apply_rope(k_.data(), n, c.n_kv_heads);
     {
       KvgcTimer timer(&kvgc_seconds_);
+      kvgc_attend_params params;
+      kvgc_attend_params_init(&params);
+      if (!scores) params.flags |= KVGC_ATTEND_NO_SCORES;
       if (kvgc_failed(kvgc_append(heap_, seq_, layer, k_.data(), v_.data(), n, nullptr),
                       "kvgc_append", err) ||
-          kvgc_failed(kvgc_attend(heap_, seq_, layer, q_.data(), n, att_.data(), nullptr,
+          kvgc_failed(kvgc_attend(heap_, seq_, layer, q_.data(), n, att_.data(), &params,
                                   nullptr), "kvgc_attend", err)) {
         return false;
       }
@@ -153,27 +156,107 @@ bool Engine::run_chunk(const int32_t* tokens, uint32_t n, std::string* err) {
     for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
   }
   position_ += n;
+  return true;
+}
+
+bool Engine::step(std::string* err) {
   KvgcTimer timer(&kvgc_seconds_);
   const kvgc_status status = kvgc_step(heap_, seq_, nullptr);
   return status == KVGC_EBUDGET || !kvgc_failed(status, "kvgc_step", err);
 }
 
-bool Engine::forward(const int32_t* tokens, uint32_t n_tokens, float* logits,
-                     std::string* err) {
+void Engine::project(uint32_t row, float* logits) {
+  const Config& c = model_->config;
+  rms_norm(&x_[size_t(row) * c.n_embd], model_->output_norm.data(), xb_.data(), c.n_embd,
+           c.rms_eps);
+  matmul(xb_.data(), model_->output_weights(), logits, 1, c.n_embd, c.n_vocab);
+}
+
+bool Engine::forward(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err,
+                     const Pass& pass) {
   if (n_tokens == 0) {
     if (err) *err = "forward needs at least one token";
     return false;
   }
+  const Config& c = model_->config;
   uint32_t last = 0;
   for (uint32_t done = 0; done < n_tokens; done += last) {
     last = std::min(kChunkTokens, n_tokens - done);
-    if (!run_chunk(tokens + done, last, err)) return false;
+    // A chunk either scores or not: split it where scoring starts.
+    if (done < pass.scored_from) last = std::min(last, pass.scored_from - done);
+    if (!run_chunk(tokens + done, last, done >= pass.scored_from, err)) return false;
+    if (pass.all_logits != nullptr) {
+      // All rows at once: one GEMM over the chunk's normalised rows.
+      for (uint32_t t = 0; t < last; ++t)
+        rms_norm(&x_[size_t(t) * c.n_embd], model_->output_norm.data(),
+                 &xb_[size_t(t) * c.n_embd], c.n_embd, c.rms_eps);
+      matmul(xb_.data(), model_->output_weights(), pass.all_logits + size_t(done) * c.n_vocab,
+             last, c.n_embd, c.n_vocab);
+    }
+    if (pass.step && !step(err)) return false;
   }
-  if (logits != nullptr) {
-    const Config& c = model_->config;
-    rms_norm(&x_[size_t(last - 1) * c.n_embd], model_->output_norm.data(), xb_.data(), c.n_embd,
-             c.rms_eps);
-    matmul(xb_.data(), model_->output_weights(), logits, 1, c.n_embd, c.n_vocab);
+  if (logits != nullptr) project(last - 1, logits);
+  return true;
+}
+
+bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err,
+                     PrefillMode mode, const std::function<void(uint32_t)>& progress) {
+  Pass pass;
+  if (mode == PrefillMode::Observe) {
+    pass.step = false;
+    pass.scored_from = n_tokens > kObserveTokens ? n_tokens - kObserveTokens : 0;
+  }
+  // Chunk by chunk so progress can be reported; scoring and stepping as the mode says.
+  for (uint32_t done = 0; done < n_tokens;) {
+    uint32_t n = std::min(kChunkTokens, n_tokens - done);
+    if (done < pass.scored_from) n = std::min(n, pass.scored_from - done);
+    Pass piece = pass;
+    piece.scored_from = done >= pass.scored_from ? 0 : n;  // the piece never straddles it
+    const bool last = done + n == n_tokens;
+    if (!forward(tokens + done, n, last ? logits : nullptr, err, piece)) return false;
+    done += n;
+    if (progress) progress(done);
+  }
+  return mode != PrefillMode::Observe || (pool_scores(err) && step(err));
+}
+
+// SnapKV's clustering: a token's score becomes the largest within kPoolRadius positions,
+// so the neighbours of what the question attends to (the other digits of a number, the
+// rest of a name) are ranked with it. Done through the public API: read the scores,
+// then kvgc_observe the difference.
+bool Engine::pool_scores(std::string* err) {
+  for (uint32_t layer = 0; layer < model_->config.n_layers; ++layer) {
+    KvgcTimer timer(&kvgc_seconds_);
+    uint64_t n = 0;
+    if (kvgc_failed(kvgc_read_scores(heap_, seq_, layer, nullptr, nullptr, 0, &n, nullptr),
+                    "kvgc_read_scores", err))
+      return false;
+    pool_score_.resize(n);
+    pool_pos_.resize(n);
+    pool_delta_.resize(n);
+    if (n == 0) continue;
+    if (kvgc_failed(kvgc_read_scores(heap_, seq_, layer, pool_score_.data(), nullptr, n, &n,
+                                     nullptr), "kvgc_read_scores", err) ||
+        kvgc_failed(kvgc_read(heap_, seq_, layer, nullptr, nullptr, pool_pos_.data(), n, &n,
+                              nullptr), "kvgc_read", err))
+      return false;
+    // Rows in position order (read order need not be), then a window max over positions.
+    pool_order_.resize(n);
+    for (uint32_t i = 0; i < n; ++i) pool_order_[i] = i;
+    std::sort(pool_order_.begin(), pool_order_.end(),
+              [&](uint32_t a, uint32_t b) { return pool_pos_[a] < pool_pos_[b]; });
+    size_t lo = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t p = pool_pos_[pool_order_[i]];
+      while (pool_pos_[pool_order_[lo]] < p - int32_t(kPoolRadius)) ++lo;
+      float best = pool_score_[pool_order_[i]];
+      for (size_t j = lo; j < n && pool_pos_[pool_order_[j]] <= p + int32_t(kPoolRadius); ++j)
+        best = std::max(best, pool_score_[pool_order_[j]]);
+      pool_delta_[pool_order_[i]] = best - pool_score_[pool_order_[i]];
+    }
+    if (kvgc_failed(kvgc_observe(heap_, seq_, layer, pool_delta_.data(), n, nullptr),
+                    "kvgc_observe", err))
+      return false;
   }
   return true;
 }

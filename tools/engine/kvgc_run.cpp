@@ -30,12 +30,14 @@ struct Args {
   float temperature = 0.0f;
   uint64_t seed = 42;
   std::string profile;  // --profile FILE: per-layer attention entropy over the prompt
+  engine::Engine::PrefillMode prefill = engine::Engine::PrefillMode::Observe;
 };
 
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: kvgc-run [--model PATH] [--prompt TEXT] [--chat] [--max-tokens N]\n"
-               "                [--temperature T] [--seed S]\n"
+               "                [--temperature T] [--seed S] [--prefill observe|stream]\n"
+               "                [--profile FILE]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
@@ -43,11 +45,17 @@ void usage(FILE* out) {
                "  --max-tokens N   tokens to generate at most (default 128)\n"
                "  --temperature T  0 (default) is greedy; above 0 samples\n"
                "  --seed S         sampling seed (default 42)\n"
+               "  --prefill MODE   observe (default): cache the whole prompt, let only its last\n"
+               "                   %u tokens score, evict once at its end (SnapKV-style: what\n"
+               "                   the question attends to survives); stream: evict after every\n"
+               "                   %u-token chunk, every token scores (the cache never exceeds\n"
+               "                   its budget, but facts are judged before the question is read)\n"
                "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
                "KVGC_TOKEN_BUDGET=25%%).\n",
-               engine::kDefaultModelFile);
+               engine::kDefaultModelFile, engine::Engine::kObserveTokens,
+               engine::Engine::kChunkTokens);
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
@@ -72,6 +80,16 @@ bool parse_args(int argc, char** argv, Args* args) {
       args->seed = std::strtoull(v, nullptr, 10);
     } else if (arg == "--profile" && (v = value())) {
       args->profile = v;
+    } else if (arg == "--prefill" && (v = value())) {
+      const std::string mode = v;
+      if (mode == "observe") {
+        args->prefill = engine::Engine::PrefillMode::Observe;
+      } else if (mode == "stream") {
+        args->prefill = engine::Engine::PrefillMode::Stream;
+      } else {
+        std::fprintf(stderr, "kvgc-run: --prefill must be observe or stream, not '%s'\n", v);
+        return false;
+      }
     } else {
       std::fprintf(stderr, "kvgc-run: unknown or incomplete argument '%s'\n", arg.c_str());
       usage(stderr);
@@ -191,19 +209,16 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Prefill, one chunk at a time so progress can be shown.
+  // The profile needs every query's mass (write_profile divides by how many saw a token).
+  const auto mode = args.profile.empty() ? args.prefill : engine::Engine::PrefillMode::Stream;
   std::vector<float> logits(config.n_vocab);
   const auto prefill_start = Clock::now();
-  for (size_t done = 0; done < prompt.size();) {
-    const uint32_t n = uint32_t(std::min<size_t>(engine::Engine::kChunkTokens,
-                                                 prompt.size() - done));
-    const bool last = done + n == prompt.size();
-    if (!engine.forward(prompt.data() + done, n, last ? logits.data() : nullptr, &err)) {
-      std::fprintf(stderr, "\nkvgc-run: %s\n", err.c_str());
-      return 1;
-    }
-    done += n;
-    std::fprintf(stderr, "\rprefill %zu/%zu tokens", done, prompt.size());
+  if (!engine.prefill(prompt.data(), uint32_t(prompt.size()), logits.data(), &err, mode,
+                      [&](uint32_t done) {
+                        std::fprintf(stderr, "\rprefill %u/%zu tokens", done, prompt.size());
+                      })) {
+    std::fprintf(stderr, "\nkvgc-run: %s\n", err.c_str());
+    return 1;
   }
   std::fprintf(stderr, "\n");
   const double prefill_s =

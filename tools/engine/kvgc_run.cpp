@@ -281,6 +281,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "  policy               %s\n",
                unsigned(options.policy) < 5 ? kPolicies[options.policy] : "?");
   std::fprintf(stderr, "  prompt tokens        %zu\n", prompt.size());
+  std::fprintf(stderr, "  prefill mode         %s\n",
+               mode == engine::Engine::PrefillMode::Observe
+                   ? "observe (whole prompt cached, evicted once at its end)"
+                   : "stream (kvgc_step after every chunk)");
   std::fprintf(stderr, "  generated tokens     %u\n", generated);
   std::fprintf(stderr, "  live KV tokens       %.1f of %llu (per layer)\n",
                double(stats.live_tokens) / config.n_layers,

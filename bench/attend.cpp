@@ -5,13 +5,22 @@
 // Pages are built directly (the op's own input format) from random data: 8 KV heads, 32
 // query heads (GQA 4), head_dim 64 and 128, 4K and 32K live tokens, f16 model dtype,
 // pages of 16. The bound: bytes of K and V the op reads, over the read bandwidth of a
-// vectorised sum of a buffer of the same size, measured in the same run.
+// vectorised sum of a buffer of the same size, measured in the same run. A second floor:
+// the FMAs the op cannot avoid (K.q and p.V for every live slot, head and query row, in
+// fp32) over the core's FMA rate, also measured in the same run; the op can be no faster
+// than the larger of the two.
+#include <immintrin.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <span>
 #include <random>
 #include <vector>
 
 #include "../kernels/cpu/attend.hpp"
+#include "../runtime/backend.hpp"
 #include "../kernels/cpu/convert.hpp"
 #include "../kernels/cpu/quant.hpp"
 #include "bench_util.hpp"
@@ -23,13 +32,16 @@ namespace {
 
 constexpr uint32_t kKvHeads = 8, kQHeads = 32, kPageTokens = 16;
 
+// The pages live in one arena reserved by the CPU backend, as a heap's do (2 MiB
+// aligned, huge pages where the OS gives them), one after another.
 struct Segment {
   PageLayout layout[2];
-  std::vector<uint8_t*> pages;
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  void* arena = nullptr;
   std::vector<SegPage> seg;
   uint64_t live = 0;
   ~Segment() {
-    for (uint8_t* p : pages) std::free(p);
+    if (arena) backend->release(arena);
   }
 };
 
@@ -40,8 +52,13 @@ void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cl
   const PageLayout& L = s.layout[cls];
   std::normal_distribution<float> gauss(0.f, 1.f);
   std::vector<uint8_t> row(head_dim * 2);
+  const size_t n_pages = (tokens + kPageTokens - 1) / kPageTokens;
+  if (!s.backend->reserve(n_pages * L.bytes, &s.arena).ok()) {
+    std::fprintf(stderr, "kvgc-bench-attend: cannot reserve %zu bytes\n", n_pages * L.bytes);
+    std::exit(1);
+  }
   for (uint32_t t = 0; t < tokens; t += kPageTokens) {
-    auto* page = static_cast<uint8_t*>(std::aligned_alloc(kPageAlign, L.bytes));
+    auto* page = static_cast<uint8_t*>(s.arena) + (t / kPageTokens) * L.bytes;
     std::memset(page, 0, L.bytes);
     for (uint32_t slot = 0; slot < kPageTokens; ++slot) {
       reinterpret_cast<uint32_t*>(page + L.live_off)[slot / 32] |= 1u << (slot % 32);
@@ -61,7 +78,6 @@ void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cl
         }
     }
     s.seg.push_back({page, uint32_t(cls), s.live});
-    s.pages.push_back(page);
     s.live += kPageTokens;
   }
 }
@@ -81,8 +97,12 @@ double attend_ns(const Segment& s, bool scores, const std::vector<uint16_t>& q, 
 }
 
 // Read bandwidth of a vectorisable sum over `bytes` (the bound's denominator).
+// The buffer comes from the same arena reservation as the pages (huge pages alike).
 double read_gbps(size_t bytes, int reps) {
-  std::vector<uint64_t> buf(bytes / 8);
+  const std::unique_ptr<Backend> backend = make_cpu_backend();
+  void* arena = nullptr;
+  if (!backend->reserve(bytes, &arena).ok()) std::exit(1);
+  const std::span<uint64_t> buf(static_cast<uint64_t*>(arena), bytes / 8);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = i * 2654435761u;
   const double ns = median_of(reps, [&] {
     const Timer t;
@@ -91,8 +111,40 @@ double read_gbps(size_t bytes, int reps) {
     do_not_optimize(a + b + c + d);
     return t.elapsed_ns();
   }).median;
+  backend->release(arena);
   return double(bytes) / ns;
 }
+
+// Vector FMAs per ns of one core at the attention path's vector width: 12 independent
+// accumulator chains (enough to cover the FMA latency on current cores), median of 5.
+constexpr int kChains = 12;
+constexpr int64_t kFmaIters = 20'000'000;
+
+#define KVGC_FMA_RATE(NAME, TARGET, VEC, SET1, FMA, SUM)                     \
+  __attribute__((target(TARGET))) double NAME##_once() {                  \
+    VEC acc[kChains];                                                     \
+    for (int c = 0; c < kChains; ++c) acc[c] = SET1(1e-9f * float(c));   \
+    VEC x = SET1(0.999f), y = SET1(1e-6f);                                \
+    asm volatile("" : "+v"(x), "+v"(y));  /* opaque: nothing folds */     \
+    const Timer t;                                                        \
+    for (int64_t i = 0; i < kFmaIters; ++i)                               \
+      for (int c = 0; c < kChains; ++c) acc[c] = FMA(x, y, acc[c]);       \
+    const double ns = t.elapsed_ns();                                     \
+    float sink = 0;                                                       \
+    for (int c = 0; c < kChains; ++c) sink += SUM(acc[c]);                \
+    do_not_optimize(sink);                                                \
+    return double(kFmaIters) * kChains / ns;                              \
+  }                                                                       \
+  double NAME() { return median_of(5, [] { return NAME##_once(); }).median; }
+
+__attribute__((target("avx2"))) inline float sum256(__m256 v) {
+  alignas(32) float f[8];
+  _mm256_store_ps(f, v);
+  return f[0] + f[7];
+}
+KVGC_FMA_RATE(fma_rate_avx512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps)
+KVGC_FMA_RATE(fma_rate_avx2, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, sum256)
+#undef KVGC_FMA_RATE
 
 }  // namespace
 
@@ -104,8 +156,15 @@ int main(int argc, char** argv) {
               "pages of %u, %s path, single thread\n\n",
               kKvHeads, kQHeads, kQHeads / kKvHeads, kPageTokens,
               cpu::simd_name());
-  std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | fp16/bound | int4 ms | fp16/int4 | scores/no-scores |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  // The FMA floor uses the vector width of the path the op runs.
+  const std::string path = cpu::simd_name();
+  const int lanes = path == "AVX-512" ? 16 : path == "AVX2" ? 8 : 1;
+  const double fma_per_ns = lanes == 16 ? fma_rate_avx512() : lanes == 8 ? fma_rate_avx2() : 0;
+  if (lanes > 1)
+    std::printf("FMA rate: %.2f %d-lane FMAs/ns (%.1f GFLOP/s fp32)\n\n", fma_per_ns, lanes,
+                fma_per_ns * lanes * 2);
+  std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | FMA floor ms | fp16/bound | fp16/floor | int4 ms | int4/floor | fp16/int4 | scores/no-scores |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   ResultLine result;
   for (uint32_t hd : {64u, 128u}) {
     for (uint32_t live : quick ? std::vector<uint32_t>{4096} : std::vector<uint32_t>{4096, 32768}) {
@@ -121,11 +180,16 @@ int main(int argc, char** argv) {
       const double t16 = attend_ns(f, true, q, out, reps);
       const double t16_plain = attend_ns(f, false, q, out, reps);
       const double t4 = attend_ns(i4, true, q, out, reps);
-      std::printf("| %u | %u | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n", hd, live, gbps,
-                  t16 / 1e6, bound_ns / 1e6, t16 / bound_ns, t4 / 1e6, t16 / t4, t16 / t16_plain);
+      // K.q and p.V: every live slot, KV head, query row (GQA group) and dim, once each.
+      const double fmas = 2.0 * live * kKvHeads * (kQHeads / kKvHeads) * hd / std::max(lanes, 1);
+      const double floor_ns = std::max(bound_ns, fma_per_ns > 0 ? fmas / fma_per_ns : 0.0);
+      std::printf("| %u | %u | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n",
+                  hd, live, gbps, t16 / 1e6, bound_ns / 1e6, floor_ns / 1e6, t16 / bound_ns,
+                  t16 / floor_ns, t4 / 1e6, t4 / floor_ns, t16 / t4, t16 / t16_plain);
       std::fflush(stdout);
       const std::string k = "hd" + std::to_string(hd) + "_" + std::to_string(live / 1024) + "k";
       result.add("vs_bound_" + k, t16 / bound_ns);
+      result.add("vs_floor_" + k, t16 / floor_ns);
       result.add("int4_speedup_" + k, t16 / t4);
       result.add("score_overhead_" + k, t16 / t16_plain, 3);
     }

@@ -31,6 +31,30 @@ KVGC_AVX2 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c)
 KVGC_AVX2 inline VEC vadd(VEC a, VEC b) { return _mm256_add_ps(a, b); }
 KVGC_AVX2 inline VEC vsub(VEC a, VEC b) { return _mm256_sub_ps(a, b); }
 
+KVGC_AVX2 inline VEC vmax(VEC a, VEC b) { return _mm256_max_ps(a, b); }  // b where a is NaN
+
+// Lane i of the result is the sum of v[i]'s lanes (a transpose-and-add tree).
+KVGC_AVX2 inline VEC vsum_lanes(const VEC* v) {
+  VEC t[4], u[2];
+  for (int i = 0; i < 4; ++i)  // [v2i halves summed | v2i+1 halves summed]
+    t[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  for (int i = 0; i < 2; ++i)  // half l: 2 partials of v4i+l, 2 of v4i+2+l
+    u[i] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // half l, element e: the sum of v2e+l
+  const VEC x = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// x where a[i] <= b[i], else -inf (the causal mask of a group of logits).
+KVGC_AVX2 inline VEC vmask_le(VEC x, const int32_t* a, const int32_t* b) {
+  const __m256i gt = _mm256_cmpgt_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  return _mm256_blendv_ps(x, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(gt));
+}
+
 KVGC_AVX2 inline float vhsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

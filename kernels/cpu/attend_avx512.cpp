@@ -35,6 +35,33 @@ KVGC_AVX512 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm512_fmadd_ps(a, b, 
 KVGC_AVX512 inline VEC vadd(VEC a, VEC b) { return _mm512_add_ps(a, b); }
 KVGC_AVX512 inline VEC vsub(VEC a, VEC b) { return _mm512_sub_ps(a, b); }
 KVGC_AVX512 inline float vhsum(VEC v) { return _mm512_reduce_add_ps(v); }
+KVGC_AVX512 inline VEC vmax(VEC a, VEC b) { return _mm512_max_ps(a, b); }  // b where a is NaN
+
+// Lane i of the result is the sum of v[i]'s lanes: a transpose-and-add tree, 46 shuffles
+// and adds for 16 sums where 16 separate reductions take about three times as many.
+KVGC_AVX512 inline VEC vsum_lanes(const VEC* v) {
+  VEC t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // [v2i halves summed | v2i+1 halves summed]
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // quarter k: 4 partial sums of v4i+k
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // quarter k: 2 partials of v8i+k, 2 of v8i+4+k
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // quarter k, element e: the sum of v4e+k
+  const VEC x = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), x);
+}
+
+// x where a[i] <= b[i], else -inf (the causal mask of a group of logits).
+KVGC_AVX512 inline VEC vmask_le(VEC x, const int32_t* a, const int32_t* b) {
+  const __mmask16 keep = _mm512_cmple_epi32_mask(_mm512_loadu_si512(a), _mm512_loadu_si512(b));
+  return _mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), x);
+}
 
 KVGC_AVX512 inline float load16(const uint16_t* p, kvgc_dtype t) {
   if (t == KVGC_DTYPE_F16) return _cvtsh_ss(*p);

@@ -31,6 +31,10 @@ KVGC_AVX2 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c)
 KVGC_AVX2 inline VEC vadd(VEC a, VEC b) { return _mm256_add_ps(a, b); }
 KVGC_AVX2 inline VEC vsub(VEC a, VEC b) { return _mm256_sub_ps(a, b); }
 
+KVGC_AVX2 inline void vstore_first(float* p, VEC v, uint32_t n) {  // lanes [0, n)
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lane), v);
+}
 KVGC_AVX2 inline VEC vmax(VEC a, VEC b) { return _mm256_max_ps(a, b); }  // b where a is NaN
 
 // Lane i of the result is the sum of v[i]'s lanes (a transpose-and-add tree).

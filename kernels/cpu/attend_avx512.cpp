@@ -35,6 +35,9 @@ KVGC_AVX512 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm512_fmadd_ps(a, b, 
 KVGC_AVX512 inline VEC vadd(VEC a, VEC b) { return _mm512_add_ps(a, b); }
 KVGC_AVX512 inline VEC vsub(VEC a, VEC b) { return _mm512_sub_ps(a, b); }
 KVGC_AVX512 inline float vhsum(VEC v) { return _mm512_reduce_add_ps(v); }
+KVGC_AVX512 inline void vstore_first(float* p, VEC v, uint32_t n) {  // lanes [0, n)
+  _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v);
+}
 KVGC_AVX512 inline VEC vmax(VEC a, VEC b) { return _mm512_max_ps(a, b); }  // b where a is NaN
 
 // Lane i of the result is the sum of v[i]'s lanes: a transpose-and-add tree, 46 shuffles

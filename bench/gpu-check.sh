@@ -10,31 +10,35 @@
 #   bench/gpu-check.sh             (on the GPU machine)
 #       runs .gpu/bin; if those binaries cannot run there (another libc), rebuilds them
 #       with nvcc from the sources and .gpu/include, then runs them.
-# Logs go to $OUT (if set) or .gpu/out.
+# Logs go to $OUT (if set) or .gpu/out. KVGC_GPU_BUILD (default build-gpu) names the
+# meson build directory --prepare uses, so a shared checkout can prepare without
+# touching someone else's build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${KVGC_GPU_ARCH:-90}
+BUILD=${KVGC_GPU_BUILD:-build-gpu}
 export PATH="$PATH:/usr/local/cuda/bin"
 
 core_sources() {
   echo allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp kernels/cpu/copy.cpp runtime/options.cpp \
        runtime/model.cpp runtime/heap.cpp runtime/check.cpp runtime/cpu_backend.cpp \
        runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
+       kernels/cuda/gc.cu kernels/cuda/gc_select.cu kernels/cuda/gc_decide.cu \
        runtime/collect.cpp gc/plan.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \
        kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp
 }
 GPU_TESTS="kvgc-cuda-tests"
-GPU_BENCHES="kvgc-bench-cuda-copy kvgc-bench-cuda-attend"
+GPU_BENCHES="kvgc-bench-cuda-copy kvgc-bench-cuda-attend kvgc-bench-cuda-gc"
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/include
-  rm -rf build-gpu
-  meson setup build-gpu -Dgpu_arch="$ARCH" -Dcuda=enabled -Dtcmalloc=disabled \
+  rm -rf "$BUILD"
+  meson setup "$BUILD" -Dgpu_arch="$ARCH" -Dcuda=enabled -Dtcmalloc=disabled \
     -Dtools=false -Dcpp_link_args='-static-libstdc++ -static-libgcc' >/dev/null
-  ninja -C build-gpu tests/kvgc-cuda-tests bench/kvgc-bench-cuda-copy bench/kvgc-bench-cuda-attend >/dev/null
-  cp build-gpu/tests/kvgc-cuda-tests build-gpu/bench/kvgc-bench-cuda-copy \
-     build-gpu/bench/kvgc-bench-cuda-attend .gpu/bin/
+  ninja -C "$BUILD" tests/$GPU_TESTS $(printf 'bench/%s ' $GPU_BENCHES) >/dev/null
+  cp "$BUILD/tests/$GPU_TESTS" .gpu/bin/
+  for b in $GPU_BENCHES; do cp "$BUILD/bench/$b" .gpu/bin/; done
   # Header-only dependencies, for a rebuild on the GPU host.
   cp /usr/include/doctest/doctest.h .gpu/include/
   mkdir -p .gpu/include/doctest && cp /usr/include/doctest/doctest.h .gpu/include/doctest/
@@ -63,9 +67,10 @@ if [ "${KVGC_GPU_REBUILD:-0}" = 1 ] || { [ $rc -ne 0 ] && [ $rc -ne 77 ]; }; the
   echo "carried binaries not used (rc=$rc: $(echo "$probe" | head -1)); rebuilding with nvcc"
   bin=.gpu/rebuilt && mkdir -p $bin
   flags="-std=c++20 -O2 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -I c_api -I .gpu/include -DKVGC_ASSERT_LEVEL=1"
-  nvcc $flags $(core_sources) tests/test_cuda.cpp tests/util.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) tests/cuda_main.cpp tests/test_cuda.cpp tests/test_cuda_gc.cpp tests/util.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
   nvcc $flags $(core_sources) bench/cuda_copy.cpp -o $bin/kvgc-bench-cuda-copy 2>&1 | tail -20 &
   nvcc $flags $(core_sources) bench/cuda_attend.cpp -o $bin/kvgc-bench-cuda-attend 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) bench/cuda_gc.cpp -o $bin/kvgc-bench-cuda-gc 2>&1 | tail -20 &
   wait
   row "build" "rebuilt on the GPU host with nvcc"
 else

@@ -262,8 +262,14 @@ KVGC_API kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
  * fragmentation passes compact_threshold. Evicted tokens disappear from kvgc_read;
  * demoted ones read back dequantized. KVGC_EBUDGET when a segment stays over its budget
  * because every remaining token is protected (sinks, young window): advisory, nothing
- * is lost, and the next step proceeds. Not yet on the CUDA backend (KVGC_EUNSUPPORTED,
- * except with policy full, where a step has nothing to do). */
+ * is lost, and the next step proceeds.
+ * Streams (CUDA): the GC's work is enqueued on `stream`; the decision op's page-level
+ * results (live counts per page, a few bytes each) are read back at once, so kvgc_step
+ * synchronises `stream` once per segment that collects. That stall is confined to
+ * kvgc_step: kvgc_append, kvgc_attend, kvgc_observe and kvgc_read never wait, and a step
+ * with nothing due does not synchronise. Planned next step: results applied one step
+ * late (a deferred harvest), so that a step only enqueues. kvgc_step and kvgc_attend
+ * share the heap's device scratch: issue them on one stream (or order the streams). */
 KVGC_API kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream);
 
 /* ---- attention ------------------------------------------------------------------ */
@@ -353,7 +359,7 @@ typedef struct kvgc_stats {
   uint64_t bytes_moved;    /* by compaction and demotion */
   uint64_t ebudget;        /* segments left over budget (KVGC_EBUDGET) */
   uint64_t attends;        /* kvgc_attend calls */
-  uint64_t scratch_bytes;  /* of arena_bytes, kept for device attention (CPU: 0) */
+  uint64_t scratch_bytes;  /* of arena_bytes, kept for device attention and GC (CPU: 0) */
 } kvgc_stats;
 
 /* sizeof(kvgc_stats) of version 1, still accepted by kvgc_get_stats. */

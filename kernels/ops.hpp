@@ -52,7 +52,8 @@ struct GatherOp {
   uint8_t* gen_out = nullptr;    // [rows] generation (SlotGen), or null
 };
 
-// Adds mass[row] to the score of the slot at each read-order row.
+// Adds mass[row] to the score of the slot at each read-order row. On a device it is
+// enqueued on the engine's stream and never synchronises.
 struct ObserveOp {
   PageLayout layout[KVGC_CLASS_COUNT];
   const SegPage* pages;
@@ -70,6 +71,12 @@ enum class KeyKind : uint8_t { Score, Position, Random };
 // scores at least demote_ratio x the candidates' mean and a destination slot is left),
 // promote top-ranked stable intermediate tokens, re-split tiers on a major GC, age the
 // intermediate survivors. Reports page-granular results only.
+//
+// Streams: page_live and result are host memory the runtime reads right after the op.
+// The CPU executor fills them before returning; the CUDA executor enqueues its kernels
+// and copies them back, and the CUDA backend synchronises the engine's stream before
+// returning (a stall confined to kvgc_step; append, attend, observe and read never
+// wait). Reading them one step late (a deferred harvest) is the planned next step.
 struct SelectResult {
   uint64_t ranked = 0, tenured = 0, evicted = 0, demoted = 0, promoted = 0;
   uint64_t promote_eligible = 0;        // intermediate tokens old enough, not promoted
@@ -100,6 +107,11 @@ struct SelectOp {
   bool age_intermediate;
   uint16_t* page_live;        // out, [n_pages]: live slots per page after the op (host)
   SelectResult* result;       // out (host)
+  // Device executors: the heap's scratch (keys, sort buffers, decisions), reserved at
+  // creation for the longest segment the arena can hold (Backend::gc_scratch_bytes).
+  // Shared with attention: the two never run concurrently on one heap's stream.
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
 };
 
 // Moves `count` live slots (the highest) of src into the first holes (dead slots) of
@@ -110,9 +122,14 @@ struct CompactMove {
   uint32_t count;
 };
 
+// A device executor runs the moves in parallel: move m pairs the holes and live slots
+// that earlier moves into (out of) the same page left, exactly as the sequential loop,
+// so a page may appear in several moves but never as both a destination and a source
+// (the planner takes destinations from the front and sources from the back). Enqueued
+// on the engine's stream; never synchronises.
 struct CompactOp {
   PageLayout layout;
-  const CompactMove* moves;  // applied in order
+  const CompactMove* moves;  // applied in order (host array)
   uint32_t n_moves;
 };
 

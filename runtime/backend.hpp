@@ -3,9 +3,15 @@
 // Lifetime and stream rules (RMM-style, stated once here):
 //   - reserve() is called once per heap; release() once, at heap destruction, after
 //     the engine has finished every stream that used the arena.
-//   - copy/fill/append/gather are enqueued on `stream` (the engine's cudaStream_t on
-//     CUDA; ignored on CPU, where they complete before returning). None synchronises,
-//     except synchronize() and the *_sync helpers used by the invariant walker.
+//   - copy/fill/append/gather/observe/compact/attend are enqueued on `stream` (the
+//     engine's cudaStream_t on CUDA; ignored on CPU, where they complete before
+//     returning). None synchronises, except synchronize() and select (below).
+//   - select is the one op whose results the host needs at once: its page-level
+//     results (page_live and the SelectResult, a few bytes per page) are read by the
+//     runtime right after it returns, so on CUDA the backend synchronises the stream
+//     before returning. The stall is confined to kvgc_step: append, attend, observe
+//     and read never wait. Planned next step: read them one step late (a deferred
+//     harvest), so that a step only enqueues.
 //   - Every device error comes back as KVGC_EDEVICE with the device's own message.
 #pragma once
 
@@ -42,7 +48,8 @@ class Backend : public host::HostAllocated {
   virtual Status append(const AppendOp& op, void* stream) = 0;
   virtual Status gather(const GatherOp& op, void* stream) = 0;
   // The GC's ops. Their page-level outputs (SelectOp::page_live, result) are host
-  // memory the runtime reads after the op; on CPU they are complete on return.
+  // memory the runtime reads after the op; complete on return on every backend (CUDA
+  // synchronises the stream in select; see above).
   virtual Status observe(const ObserveOp& op, void* stream) = 0;
   virtual Status select(const SelectOp& op, void* stream) = 0;
   virtual Status compact(const CompactOp& op, void* stream) = 0;
@@ -51,6 +58,12 @@ class Backend : public host::HostAllocated {
   // run over a segment of up to max_tokens live tokens; 0 when the executor needs none.
   virtual size_t attend_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc& m,
                                       uint32_t page_tokens) const = 0;
+  // Device scratch select needs over a segment of up to max_tokens slots (pages of
+  // either class x page_tokens); 0 when the executor needs none. The heap carves one
+  // scratch of the larger of this and attend_scratch_bytes: attention and the GC never
+  // run concurrently on one heap's stream, so they share it.
+  virtual size_t gc_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc& m,
+                                  uint32_t page_tokens) const = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -1,6 +1,8 @@
 // The GC's runtime side: kvgc_observe and kvgc_step. The host plans from page-granular
 // counts (gc/), one data-plane op picks the tokens (kernels/), and the host applies the
 // op's page-level results: frees empty pages, updates counts, compacts when fragmented.
+// On CUDA the select op synchronises the stream so that its results are here at once
+// (backend.hpp); observe and compaction are only enqueued.
 #include <algorithm>
 #include <cmath>
 
@@ -52,10 +54,6 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   KVGC_TRY(find(seq, 0, "kvgc_step", &s));
   ++counters_.steps;
   if (opts_.policy == KVGC_POLICY_FULL) return Status::Ok();  // never evicts, never fragments
-  if (backend_->kind() != KVGC_DEVICE_CPU)
-    return fail(KVGC_EUNSUPPORTED,
-                "kvgc_step: the GC's data-plane ops run on the CPU backend only until the "
-                "CUDA kernels land; use KVGC_DEVICE=cpu, or KVGC_POLICY=full on CUDA");
   const host::vector<uint64_t> budgets = layer_budgets(*s);
   uint32_t short_layers = 0;
   for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {
@@ -163,6 +161,8 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
     op.age_intermediate = g.age_intermediate;
     op.page_live = page_live_.data();
     op.result = &r;
+    op.scratch = scratch_;  // device executors (shared with attention: same stream)
+    op.scratch_bytes = scratch_bytes_;
     auto give_back = [&] {  // nothing was decided: return the demotion pages
       for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
       q.pages.resize(int4_before);

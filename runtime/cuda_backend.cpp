@@ -5,6 +5,7 @@
 
 #include "../kernels/cuda/attend.cuh"
 #include "../kernels/cuda/copy.cuh"
+#include "../kernels/cuda/gc.cuh"
 #include "backend.hpp"
 
 namespace kvgc {
@@ -39,12 +40,6 @@ class DeviceGuard {
 };
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-Status gc_unsupported(const char* what) {
-  return fail(KVGC_EUNSUPPORTED, std::string(what) +
-                                     " is not implemented on the CUDA backend yet (the GC's "
-                                     "CUDA ops arrive with the kernels); use KVGC_DEVICE=cpu");
-}
 
 class CudaBackend final : public Backend {
  public:
@@ -122,11 +117,36 @@ class CudaBackend final : public Backend {
     KVGC_CUDA(cuda::gather(op, as_stream(stream)), "gather kernel launch");
     return Status::Ok();
   }
-  // The GC's CUDA ops come with the kernels issue; the runtime refuses a GC step on
-  // this backend before it gets here, so these only guard against a future caller.
-  Status observe(const ObserveOp&, void*) override { return gc_unsupported("kvgc_observe"); }
-  Status select(const SelectOp&, void*) override { return gc_unsupported("the GC's select op"); }
-  Status compact(const CompactOp&, void*) override { return gc_unsupported("compaction"); }
+  Status observe(const ObserveOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    KVGC_CUDA(cuda::observe(op, as_stream(stream)), "observe kernel launch");
+    return Status::Ok();
+  }
+  // The one synchronising op: the runtime reads page_live and the result right after
+  // it (backend.hpp). A kernel fault of the GC surfaces here, at the synchronisation.
+  Status select(const SelectOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    const cudaError_t e = cuda::select(op, as_stream(stream));
+    if (e == cudaErrorMemoryAllocation)
+      return fail(KVGC_ENOMEM, "kvgc_step: the heap's scratch (" + std::to_string(op.scratch_bytes) +
+                                   " bytes) is too small for a segment of " +
+                                   std::to_string(op.n_pages) + " pages");
+    if (e == cudaErrorNotSupported)
+      return fail(KVGC_EUNSUPPORTED, "kvgc_step: a segment of " + std::to_string(op.n_pages) +
+                                         " pages has 2^32 slots or more");
+    KVGC_CUDA(e, "GC select launch");
+    KVGC_CUDA(cudaStreamSynchronize(as_stream(stream)), "GC select (stream synchronisation)");
+    return Status::Ok();
+  }
+  Status compact(const CompactOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    const cudaError_t e = cuda::compact(op, as_stream(stream));
+    if (e == cudaErrorInvalidValue)
+      return fail(KVGC_EINVAL, "compaction: malformed moves (a null or repeated page, a count "
+                               "past page_tokens, or a page both source and destination)");
+    KVGC_CUDA(e, "compaction kernel launch");
+    return Status::Ok();
+  }
   Status attend(const AttendOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
     const cudaError_t e = cuda::attend(op, op.scratch, op.scratch_bytes, n_sm_, as_stream(stream));
@@ -142,6 +162,11 @@ class CudaBackend final : public Backend {
   size_t attend_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc& m,
                               uint32_t page_tokens) const override {
     return cuda::attend_scratch_bytes(max_tokens, m.n_q_heads, m.head_dim, page_tokens);
+  }
+  size_t gc_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc&,
+                          uint32_t page_tokens) const override {
+    DeviceGuard g(ordinal_);  // CUB sizes its sort for the current device
+    return cuda::gc_scratch_bytes(max_tokens, page_tokens);
   }
 
  private:

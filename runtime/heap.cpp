@@ -85,16 +85,26 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
                    100 * h->policy_.int4_cost, model.head_dim, 100 * kMaxInt4Cost);
   }
 
-  // Device executors keep their attention scratch in the arena's last slabs, sized for
-  // a segment as long as the whole arena could hold, so attention never allocates.
-  const uint64_t max_tokens =
-      uint64_t(h->arena_bytes_ / h->layout_[KVGC_CLASS_FP16].bytes) * h->opts_.page_tokens;
-  const size_t scratch = h->backend_->attend_scratch_bytes(max_tokens, model, h->opts_.page_tokens);
+  // Device executors keep their scratch in the arena's last slabs, sized for a segment
+  // as long as the whole arena could hold, so neither attention nor the GC allocates.
+  // One scratch serves both (the larger of the two): they are enqueued on the heap's
+  // stream one after the other and never run concurrently. Attention needs room per
+  // live token (fp16 pages bound the count); the GC's select per slot of the segment,
+  // and with demotion a segment can hold as many slots as int4 pages fit.
+  const uint32_t pt = h->opts_.page_tokens;
+  const uint64_t max_tokens = uint64_t(h->arena_bytes_ / h->layout_[KVGC_CLASS_FP16].bytes) * pt;
+  const uint64_t max_slots =
+      h->policy_.demote ? uint64_t(h->arena_bytes_ / h->layout_[KVGC_CLASS_INT4].bytes) * pt
+                        : max_tokens;
+  const size_t scratch = std::max(
+      h->backend_->attend_scratch_bytes(max_tokens, model, pt),
+      h->opts_.policy == KVGC_POLICY_FULL ? size_t(0)  // never selects
+                                          : h->backend_->gc_scratch_bytes(max_slots, model, pt));
   h->scratch_bytes_ = (scratch + slab - 1) / slab * slab;
   if (h->scratch_bytes_ + slab > h->arena_bytes_)
     return fail(KVGC_EINVAL, "KVGC_BUDGET / opts->budget_bytes: the budget (" +
                                  std::to_string(h->arena_bytes_) +
-                                 " bytes) leaves no room for pages after the attention scratch (" +
+                                 " bytes) leaves no room for pages after the device scratch (" +
                                  std::to_string(h->scratch_bytes_) + " bytes)");
   h->scratch_ = static_cast<uint8_t*>(h->arena_) + (h->arena_bytes_ - h->scratch_bytes_);
 

@@ -116,7 +116,8 @@ class ManagedHeap : public host::HostAllocated {
   std::unique_ptr<Backend> backend_;
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
-  void* scratch_ = nullptr;  // device executors' attention scratch: the arena's last slabs
+  void* scratch_ = nullptr;  // device executors' scratch (attention, the GC's select): the
+                             // arena's last slabs, shared (they never run concurrently)
   size_t scratch_bytes_ = 0;
   PageLayout layout_[KVGC_CLASS_COUNT];
   PagePool pool_;

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "convert.cuh"
 #include "copy.cuh"
 
 namespace kvgc::cuda {
@@ -118,6 +119,47 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams<N> p) {
   }
 }
 
+// INT4 pages (after demotion): each element dequantised to the model dtype exactly as
+// the CPU's gather does (quant.cpp's dequantize_row: n * scale + zero, then the model
+// dtype's round-to-nearest-even). A thread per (slot, head, dim); the writes coalesce.
+template <uint32_t N>
+__global__ void gather_int4_kernel(const __grid_constant__ GatherParams<N> p) {
+  const GatherPage& gp = p.pages[blockIdx.y];
+  const PageLayout& L = p.L;
+  const uint32_t* live = reinterpret_cast<const uint32_t*>(gp.page + L.live_off);
+  const uint32_t hd = L.head_dim, eb = dev::elem_bytes(L.dtype), groups = hd / L.group;
+  const uint32_t total = L.page_tokens * L.n_kv_heads * hd;
+  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+    const uint32_t d = e % hd;
+    const uint32_t th = e / hd;
+    const uint32_t h = th % L.n_kv_heads;
+    const uint32_t slot = th / L.n_kv_heads;
+    const uint32_t w = slot / 32, bit = 1u << (slot % 32);
+    if (!(live[w] & bit)) continue;
+    uint32_t rank = __popc(live[w] & (bit - 1));
+    for (uint32_t i = 0; i < w; ++i) rank += __popc(live[i]);
+    const uint64_t out = gp.out_row + rank;
+    const size_t row = h * L.head_stride + slot * L.slot_stride;
+    const size_t q = (size_t(h) * L.page_tokens + slot) * groups * 2;
+    const uint64_t dst = ((out * L.n_kv_heads + h) * hd + d) * eb;
+    if (p.k_out)
+      dev::store(p.k_out + dst, L.dtype,
+                 dev::dequantize(gp.page + L.k_off + row,
+                                 reinterpret_cast<const uint16_t*>(gp.page + L.kq_off) + q, L.dtype,
+                                 L.group, d));
+    if (p.v_out)
+      dev::store(p.v_out + dst, L.dtype,
+                 dev::dequantize(gp.page + L.v_off + row,
+                                 reinterpret_cast<const uint16_t*>(gp.page + L.vq_off) + q, L.dtype,
+                                 L.group, d));
+    if (h == 0 && d == 0) {
+      if (p.pos_out) p.pos_out[out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[slot];
+      if (p.score_out) p.score_out[out] = reinterpret_cast<const float*>(gp.page + L.score_off)[slot];
+      if (p.gen_out) p.gen_out[out] = gen_of(gp.page[L.gen_off + slot]);
+    }
+  }
+}
+
 // The widest unit every address and the row length are aligned to.
 int unit_bytes(size_t row, std::initializer_list<uintptr_t> ptrs) {
   for (int u : {16, 8, 4, 2}) {
@@ -170,9 +212,12 @@ cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// Launches over the pages of class `cls` only (read order puts the FP16 pages first,
+// but nothing here relies on it): FP16 pages are copied, INT4 pages dequantised.
 template <uint32_t N>
-cudaError_t gather_chunks(const GatherOp& op, int unit, cudaStream_t stream) {
-  const PageLayout& L = op.layout[KVGC_CLASS_FP16];
+cudaError_t gather_chunks(const GatherOp& op, kvgc_storage_class cls, int unit,
+                          cudaStream_t stream) {
+  const PageLayout& L = op.layout[cls];
   GatherParams<N> p;
   p.L = L;
   p.k_out = static_cast<uint8_t*>(op.k_out);
@@ -180,14 +225,20 @@ cudaError_t gather_chunks(const GatherOp& op, int unit, cudaStream_t stream) {
   p.pos_out = op.pos_out;
   p.score_out = op.score_out;
   p.gen_out = op.gen_out;
-  const uint32_t bx = blocks_for(uint64_t(L.page_tokens) * L.n_kv_heads * (L.slot_stride / unit));
-  for (uint32_t base = 0; base < op.n_pages; base += N) {
-    p.n_pages = std::min(N, op.n_pages - base);
-    for (uint32_t i = 0; i < p.n_pages; ++i) p.pages[i] = op.pages[base + i];
+  const uint64_t units = cls == KVGC_CLASS_FP16 ? L.slot_stride / unit : L.head_dim;
+  const uint32_t bx = blocks_for(uint64_t(L.page_tokens) * L.n_kv_heads * units);
+  for (uint32_t next = 0; next < op.n_pages;) {
+    p.n_pages = 0;
+    for (; next < op.n_pages && p.n_pages < N; ++next)
+      if (op.pages[next].cls == uint32_t(cls)) p.pages[p.n_pages++] = op.pages[next];
+    if (p.n_pages == 0) break;
     const dim3 grid(bx, p.n_pages);
-    with_unit(unit, [&](auto t) {
-      gather_kernel<decltype(t), N><<<grid, kThreads, 0, stream>>>(p);
-    });
+    if (cls == KVGC_CLASS_FP16)
+      with_unit(unit, [&](auto t) {
+        gather_kernel<decltype(t), N><<<grid, kThreads, 0, stream>>>(p);
+      });
+    else
+      gather_int4_kernel<N><<<grid, kThreads, 0, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -206,13 +257,21 @@ cudaError_t append(const AppendOp& op, cudaStream_t stream) {
 
 cudaError_t gather(const GatherOp& op, cudaStream_t stream) {
   if (op.n_pages == 0) return cudaSuccess;
-  // int4 pages only exist after demotion, a GC op the CUDA backend does not run yet.
-  for (uint32_t i = 0; i < op.n_pages; ++i)
-    if (op.pages[i].cls != KVGC_CLASS_FP16) return cudaErrorNotSupported;
+  uint32_t n_int4 = 0;
+  for (uint32_t i = 0; i < op.n_pages; ++i) n_int4 += op.pages[i].cls == KVGC_CLASS_INT4;
+  const uint32_t n_fp16 = op.n_pages - n_int4;
   const int unit =
       unit_bytes(op.layout[KVGC_CLASS_FP16].slot_stride, {uintptr_t(op.k_out), uintptr_t(op.v_out)});
-  return op.n_pages <= kSmallChunk ? gather_chunks<kSmallChunk>(op, unit, stream)
-                                   : gather_chunks<kChunk>(op, unit, stream);
+  if (n_fp16)
+    if (cudaError_t e = n_fp16 <= kSmallChunk
+                            ? gather_chunks<kSmallChunk>(op, KVGC_CLASS_FP16, unit, stream)
+                            : gather_chunks<kChunk>(op, KVGC_CLASS_FP16, unit, stream);
+        e != cudaSuccess)
+      return e;
+  if (n_int4)
+    return n_int4 <= kSmallChunk ? gather_chunks<kSmallChunk>(op, KVGC_CLASS_INT4, unit, stream)
+                                 : gather_chunks<kChunk>(op, KVGC_CLASS_INT4, unit, stream);
+  return cudaSuccess;
 }
 
 }  // namespace kvgc::cuda

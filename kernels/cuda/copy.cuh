@@ -1,6 +1,7 @@
 // CUDA executor for append and gather (kernels/cpu/copy.hpp is the specification).
 // Thin host wrappers: they enqueue on `stream`, never synchronise, and return the
-// launch's cudaError_t for the backend to turn into KVGC_EDEVICE.
+// launch's cudaError_t for the backend to turn into KVGC_EDEVICE. Gather copies FP16
+// pages and dequantises INT4 pages (after demotion) exactly as the CPU does.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,0 +1,138 @@
+// Device twins of kernels/cpu/convert.hpp and quant.cpp: conversions between the model
+// dtypes and float, and int4 quantisation of one head row, written to give the CPU
+// specification's bits exactly (same rounding, same NaN patterns, same operation
+// order, no fused multiply-add: every product that meets a sum goes through __fmul_rn /
+// __fadd_rn so nvcc cannot contract it). Included by the .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../page_layout.hpp"
+
+namespace kvgc::cuda::dev {
+
+// page_layout.hpp's dtype_bytes and qparam_dtype, callable on the device.
+__device__ __forceinline__ uint32_t elem_bytes(kvgc_dtype d) { return d == KVGC_DTYPE_F32 ? 4u : 2u; }
+__device__ __forceinline__ kvgc_dtype qtype(kvgc_dtype model) {
+  return model == KVGC_DTYPE_F16 ? KVGC_DTYPE_F16 : KVGC_DTYPE_BF16;
+}
+
+__device__ __forceinline__ float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: man * 2^-24 is exact in f32
+      bits = __float_as_uint(__fmul_rn(float(man), 5.9604644775390625e-8f)) | sign;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ uint16_t f32_to_f16(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
+  if (ax < 0x38800000u) return uint16_t(sign | uint16_t(rintf(__fmul_rn(fabsf(f), 16777216.0f))));
+  const uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);
+  return uint16_t(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+  const uint32_t x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
+  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float load(const uint8_t* p, kvgc_dtype t) {
+  if (t == KVGC_DTYPE_F32) return *reinterpret_cast<const float*>(p);
+  const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
+  return t == KVGC_DTYPE_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+__device__ __forceinline__ void store(uint8_t* p, kvgc_dtype t, float f) {
+  if (t == KVGC_DTYPE_F32) {
+    *reinterpret_cast<float*>(p) = f;
+    return;
+  }
+  *reinterpret_cast<uint16_t*>(p) = t == KVGC_DTYPE_F16 ? f32_to_f16(f) : f32_to_bf16(f);
+}
+
+__device__ __forceinline__ float from16(uint16_t h, kvgc_dtype t) {
+  return t == KVGC_DTYPE_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+__device__ __forceinline__ uint16_t to16(float f, kvgc_dtype t) {
+  return t == KVGC_DTYPE_F16 ? f32_to_f16(f) : f32_to_bf16(f);
+}
+
+// quant.cpp's to16_directed: the 16-bit value nearest to x on the requested side.
+__device__ __forceinline__ uint16_t to16_directed(float x, kvgc_dtype t, bool up) {
+  uint16_t h = to16(x, t);
+  const float y = from16(h, t);
+  if (isfinite(y) && (up ? y < x : y > x)) {
+    const bool neg = h & 0x8000u;
+    const bool grow = up != neg;
+    if ((h & 0x7fffu) == 0 && !grow) h = uint16_t((h ^ 0x8000u) + 1);
+    else h = uint16_t(grow ? h + 1 : h - 1);
+  }
+  return h;
+}
+
+// quant.cpp's quantize_row for one group [g * group, (g + 1) * group) of a head row:
+// min/max with the same comparisons in the same order (so -0/+0 come out the same),
+// zero rounded down, scale up, q = rint((x - zero) / scale) clamped to 0..15.
+__device__ inline void quantize_group(const uint8_t* src, kvgc_dtype dtype, uint32_t group,
+                                      uint32_t g, uint8_t* nibbles, uint16_t* qparams) {
+  const kvgc_dtype qt = qtype(dtype);
+  const uint32_t eb = elem_bytes(dtype);
+  float lo = INFINITY, hi = -INFINITY;
+  for (uint32_t i = g * group; i < (g + 1) * group; ++i) {
+    const float x = load(src + i * eb, dtype);
+    if (isfinite(x)) {
+      if (x < lo) lo = x;  // std::min(lo, x)
+      if (hi < x) hi = x;  // std::max(hi, x)
+    }
+  }
+  if (!(lo <= hi)) lo = hi = 0;
+  const uint16_t zero_h = to16_directed(lo, qt, false);
+  const float zero = from16(zero_h, qt);
+  const uint16_t scale_h = to16_directed(__fdiv_rn(__fsub_rn(hi, zero), 15.0f), qt, true);
+  const float scale = from16(scale_h, qt);
+  qparams[2 * g] = scale_h;
+  qparams[2 * g + 1] = zero_h;
+  // Groups are 32 elements or the whole (even) row, so a group starts on a byte.
+  for (uint32_t i = g * group; i < (g + 1) * group; i += 2) {
+    uint8_t byte = 0;
+    for (uint32_t j = 0; j < 2; ++j) {
+      const float x = load(src + (i + j) * eb, dtype);
+      float q = scale > 0 ? rintf(__fdiv_rn(__fsub_rn(x, zero), scale)) : 0.f;
+      q = isfinite(q) ? (q < 0.f ? 0.f : 15.f < q ? 15.f : q) : (x > zero ? 15.f : 0.f);
+      byte = uint8_t(byte | (uint8_t(q) << (4 * j)));
+    }
+    nibbles[i / 2] = byte;
+  }
+}
+
+// quant.cpp's dequantize_row for element i: n * scale + zero, rounded twice (no FMA).
+__device__ __forceinline__ float dequantize(const uint8_t* nibbles, const uint16_t* qparams,
+                                            kvgc_dtype dtype, uint32_t group, uint32_t i) {
+  const kvgc_dtype qt = qtype(dtype);
+  const uint32_t g = i / group;
+  const float scale = from16(qparams[2 * g], qt), zero = from16(qparams[2 * g + 1], qt);
+  const uint32_t n = (nibbles[i / 2] >> (4 * (i % 2))) & 0xfu;
+  return __fadd_rn(__fmul_rn(float(n), scale), zero);
+}
+
+}  // namespace kvgc::cuda::dev

@@ -90,32 +90,53 @@ __global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
   }
 }
 
+// Element e of a page's [slot][head][unit] space (units per row: `units`): false for a
+// dead slot; else its slot, head, unit and output row (out_row + the slot's live rank).
+struct PageElement {
+  uint32_t slot, h, u;
+  uint64_t out;
+};
+__device__ inline bool live_element(const GatherPage& gp, const PageLayout& L, uint32_t e,
+                                    uint32_t units, PageElement* x) {
+  const uint32_t* live = reinterpret_cast<const uint32_t*>(gp.page + L.live_off);
+  x->u = e % units;
+  const uint32_t th = e / units;
+  x->h = th % L.n_kv_heads;
+  x->slot = th / L.n_kv_heads;
+  const uint32_t w = x->slot / 32, bit = 1u << (x->slot % 32);
+  if (!(live[w] & bit)) return false;
+  uint32_t rank = __popc(live[w] & (bit - 1));
+  for (uint32_t i = 0; i < w; ++i) rank += __popc(live[i]);
+  x->out = gp.out_row + rank;
+  return true;
+}
+
+// Each live slot's metadata, once (by its head 0, unit 0 element).
+template <uint32_t N>
+__device__ inline void gather_meta(const GatherParams<N>& p, const GatherPage& gp, const PageElement& x) {
+  if (x.h != 0 || x.u != 0) return;
+  const PageLayout& L = p.L;
+  if (p.pos_out) p.pos_out[x.out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[x.slot];
+  if (p.score_out) p.score_out[x.out] = reinterpret_cast<const float*>(gp.page + L.score_off)[x.slot];
+  if (p.gen_out) p.gen_out[x.out] = gen_of(gp.page[L.gen_off + x.slot]);
+}
+
 template <class T, uint32_t N>
 __global__ void gather_kernel(const __grid_constant__ GatherParams<N> p) {
   const GatherPage& gp = p.pages[blockIdx.y];
   const PageLayout& L = p.L;
-  const uint32_t* live = reinterpret_cast<const uint32_t*>(gp.page + L.live_off);
   const uint32_t row_units = uint32_t(L.slot_stride / sizeof(T));
   const uint32_t total = L.page_tokens * L.n_kv_heads * row_units;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
-    const uint32_t u = e % row_units;
-    const uint32_t th = e / row_units;
-    const uint32_t h = th % L.n_kv_heads;
-    const uint32_t slot = th / L.n_kv_heads;
-    const uint32_t w = slot / 32, bit = 1u << (slot % 32);
-    if (!(live[w] & bit)) continue;
-    uint32_t rank = __popc(live[w] & (bit - 1));
-    for (uint32_t i = 0; i < w; ++i) rank += __popc(live[i]);
-    const uint64_t out = gp.out_row + rank;
+    PageElement x;
+    if (!live_element(gp, L, e, row_units, &x)) continue;
+    const uint32_t u = x.u, h = x.h, slot = x.slot;
+    const uint64_t out = x.out;
     const size_t src = (h * L.head_stride + slot * L.slot_stride) / sizeof(T) + u;
     const uint64_t dst = (out * L.n_kv_heads + h) * row_units + u;
     if (p.k_out) reinterpret_cast<T*>(p.k_out)[dst] = reinterpret_cast<const T*>(gp.page + L.k_off)[src];
     if (p.v_out) reinterpret_cast<T*>(p.v_out)[dst] = reinterpret_cast<const T*>(gp.page + L.v_off)[src];
-    if (h == 0 && u == 0) {
-      if (p.pos_out) p.pos_out[out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[slot];
-      if (p.score_out) p.score_out[out] = reinterpret_cast<const float*>(gp.page + L.score_off)[slot];
-      if (p.gen_out) p.gen_out[out] = gen_of(gp.page[L.gen_off + slot]);
-    }
+    gather_meta(p, gp, x);
   }
 }
 
@@ -126,19 +147,13 @@ template <uint32_t N>
 __global__ void gather_int4_kernel(const __grid_constant__ GatherParams<N> p) {
   const GatherPage& gp = p.pages[blockIdx.y];
   const PageLayout& L = p.L;
-  const uint32_t* live = reinterpret_cast<const uint32_t*>(gp.page + L.live_off);
   const uint32_t hd = L.head_dim, eb = dev::elem_bytes(L.dtype), groups = hd / L.group;
   const uint32_t total = L.page_tokens * L.n_kv_heads * hd;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
-    const uint32_t d = e % hd;
-    const uint32_t th = e / hd;
-    const uint32_t h = th % L.n_kv_heads;
-    const uint32_t slot = th / L.n_kv_heads;
-    const uint32_t w = slot / 32, bit = 1u << (slot % 32);
-    if (!(live[w] & bit)) continue;
-    uint32_t rank = __popc(live[w] & (bit - 1));
-    for (uint32_t i = 0; i < w; ++i) rank += __popc(live[i]);
-    const uint64_t out = gp.out_row + rank;
+    PageElement x;
+    if (!live_element(gp, L, e, hd, &x)) continue;
+    const uint32_t d = x.u, h = x.h, slot = x.slot;
+    const uint64_t out = x.out;
     const size_t row = h * L.head_stride + slot * L.slot_stride;
     const size_t q = (size_t(h) * L.page_tokens + slot) * groups * 2;
     const uint64_t dst = ((out * L.n_kv_heads + h) * hd + d) * eb;
@@ -152,11 +167,7 @@ __global__ void gather_int4_kernel(const __grid_constant__ GatherParams<N> p) {
                  dev::dequantize(gp.page + L.v_off + row,
                                  reinterpret_cast<const uint16_t*>(gp.page + L.vq_off) + q, L.dtype,
                                  L.group, d));
-    if (h == 0 && d == 0) {
-      if (p.pos_out) p.pos_out[out] = reinterpret_cast<const int32_t*>(gp.page + L.pos_off)[slot];
-      if (p.score_out) p.score_out[out] = reinterpret_cast<const float*>(gp.page + L.score_off)[slot];
-      if (p.gen_out) p.gen_out[out] = gen_of(gp.page[L.gen_off + slot]);
-    }
+    gather_meta(p, gp, x);
   }
 }
 

@@ -4,7 +4,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo demo-alloc model test sanitize fuzz bench clean
+.PHONY: all deps build demo demo-alloc model test sanitize fuzz cuda-emu bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -52,6 +52,10 @@ sanitize: deps
 
 # libFuzzer with ASan+UBSan over the C API for FUZZ_SECONDS; new inputs go to
 # build-fuzz/corpus, the seeds in tests/fuzz/corpus are only read.
+# The CUDA-vs-CPU tests on a host emulation of the CUDA kernels: their logic, no GPU.
+cuda-emu: deps
+	tests/cuda_emu/run.sh build-emu
+
 fuzz: deps
 	[ -f build-fuzz/build.ninja ] || CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dassert_level=1 \

@@ -1,0 +1,59 @@
+// The emulated CUDA backend (tests/cuda_emu/run.sh): the CUDA executor's kernels,
+// rewritten into host code, over host memory that the shim's cudaMalloc tracks (so
+// pointer checks still tell device from host); attention through the CPU executor.
+#include <cuda_runtime.h>
+#include "kernels/cpu/attend.hpp"
+#include "kernels/cuda/copy.cuh"
+#include "kernels/cuda/gc.cuh"
+#include "runtime/backend.hpp"
+namespace kvgc {
+namespace {
+Status cuda_fail(cudaError_t e, const std::string& what) {
+  return fail(KVGC_EDEVICE, what + ": " + cudaGetErrorName(e));
+}
+class EmuBackend final : public Backend {
+ public:
+  kvgc_device kind() const override { return KVGC_DEVICE_CUDA; }
+  std::string describe() const override { return "cuda:emu"; }
+  Status free_memory(uint64_t* b) override { *b = 8ull << 30; return Status::Ok(); }
+  Status reserve(size_t bytes, void** base) override {
+    if (cudaMalloc(base, bytes) != cudaSuccess)
+      return fail(KVGC_ENOMEM, "cudaMalloc of a " + std::to_string(bytes) + "-byte arena failed: out of device memory");
+    return Status::Ok();
+  }
+  void release(void* base) override { cudaFree(base); }
+  Status copy(void* d, const void* s, size_t n, CopyKind, void*) override { if (n) std::memmove(d, s, n); return Status::Ok(); }
+  Status fill(void* d, int b, size_t n, void*) override { if (n) std::memset(d, b, n); return Status::Ok(); }
+  Status synchronize(void*) override { return Status::Ok(); }
+  Status check_pointer(const void* p, const char* what) override {
+    if (!p) return fail(KVGC_EINVAL, std::string(what) + " is NULL");
+    if (!emu::is_device(p)) return fail(KVGC_EINVAL, std::string(what) + " is host memory; the heap is on cuda:emu and needs a device pointer");
+    return Status::Ok();
+  }
+  Status append(const AppendOp& op, void* s) override { if (auto e = cuda::append(op, cudaStream_t(s))) return cuda_fail(e, "append"); return Status::Ok(); }
+  Status gather(const GatherOp& op, void* s) override { if (auto e = cuda::gather(op, cudaStream_t(s))) return cuda_fail(e, "gather"); return Status::Ok(); }
+  Status observe(const ObserveOp& op, void* s) override { if (auto e = cuda::observe(op, cudaStream_t(s))) return cuda_fail(e, "observe"); return Status::Ok(); }
+  Status select(const SelectOp& op, void* s) override {
+    const cudaError_t e = cuda::select(op, cudaStream_t(s));
+    if (e == cudaErrorMemoryAllocation) return fail(KVGC_ENOMEM, "kvgc_step: the heap's scratch is too small");
+    if (e) return cuda_fail(e, "select");
+    return Status::Ok();
+  }
+  Status compact(const CompactOp& op, void* s) override {
+    const cudaError_t e = cuda::compact(op, cudaStream_t(s));
+    if (e == cudaErrorInvalidValue) return fail(KVGC_EINVAL, "compaction: malformed moves");
+    if (e) return cuda_fail(e, "compact");
+    return Status::Ok();
+  }
+  Status attend(const AttendOp& op, void*) override { cpu::attend(op); return Status::Ok(); }
+  size_t attend_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override { return 0; }
+  size_t gc_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc&, uint32_t pt) const override {
+    return cuda::gc_scratch_bytes(max_tokens, pt);
+  }
+};
+}  // namespace
+Status make_cuda_backend(int, std::unique_ptr<Backend>* out) {
+  *out = std::unique_ptr<Backend>(new EmuBackend());
+  return Status::Ok();
+}
+}  // namespace kvgc

@@ -15,6 +15,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/tests/cuda_emu"
 out=${1:-$root/build-emu}
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: the build runs from $out/src
 rm -rf "$out/src" "$out/obj" && mkdir -p "$out/src" "$out/obj"
 cp -r "$root/allocator" "$root/gc" "$root/kernels" "$root/runtime" "$root/c_api" "$root/tests" "$out/src/"
 cd "$out/src"

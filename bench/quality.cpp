@@ -1,93 +1,110 @@
-// kvgc-bench-quality: how much each kvgc eviction policy costs in model quality, measured
+// kvgc-bench-quality: how much each kvgc cache policy costs in model quality, measured
 // on the real model (SmolLM2-135M-Instruct through the reference engine).
 //
-//   1. Passkey retrieval: a 5-digit key hidden at several depths in filler text; the
-//      model must repeat it after the cache was squeezed to 10/20/50% of the context.
-//   2. Streaming perplexity: teacher-forced log-likelihood of English prose with the
-//      cache bounded to 256 tokens (StreamingLLM's setting: window with/without sinks).
+//   1. Passkey retrieval (bench/quality_retrieval.cpp): a 5-digit key hidden at several
+//      depths in filler; the model must repeat it after the cache was squeezed to
+//      10/20/50% of the prompt, under both prefill modes (observe: SnapKV-style, the
+//      engine's default; stream: eviction after every chunk).
+//   2. Needle in prose (same file): a sentence hidden in the Jargon File, asked for in a
+//      chat prompt.
+//   3. Streaming perplexity (bench/quality_perplexity.cpp): teacher-forced perplexity of
+//      the same prose with the cache bounded to 256 and 512 tokens: window with and
+//      without sinks, h2o, random, generational (+int4, + pyramid / entropy layer splits).
 //
 // Every configuration gets its own heap, created with explicit options (ignoring the
-// KVGC_* environment) on the CPU. Quick mode (default) finishes in a few minutes on two
-// cores; --full runs longer contexts and more depths.
+// KVGC_* environment) on the CPU. Quick mode (default) fits in a few minutes on two
+// cores; --full runs 1K/2K/4K contexts and 4K scored tokens (docs/QUALITY.md has the
+// grids and records). Tables go to stdout, per-run lines to stderr, data files and plots
+// (gnuplot, bench/quality_plots.gp) to --out.
 #include <cblas.h>
 
-#include <algorithm>
-#include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "engine/forward.hpp"
-#include "engine/model.hpp"
-#include "engine/tokenizer.hpp"
 #include "gguf.hpp"
+#include "quality_common.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-constexpr uint32_t kPageTokens = 16;
-constexpr uint32_t kSinks = 4;
-constexpr uint32_t kWindow = 32;
+using namespace quality;
 
 struct Args {
   std::string model;
-  std::string text = std::string(KVGC_QUALITY_DATA_DIR) + "/gpl-3.txt";
+  std::string text = std::string(KVGC_QUALITY_DATA_DIR) + "/jargon-intro.txt";
+  std::string out = KVGC_QUALITY_OUT_DIR;
   bool full = false;
-  bool passkey = true;
-  bool perplexity = true;
+  unsigned jobs = 2;
+  bool plots = true;
+  std::vector<uint32_t> contexts;
+  std::vector<double> depths;
+  bool passkey = true, needle = true, perplexity = true;
 };
-
-// One cache configuration under test.
-struct Config {
-  const char* name;
-  kvgc_policy policy;
-  uint32_t sinks;
-  kvgc_demote demote;
-};
-
-constexpr Config kFull{"full", KVGC_POLICY_FULL, kSinks, KVGC_DEMOTE_OFF};
-constexpr Config kBounded[] = {
-    {"generational", KVGC_POLICY_GENERATIONAL, kSinks, KVGC_DEMOTE_OFF},
-    {"h2o", KVGC_POLICY_H2O, kSinks, KVGC_DEMOTE_OFF},
-    {"streaming", KVGC_POLICY_STREAMING, kSinks, KVGC_DEMOTE_OFF},
-    {"random", KVGC_POLICY_RANDOM, kSinks, KVGC_DEMOTE_OFF},
-    {"generational+int4", KVGC_POLICY_GENERATIONAL, kSinks, KVGC_DEMOTE_INT4},
-};
-// StreamingLLM's baseline: a plain sliding window, no attention sinks.
-constexpr Config kWindowNoSinks{"window(no sinks)", KVGC_POLICY_STREAMING, 0, KVGC_DEMOTE_OFF};
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: kvgc-bench-quality [--model PATH] [--text FILE] [--full]\n"
-               "                          [--passkey-only | --perplexity-only]\n"
+               "usage: kvgc-bench-quality [--full] [--model PATH] [--text FILE] [--out DIR]\n"
+               "                          [--jobs N] [--only passkey|needle|perplexity]...\n"
+               "                          [--contexts N,N...] [--depths D,D...] [--no-plots]\n"
+               "  --full         passkey at 1K/2K/4K tokens (9/5/3 depths), needle at 1K/4K,\n"
+               "                 4096 scored tokens (~45 minutes on two cores; the default\n"
+               "                 quick mode takes ~4)\n"
                "  --model PATH   GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
-               "  --text FILE    prose for the perplexity part (default: %s/gpl-3.txt)\n"
-               "  --full         longer contexts, more depths (slow; default is quick)\n",
-               engine::kDefaultModelFile, KVGC_QUALITY_DATA_DIR);
+               "  --text FILE    prose for the needle and perplexity parts\n"
+               "                 (default: %s/jargon-intro.txt)\n"
+               "  --out DIR      data files, entropy profile and PNG plots (default:\n"
+               "                 %s); names start with quick- or full-\n"
+               "  --jobs N       engines run side by side, one BLAS thread each (default 2;\n"
+               "                 1 = one engine with two BLAS threads)\n"
+               "  --contexts N,N passkey/needle prompt lengths in tokens (replace the mode's)\n"
+               "  --depths D,D   passkey/needle depths in 0..1 (replace the mode's)\n"
+               "  --only PART    run only this part (repeatable)\n"
+               "  --no-plots     do not run gnuplot\n",
+               engine::kDefaultModelFile, KVGC_QUALITY_DATA_DIR, KVGC_QUALITY_OUT_DIR);
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
+  bool only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
     if (arg == "--help" || arg == "-h") {
       usage(stdout);
       std::exit(0);
     } else if (arg == "--full") {
       args->full = true;
-    } else if (arg == "--passkey-only") {
-      args->perplexity = false;
-    } else if (arg == "--perplexity-only") {
-      args->passkey = false;
-    } else if (arg == "--model" && i + 1 < argc) {
-      args->model = argv[++i];
-    } else if (arg == "--text" && i + 1 < argc) {
-      args->text = argv[++i];
+    } else if (arg == "--no-plots") {
+      args->plots = false;
+    } else if (arg == "--model" && (v = value())) {
+      args->model = v;
+    } else if (arg == "--text" && (v = value())) {
+      args->text = v;
+    } else if (arg == "--out" && (v = value())) {
+      args->out = v;
+    } else if (arg == "--jobs" && (v = value()) && std::atoi(v) > 0) {
+      args->jobs = unsigned(std::atoi(v));
+    } else if ((arg == "--contexts" || arg == "--depths") && (v = value())) {
+      std::string list = v;
+      for (char& c : list) c = c == ',' ? ' ' : c;
+      std::istringstream in(list);
+      for (double x; in >> x;) {
+        if (arg == "--contexts") args->contexts.push_back(uint32_t(x));
+        else args->depths.push_back(x);
+      }
+    } else if (arg == "--only" && (v = value()) &&
+               (std::string(v) == "passkey" || std::string(v) == "needle" ||
+                std::string(v) == "perplexity")) {
+      if (!only) args->passkey = args->needle = args->perplexity = false;
+      only = true;
+      const std::string part = v;
+      (part == "passkey" ? args->passkey : part == "needle" ? args->needle : args->perplexity) =
+          true;
     } else {
       std::fprintf(stderr, "kvgc-bench-quality: unknown or incomplete argument '%s'\n",
                    arg.c_str());
@@ -99,246 +116,130 @@ bool parse_args(int argc, char** argv, Args* args) {
   return true;
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Explicit options for one heap: the environment must not change what is measured.
-kvgc_heap_options make_options(const Config& config, uint64_t token_budget,
-                               const kvgc_model_desc& kv_model, uint64_t max_tokens) {
-  kvgc_heap_options options;
-  kvgc_heap_options_init(&options);
-  options.flags = KVGC_OPT_IGNORE_ENV;
-  options.device = KVGC_DEVICE_CPU;
-  options.policy = config.policy;
-  options.token_budget = config.policy == KVGC_POLICY_FULL ? 0 : token_budget;
-  options.sinks = config.sinks;
-  options.window = kWindow;
-  options.page_tokens = kPageTokens;
-  options.demote = config.demote;
-  // Room for the whole sequence uncompressed, twice over (compaction copies), instead
-  // of a fraction of host memory.
-  uint64_t bytes = 0;
-  kvgc_kv_bytes(&kv_model, max_tokens, KVGC_CLASS_FP16, kPageTokens, &bytes);
-  options.budget_bytes = 2 * bytes + (32u << 20);
-  return options;
-}
-
-// log p(target) from raw logits, via a stable log-sum-exp.
-double log_prob(const std::vector<float>& logits, int32_t target) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (const float l : logits) sum += std::exp(double(l - max));
-  return double(logits[size_t(target)] - max) - std::log(sum);
-}
-
-int32_t argmax(const std::vector<float>& logits) {
-  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-// ---- part 1: passkey retrieval ---------------------------------------------------------
-
-constexpr const char* kPasskey = "71432";
-constexpr const char* kIntro =
-    "There is an important info hidden inside a lot of irrelevant text. Find it and "
-    "memorize it. I will quiz you about the important information there.\n";
-constexpr const char* kFiller =
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
-    "again. ";
-constexpr const char* kNeedle = "The pass key is 71432. Remember it. 71432 is the pass key. ";
-constexpr const char* kQuestion = "\nWhat is the pass key? The pass key is";
-constexpr uint32_t kAnswerTokens = 8;
-
-// The passkey prompt of about `target_tokens` tokens with the key at `depth` (0..1).
-std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t target_tokens,
-                                    double depth) {
-  const size_t fixed = tokenizer.encode(std::string(kIntro) + kNeedle + kQuestion).size();
-  const size_t per_filler = tokenizer.encode(kFiller).size();
-  const size_t n_filler = target_tokens > fixed ? (target_tokens - fixed) / per_filler : 1;
-  const size_t before = size_t(std::lround(depth * double(n_filler)));
-  std::string text = kIntro;
-  for (size_t i = 0; i < n_filler; ++i) {
-    if (i == before) text += kNeedle;
-    text += kFiller;
+// Runs bench/quality_plots.gp over the data files, if gnuplot is installed.
+void plot(const Args& args, const Bench& bench) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::printf("plots: gnuplot not found (apt-get install gnuplot-nox); the data files are in "
+                "%s, plot them with %s\n\n", args.out.c_str(), KVGC_QUALITY_PLOTS);
+    return;
   }
-  if (before >= n_filler) text += kNeedle;
-  text += kQuestion;
-  return tokenizer.encode(text);
+  std::string parts;
+  if (args.passkey) parts += " passkey";
+  if (args.needle) parts += " needle";
+  if (args.perplexity) parts += " ppl";
+  const std::string command = "gnuplot -e \"prefix='" + bench.prefix + "'; mode='" +
+                              (args.full ? "full" : "quick") + "'; parts='" + parts + "'\" '" +
+                              KVGC_QUALITY_PLOTS + "'";
+  const int rc = std::system(command.c_str());
+  std::printf("plots: %s (%s)\n\n", rc == 0 ? "written" : "gnuplot FAILED", command.c_str());
 }
 
-// Prefills the prompt, greedily decodes a few tokens, returns the decoded answer.
-bool passkey_answer(const engine::Model& model, const engine::Tokenizer& tokenizer,
-                    const kvgc_heap_options& options, const std::vector<int32_t>& prompt,
-                    std::string* answer, std::string* err) {
-  engine::Engine engine;
-  if (!engine.init(model, &options, err)) return false;
-  std::vector<float> logits(model.config.n_vocab);
-  if (!engine.forward(prompt.data(), uint32_t(prompt.size()), logits.data(), err)) return false;
-  std::vector<int32_t> generated;
-  for (uint32_t i = 0; i < kAnswerTokens; ++i) {
-    const int32_t token = argmax(logits);
-    generated.push_back(token);
-    if (i + 1 < kAnswerTokens && !engine.forward(&token, 1, logits.data(), err)) return false;
-  }
-  *answer = tokenizer.decode(generated);
-  return true;
-}
-
-struct PasskeyRow {
-  std::string name;
-  std::vector<int> correct;  // per budget fraction: depths answered correctly
-};
-
-bool run_passkey(const engine::Model& model, const engine::Tokenizer& tokenizer,
-                 const kvgc_model_desc& kv_model, bool full, std::vector<PasskeyRow>* rows,
-                 const std::vector<double>& fractions, size_t* n_depths, std::string* err) {
-  const uint32_t context = full ? 4096 : 1024;
-  const std::vector<double> depths =
-      full ? std::vector<double>{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9}
-           : std::vector<double>{0.1, 0.5, 0.9};
-  *n_depths = depths.size();
-  std::printf("== passkey retrieval: ~%u-token context, key %s at depths", context, kPasskey);
-  for (const double d : depths) std::printf(" %.1f", d);
-  std::printf("; sinks %u, window %u, page %u ==\n", kSinks, kWindow, kPageTokens);
-  std::fflush(stdout);
-
-  std::vector<std::vector<int32_t>> prompts;
-  for (const double d : depths) prompts.push_back(passkey_prompt(tokenizer, context, d));
-  const uint64_t max_tokens = prompts.front().size() + kAnswerTokens + 64;
-
-  auto score = [&](const Config& config, double fraction, int* correct) {
-    *correct = 0;
-    for (size_t i = 0; i < depths.size(); ++i) {
-      const uint64_t budget = uint64_t(std::lround(fraction * double(prompts[i].size())));
-      const kvgc_heap_options options = make_options(config, budget, kv_model, max_tokens);
-      std::string answer;
-      if (!passkey_answer(model, tokenizer, options, prompts[i], &answer, err)) return false;
-      const bool ok = answer.find(kPasskey) != std::string::npos;
-      *correct += ok;
-      for (char& c : answer) c = c == '\n' ? ' ' : c;
-      std::fprintf(stderr, "  %-18s budget %3.0f%% depth %.1f: %s \"%s\"\n", config.name,
-                   100.0 * fraction, depths[i], ok ? "ok  " : "MISS", answer.c_str());
-    }
-    return true;
+// "RESULT key=value ...": ratios first, then the raw figures.
+std::string result_line(const RetrievalResult& passkey, const RetrievalResult& needle,
+                        const PerplexityResult& ppl, double seconds) {
+  std::string out = "RESULT";
+  char buf[160];
+  auto add = [&](const char* format, auto... values) {
+    std::snprintf(buf, sizeof buf, format, values...);
+    out += buf;
   };
-
-  // The full cache ignores the budget: one run serves as every column's baseline.
-  PasskeyRow baseline{kFull.name, {}};
-  int full_correct = 0;
-  if (!score(kFull, 1.0, &full_correct)) return false;
-  baseline.correct.assign(fractions.size(), full_correct);
-  rows->push_back(baseline);
-  for (const Config& config : kBounded) {
-    PasskeyRow row{config.name, {}};
-    for (const double fraction : fractions) {
-      int correct = 0;
-      if (!score(config, fraction, &correct)) return false;
-      row.correct.push_back(correct);
+  // Row index of a policy, -1 if absent.
+  auto row = [](const RetrievalResult& r, const char* name) {
+    for (size_t i = 0; i < r.policies.size(); ++i)
+      if (r.policies[i] == name) return int(i);
+    return -1;
+  };
+  // The 20% column (the goals' budget).
+  auto col20 = [](const RetrievalResult& r) {
+    for (size_t f = 0; f < r.fractions.size(); ++f)
+      if (std::abs(r.fractions[f] - 0.2) < 1e-9) return f;
+    return size_t(0);
+  };
+  auto ratio = [&](const RetrievalResult& r, size_t mode, const char* name) {
+    const size_t f = col20(r);
+    const double base = r.cells[mode][0][f].accuracy();
+    const int i = row(r, name);
+    return base > 0 && i >= 0 ? r.cells[mode][size_t(i)][f].accuracy() / base : 0.0;
+  };
+  struct Short {
+    const char* key;
+    const char* name;
+  };
+  const Short shorts[] = {{"gen", "generational"}, {"h2o", "h2o"}, {"streaming", "streaming"},
+                          {"random", "random"}, {"gen_int4_", "generational+int4"}};
+  if (!passkey.cells.empty()) {
+    for (size_t m = 0; m < passkey.modes.size(); ++m) {
+      const std::string mode = m == 0 ? "" : "_" + passkey.modes[m];
+      for (const Short& s : shorts)
+        add(" passkey_%s20%s_vs_full=%.2f", s.key, mode.c_str(), ratio(passkey, m, s.name));
     }
-    rows->push_back(row);
   }
-
-  std::printf("prompt tokens: %zu..%zu\n\n", prompts.front().size(), prompts.back().size());
-  std::printf("%-20s", "policy \\ budget");
-  for (const double f : fractions) std::printf("  %8.0f%%", 100.0 * f);
-  std::printf("\n");
-  for (const PasskeyRow& row : *rows) {
-    std::printf("%-20s", row.name.c_str());
-    for (const int c : row.correct) std::printf("  %5d/%zu ", c, depths.size());
-    std::printf("\n");
+  if (!needle.cells.empty()) {
+    for (const Short& s : shorts)
+      add(" needle_%s20_vs_full=%.2f", s.key, ratio(needle, 0, s.name));
   }
-  std::printf("\n");
-  return true;
-}
-
-// ---- part 2: streaming perplexity ------------------------------------------------------
-
-// Teacher-forced mean negative log-likelihood of tokens[1..]. The engine returns only the
-// last position's logits, so the text goes in one token at a time (kvgc_step runs after
-// each, as in decode).
-// *live_tokens: tokens per layer still held at the end (fp16 + int4), to show what a
-// policy actually kept under the same budget.
-bool mean_nll(const engine::Model& model, const kvgc_heap_options& options,
-              const std::vector<int32_t>& tokens, double* nll, double* live_tokens,
-              std::string* err) {
-  engine::Engine engine;
-  if (!engine.init(model, &options, err)) return false;
-  std::vector<float> logits(model.config.n_vocab);
-  double sum = 0.0;
-  for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-    if (!engine.forward(&tokens[i], 1, logits.data(), err)) return false;
-    sum -= log_prob(logits, tokens[i + 1]);
+  const Short ppl_shorts[] = {
+      {"nosinks", "window(no sinks)"}, {"sinks", "streaming"},
+      {"h2o", "h2o"},                  {"random", "random"},
+      {"gen", "generational"},         {"gen_int4", "generational+int4"},
+      {"pyramid", "generational+pyramid"}, {"entropy", "generational+entropy"}};
+  const double base = ppl.full.perplexity;
+  for (size_t b = 0; b < ppl.bounded.size(); ++b) {
+    const std::string bound = b == 0 ? "" : std::to_string(ppl.cache_tokens[b]);
+    for (const Short& s : ppl_shorts)
+      for (const PerplexityRow& r : ppl.bounded[b])
+        if (r.name == s.name)
+          add(" ppl%s_%s_vs_full=%.3f", bound.c_str(), s.key, r.perplexity / base);
   }
-  *nll = sum / double(tokens.size() - 1);
-  kvgc_stats stats;
-  kvgc_stats_init(&stats);
-  if (kvgc_get_stats(engine.heap(), &stats) != KVGC_OK) {
-    *err = std::string("kvgc_get_stats: ") + kvgc_errmsg(engine.heap());
-    return false;
+  // KV bytes held by int4 demotion against plain generational at the same token budget.
+  if (!passkey.cells.empty()) {
+    const int g = row(passkey, "generational"), q = row(passkey, "generational+int4");
+    const size_t f = col20(passkey);
+    const double gb = passkey.cells[0][size_t(g)][f].kv_fraction();
+    add(" passkey_kv_gen_int4_vs_gen20=%.2f",
+        gb > 0 ? passkey.cells[0][size_t(q)][f].kv_fraction() / gb : 0.0);
   }
-  *live_tokens = double(stats.live_tokens) / model.config.n_layers;
-  return true;
-}
-
-struct PerplexityRow {
-  std::string name;
-  double perplexity;
-  double live_tokens;  // per layer, at the end
-  double seconds;
-};
-
-bool run_perplexity(const engine::Model& model, const engine::Tokenizer& tokenizer,
-                    const kvgc_model_desc& kv_model, const Args& args, bool full,
-                    std::vector<PerplexityRow>* rows, std::string* err) {
-  std::ifstream in(args.text);
-  if (!in) {
-    *err = "cannot read " + args.text;
-    return false;
+  for (size_t b = 0; b < ppl.bounded.size(); ++b) {
+    const PerplexityRow *g = nullptr, *q = nullptr;
+    for (const PerplexityRow& r : ppl.bounded[b]) {
+      if (r.name == "generational") g = &r;
+      if (r.name == "generational+int4") q = &r;
+    }
+    if (g && q && g->held.bytes > 0) {
+      const std::string bound = b == 0 ? "" : std::to_string(ppl.cache_tokens[b]);
+      add(" ppl%s_kv_gen_int4_vs_gen=%.2f", bound.c_str(),
+          double(q->held.bytes) / double(g->held.bytes));
+    }
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::vector<int32_t> tokens = tokenizer.encode(buffer.str(), false);
-  const size_t n_tokens = full ? 3000 : 896;  // quick: 7 token-by-token passes
-  if (tokens.size() > n_tokens) tokens.resize(n_tokens);
-  constexpr uint64_t kCacheTokens = 256;
-  std::printf("== streaming perplexity: %zu tokens of %s, cache bounded to %llu tokens ==\n",
-              tokens.size(), std::filesystem::path(args.text).filename().c_str(),
-              (unsigned long long)kCacheTokens);
-  std::fflush(stdout);
-
-  std::vector<Config> configs = {kFull, kWindowNoSinks};
-  configs.insert(configs.end(), std::begin(kBounded), std::end(kBounded));
-  for (const Config& config : configs) {
-    const auto start = Clock::now();
-    double nll = 0.0;
-    double live_tokens = 0.0;
-    const kvgc_heap_options options =
-        make_options(config, kCacheTokens, kv_model, tokens.size() + 64);
-    if (!mean_nll(model, options, tokens, &nll, &live_tokens, err)) return false;
-    rows->push_back({config.name, std::exp(nll), live_tokens, seconds_since(start)});
-    std::fprintf(stderr, "  %-18s ppl %.3f (%.1f s)\n", config.name, rows->back().perplexity,
-                 rows->back().seconds);
+  // Raw figures.
+  auto cells = [&](const char* part, const RetrievalResult& r) {
+    for (size_t m = 0; m < r.modes.size(); ++m)
+      for (size_t p = 0; p < r.policies.size(); ++p)
+        for (size_t f = 0; f < r.fractions.size(); ++f) {
+          if (p == 0 && (m > 0 || f > 0)) continue;  // full: one figure
+          const Cell& c = r.cells[m][p][f];
+          if (p == 0) {
+            add(" %s_full=%d/%d", part, c.correct, c.total);
+          } else {
+            add(" %s_%s_%s_%.0f=%d/%d", part, r.modes[m].c_str(), key_name(r.policies[p]).c_str(),
+                100.0 * r.fractions[f], c.correct, c.total);
+          }
+        }
+  };
+  if (!passkey.cells.empty()) cells("passkey", passkey);
+  if (!needle.cells.empty()) cells("needle", needle);
+  if (ppl.full.perplexity > 0) {
+    add(" ppl_full=%.3f", ppl.full.perplexity);
+    for (size_t b = 0; b < ppl.bounded.size(); ++b)
+      for (const PerplexityRow& r : ppl.bounded[b])
+        add(" ppl%llu_%s=%.3f", (unsigned long long)ppl.cache_tokens[b], key_name(r.name).c_str(),
+            r.perplexity);
+    add(" ppl_tokens=%zu", ppl.scored_tokens);
   }
-
-  const double base = rows->front().perplexity;
-  std::printf("\n%-20s  %10s  %8s  %11s\n", "policy", "perplexity", "vs full",
-              "live tokens");
-  for (const PerplexityRow& row : *rows) {
-    std::printf("%-20s  %10.3f  %7.3fx  %11.0f\n", row.name.c_str(), row.perplexity,
-                row.perplexity / base, row.live_tokens);
-  }
-  std::printf("\n");
-  return true;
-}
-
-// "generational+int4" -> "generational_int4": RESULT keys are single words.
-std::string key_name(std::string name) {
-  std::string out;
-  for (const char c : name) {
-    if (std::isalnum(static_cast<unsigned char>(c))) out += c;
-    else if (!out.empty() && out.back() != '_') out += '_';
-  }
-  while (!out.empty() && out.back() == '_') out.pop_back();
+  if (!passkey.cells.empty()) add(" passkey_seconds=%.0f", passkey.seconds);
+  if (!needle.cells.empty()) add(" needle_seconds=%.0f", needle.seconds);
+  if (ppl.full.perplexity > 0) add(" ppl_seconds=%.0f", ppl.seconds);
+  add(" seconds=%.0f", seconds);
   return out;
 }
 
@@ -354,7 +255,9 @@ int main(int argc, char** argv) {
                  args.model.c_str());
     return 1;
   }
-  openblas_set_num_threads(2);
+  // Engines side by side, one BLAS thread each (kvgc's CPU attention is single-threaded,
+  // so two engines keep both cores busier than one engine with two BLAS threads).
+  openblas_set_num_threads(args.jobs > 1 ? 1 : 2);
   const auto start = Clock::now();
 
   std::string err;
@@ -366,65 +269,49 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
     return 1;
   }
-  // The model shape kvgc sizes its heaps by, as the engine describes it.
-  kvgc_model_desc kv_model;
-  kvgc_model_desc_init(&kv_model);
-  kv_model.n_layers = model.config.n_layers;
-  kv_model.n_q_heads = model.config.n_heads;
-  kv_model.n_kv_heads = model.config.n_kv_heads;
-  kv_model.head_dim = model.config.head_dim;
-  kv_model.dtype = KVGC_DTYPE_F32;
-  std::printf("kvgc-bench-quality (%s mode), model %s\n\n", args.full ? "full" : "quick",
-              std::filesystem::path(args.model).filename().c_str());
-
-  const std::vector<double> fractions = {0.10, 0.20, 0.50};
-  std::vector<PasskeyRow> passkey;
-  std::vector<PerplexityRow> perplexity;
-  size_t n_depths = 0;
-  if (args.passkey &&
-      !run_passkey(model, tokenizer, kv_model, args.full, &passkey, fractions, &n_depths, &err)) {
-    std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
-    return 1;
-  }
-  if (args.perplexity &&
-      !run_perplexity(model, tokenizer, kv_model, args, args.full, &perplexity, &err)) {
-    std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
+  std::error_code ec;
+  std::filesystem::create_directories(args.out, ec);
+  if (ec) {
+    std::fprintf(stderr, "kvgc-bench-quality: cannot create %s: %s\n", args.out.c_str(),
+                 ec.message().c_str());
     return 1;
   }
 
-  // Ratios first: passkey accuracy at 20% vs full, perplexity vs full; raw values after.
-  std::string result = "RESULT";
-  char buf[128];
-  if (!passkey.empty()) {
-    const double base = double(passkey.front().correct[1]);
-    for (size_t r = 1; r < passkey.size(); ++r) {
-      std::snprintf(buf, sizeof buf, " passkey20_ratio_%s=%.2f",
-                    key_name(passkey[r].name).c_str(),
-                    base > 0 ? passkey[r].correct[1] / base : 0.0);
-      result += buf;
-    }
+  Bench bench;
+  bench.model = &model;
+  bench.tokenizer = &tokenizer;
+  kvgc_model_desc_init(&bench.kv);
+  bench.kv.n_layers = model.config.n_layers;
+  bench.kv.n_q_heads = model.config.n_heads;
+  bench.kv.n_kv_heads = model.config.n_kv_heads;
+  bench.kv.head_dim = model.config.head_dim;
+  bench.kv.dtype = KVGC_DTYPE_F32;
+  bench.n_ctx = model.config.n_ctx;
+  const std::optional<std::string> arch = file.get_string("general.architecture");
+  bench.n_ctx_from_gguf = arch && file.get_uint(*arch + ".context_length").has_value();
+  bench.jobs = args.jobs;
+  bench.full = args.full;
+  bench.contexts = args.contexts;
+  bench.depths = args.depths;
+  bench.text_path = args.text;
+  bench.out_dir = args.out;
+  bench.prefix = args.out + "/" + (args.full ? "full" : "quick");
+
+  std::printf("kvgc-bench-quality (%s mode), model %s (trained context %llu tokens), %u "
+              "engine%s side by side\n\n",
+              args.full ? "full" : "quick", std::filesystem::path(args.model).filename().c_str(),
+              (unsigned long long)bench.n_ctx, args.jobs, args.jobs > 1 ? "s" : "");
+  std::fflush(stdout);
+
+  RetrievalResult passkey, needle;
+  PerplexityResult ppl;
+  if ((args.passkey && !run_passkey(bench, &passkey, &err)) ||
+      (args.needle && !run_needle(bench, &needle, &err)) ||
+      (args.perplexity && !run_perplexity(&bench, &ppl, &err))) {
+    std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
+    return 1;
   }
-  if (!perplexity.empty()) {
-    for (size_t r = 1; r < perplexity.size(); ++r) {
-      std::snprintf(buf, sizeof buf, " ppl_ratio_%s=%.3f",
-                    key_name(perplexity[r].name).c_str(),
-                    perplexity[r].perplexity / perplexity.front().perplexity);
-      result += buf;
-    }
-  }
-  for (const PasskeyRow& row : passkey) {
-    for (size_t f = 0; f < fractions.size(); ++f) {
-      std::snprintf(buf, sizeof buf, " passkey%.0f_%s=%d/%zu", 100.0 * fractions[f],
-                    key_name(row.name).c_str(), row.correct[f], n_depths);
-      result += buf;
-    }
-  }
-  for (const PerplexityRow& row : perplexity) {
-    std::snprintf(buf, sizeof buf, " ppl_%s=%.3f", key_name(row.name).c_str(), row.perplexity);
-    result += buf;
-  }
-  std::snprintf(buf, sizeof buf, " seconds=%.0f", seconds_since(start));
-  result += buf;
-  std::printf("%s\n", result.c_str());
+  if (args.plots) plot(args, bench);
+  std::printf("%s\n", result_line(passkey, needle, ppl, seconds_since(start)).c_str());
   return 0;
 }

@@ -16,6 +16,7 @@
 #include "kvgc.h"
 
 using kvgc::bench::median_ms;
+using kvgc::bench::one_layer;
 
 int main(int argc, char** argv) {
   int n_dev = 0;
@@ -28,13 +29,7 @@ int main(int argc, char** argv) {
   const int reps = quick ? 3 : 20;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));
-  kvgc_model_desc m;
-  kvgc_model_desc_init(&m);
-  m.n_layers = 1;
-  m.n_q_heads = q_heads;
-  m.n_kv_heads = kv_heads;
-  m.head_dim = hd;
-  m.dtype = KVGC_DTYPE_F16;
+  const kvgc_model_desc m = one_layer(q_heads, kv_heads, hd);
   kvgc_heap_options o;
   kvgc_heap_options_init(&o);
   o.flags = KVGC_OPT_IGNORE_ENV;

@@ -55,4 +55,16 @@ double median_ms(int reps, cudaStream_t s, F&& f) {
   return t[t.size() / 2];
 }
 
+// One f16 layer of a model with these heads: what the GPU benchmarks run on.
+inline kvgc_model_desc one_layer(uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim) {
+  kvgc_model_desc m;
+  kvgc_model_desc_init(&m);
+  m.n_layers = 1;
+  m.n_q_heads = q_heads;
+  m.n_kv_heads = kv_heads;
+  m.head_dim = head_dim;
+  m.dtype = KVGC_DTYPE_F16;
+  return m;
+}
+
 }  // namespace kvgc::bench

@@ -30,21 +30,13 @@
 #include "kvgc.h"
 
 using kvgc::bench::median_ms;
+using kvgc::bench::one_layer;
 
 namespace {
 
 constexpr uint32_t kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kPt = 16;
 
-kvgc_model_desc llama_layer() {
-  kvgc_model_desc m;
-  kvgc_model_desc_init(&m);
-  m.n_layers = 1;
-  m.n_q_heads = kQHeads;
-  m.n_kv_heads = kKvHeads;
-  m.head_dim = kHeadDim;
-  m.dtype = KVGC_DTYPE_F16;
-  return m;
-}
+kvgc_model_desc llama_layer() { return one_layer(kQHeads, kKvHeads, kHeadDim); }
 
 kvgc_heap* cuda_heap(kvgc_heap_options o) {
   o.flags = KVGC_OPT_IGNORE_ENV;

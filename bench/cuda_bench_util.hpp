@@ -31,16 +31,19 @@
 
 namespace kvgc::bench {
 
-// Median over `reps` runs of f() on stream s, in ms, after one warm-up run.
-template <class F>
-double median_ms(int reps, cudaStream_t s, F&& f) {
+// Median over `reps` runs of f() on stream s, in ms, after one warm-up run; setup() is
+// enqueued before each run (warm-up included) outside the timed range.
+template <class F, class Setup>
+double median_ms(int reps, cudaStream_t s, F&& f, Setup&& setup) {
   cudaEvent_t a, b;
   CUDA_OK(cudaEventCreate(&a));
   CUDA_OK(cudaEventCreate(&b));
+  setup();
   f();
   CUDA_OK(cudaStreamSynchronize(s));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
+    setup();
     CUDA_OK(cudaEventRecord(a, s));
     f();
     CUDA_OK(cudaEventRecord(b, s));
@@ -53,6 +56,10 @@ double median_ms(int reps, cudaStream_t s, F&& f) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return t[t.size() / 2];
+}
+template <class F>
+double median_ms(int reps, cudaStream_t s, F&& f) {
+  return median_ms(reps, s, f, [] {});
 }
 
 // One f16 layer of a model with these heads: what the GPU benchmarks run on.

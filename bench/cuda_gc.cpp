@@ -47,11 +47,6 @@ kvgc_heap* cuda_heap(kvgc_heap_options o) {
   return h;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Compaction of `batch` segments of `tokens` slots with about half dead; returns ms
 // (median) and sets *bytes to what one compaction moves and *intact to whether the
 // live counts after it match the plan's.
@@ -108,20 +103,7 @@ double bench_compaction(uint32_t tokens, uint32_t batch, int reps, cudaStream_t 
       CUDA_OK(kvgc::cuda::compact(op, s));
     }
   };
-  cudaEvent_t e0, e1;
-  CUDA_OK(cudaEventCreate(&e0));
-  CUDA_OK(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int r = 0; r <= reps; ++r) {
-    restore();
-    CUDA_OK(cudaEventRecord(e0, s));
-    compact_all();
-    CUDA_OK(cudaEventRecord(e1, s));
-    CUDA_OK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r) t.push_back(ms);  // r == 0 warms up
-  }
+  const double compact_ms = median_ms(reps, s, compact_all, restore);
   // Live counts after the last compaction against the plan's.
   std::vector<uint8_t> after(n_pages * L.k_off);
   CUDA_OK(cudaMemcpy2D(after.data(), L.k_off, pages, L.bytes, L.k_off, n_pages, cudaMemcpyDeviceToHost));
@@ -140,7 +122,7 @@ double bench_compaction(uint32_t tokens, uint32_t batch, int reps, cudaStream_t 
   cudaFree(b);
   cudaFree(pages);
   cudaFree(pristine);
-  return median(t);
+  return compact_ms;
 }
 
 // Mean us per steady-state decode step (append 16, observe, kvgc_step) at `tokens`.

@@ -118,17 +118,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-int32_t argmax(const float* logits, uint32_t n) {
-  return int32_t(std::max_element(logits, logits + n) - logits);
-}
-
-double log_prob(const float* logits, uint32_t n, int32_t target) {
-  const float max = *std::max_element(logits, logits + n);
-  double sum = 0.0;
-  for (uint32_t i = 0; i < n; ++i) sum += std::exp(logits[i] - max);
-  return double(logits[target] - max) - std::log(sum);
-}
-
 bool read_text(const std::string& path, std::string* text, std::string* err) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -76,9 +76,8 @@ bool run_jobs(size_t n, unsigned jobs, const std::function<bool(size_t, std::str
 void progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 double seconds_since(Clock::time_point start);
-int32_t argmax(const float* logits, uint32_t n);
-// log p(target) from raw logits, via a stable log-sum-exp.
-double log_prob(const float* logits, uint32_t n, int32_t target);
+using engine::argmax;
+using engine::log_prob;
 bool read_text(const std::string& path, std::string* text, std::string* err);
 bool write_text(const std::string& path, const std::string& text, std::string* err);
 // "generational+int4" -> "generational_int4": RESULT keys are single words.

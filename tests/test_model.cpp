@@ -38,13 +38,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-size_t argmax(const std::vector<float>& v) {
-  size_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[best]) best = i;
-  return best;
-}
-
 kvgc_heap_options options(kvgc_policy policy, double budget_fraction) {
   kvgc_heap_options o;
   kvgc_heap_options_init(&o);
@@ -66,7 +59,7 @@ std::string generate(const engine::Model& model, const engine::Tokenizer& tok,
     return {};
   std::vector<int32_t> out;
   for (uint32_t i = 0; i < max_tokens; ++i) {
-    const int32_t t = int32_t(argmax(logits));
+    const int32_t t = engine::argmax(logits.data(), uint32_t(logits.size()));
     if (t == tok.eos()) break;
     out.push_back(t);
     if (i + 1 < max_tokens && !e.forward(&t, 1, logits.data(), err)) return {};
@@ -115,13 +108,8 @@ int main() {
     double nll = 0;
     const bool ran = !text.empty() && e.init(model, &o, &err) &&
                      e.forward(tokens.data(), uint32_t(tokens.size()), nullptr, &err, pass);
-    for (size_t i = 0; ran && i + 1 < tokens.size(); ++i) {
-      const float* row = &all[i * model.config.n_vocab];
-      double max = row[0], sum = 0;
-      for (uint32_t v = 1; v < model.config.n_vocab; ++v) max = std::max(max, double(row[v]));
-      for (uint32_t v = 0; v < model.config.n_vocab; ++v) sum += std::exp(double(row[v]) - max);
-      nll += max + std::log(sum) - double(row[tokens[i + 1]]);
-    }
+    for (size_t i = 0; ran && i + 1 < tokens.size(); ++i)
+      nll -= engine::log_prob(&all[i * model.config.n_vocab], model.config.n_vocab, tokens[i + 1]);
     // The chunked logits must be what decoding one token at a time gives.
     const uint32_t n_check = std::min<uint32_t>(80, uint32_t(tokens.size()));
     engine::Engine d;

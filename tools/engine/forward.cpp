@@ -36,6 +36,17 @@ void matmul(const float* x, const float* w, float* out, uint32_t n, uint32_t col
   }
 }
 
+int32_t argmax(const float* logits, uint32_t n) {
+  return int32_t(std::max_element(logits, logits + n) - logits);
+}
+
+double log_prob(const float* logits, uint32_t n, int32_t target) {
+  const float max = *std::max_element(logits, logits + n);
+  double sum = 0.0;
+  for (uint32_t i = 0; i < n; ++i) sum += std::exp(logits[i] - max);
+  return double(logits[target] - max) - std::log(sum);
+}
+
 void rms_norm(const float* x, const float* weight, float* out, uint32_t width, float eps) {
   double sum = 0.0;
   for (uint32_t i = 0; i < width; ++i) sum += double(x[i]) * x[i];

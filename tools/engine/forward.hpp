@@ -100,6 +100,12 @@ class Engine {
 void matmul(const float* x, const float* w, float* out, uint32_t n, uint32_t cols,
             uint32_t rows);
 
+// Index of the largest of n logits (greedy decoding; the first on ties).
+int32_t argmax(const float* logits, uint32_t n);
+
+// log softmax(logits)[target] over n logits, through a stable log-sum-exp.
+double log_prob(const float* logits, uint32_t n, int32_t target);
+
 // out = x / sqrt(mean(x^2) + eps) * weight, over `width` values.
 void rms_norm(const float* x, const float* weight, float* out, uint32_t width, float eps);
 

@@ -101,10 +101,7 @@ bool parse_args(int argc, char** argv, Args* args) {
 }
 
 int32_t sample(const std::vector<float>& logits, float temperature, std::mt19937_64* rng) {
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
+  const size_t best = size_t(engine::argmax(logits.data(), uint32_t(logits.size())));
   if (temperature <= 0.0f) return int32_t(best);
   std::vector<double> weights(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {

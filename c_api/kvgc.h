@@ -51,13 +51,13 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 1
+#define KVGC_VERSION_MINOR 2
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.1.0"
+#define KVGC_VERSION_STRING "0.2.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
-/* The library's version string ("0.1.0"); equals KVGC_VERSION_STRING of its build. */
+/* The library's version string ("0.2.0"); equals KVGC_VERSION_STRING of its build. */
 KVGC_API const char* kvgc_version(void);
 /* The library's KVGC_VERSION_NUMBER, to compare against the header's at run time. */
 KVGC_API int kvgc_version_number(void);
@@ -111,6 +111,20 @@ typedef enum kvgc_demote {
   KVGC_DEMOTE_OFF = 0,
   KVGC_DEMOTE_INT4 = 1
 } kvgc_demote;
+
+/* When the host applies a GC's page-level results (live counts per page; kvgc_step).
+ * DEFERRED: at the sequence's next kvgc_step, or earlier where exact counts are needed
+ * (kvgc_read, kvgc_read_scores, kvgc_observe, kvgc_seq_tokens, kvgc_get_stats,
+ * kvgc_heap_check, tenant calls, destruction, a page allocation that would fail), so a
+ * step only enqueues and never waits for the device. Which tokens die is decided by the
+ * device at the step either way; only the host's bookkeeping (freeing emptied pages,
+ * compaction, statistics, KVGC_EBUDGET) follows later.
+ * IMMEDIATE: within the same kvgc_step (on CUDA it synchronises its stream once per
+ * segment that collects). */
+typedef enum kvgc_harvest {
+  KVGC_HARVEST_DEFERRED = 0,
+  KVGC_HARVEST_IMMEDIATE = 1
+} kvgc_harvest;
 
 /* Token generations (tiers): sinks and the young window are never evicted. */
 typedef enum kvgc_generation {
@@ -180,6 +194,7 @@ typedef struct kvgc_heap_options {
    * KVGC_LAYER_BUDGET=entropy:FILE reads them from FILE (one number a line, '#' comments). */
   const float* layer_weights; /* NULL */
   uint32_t n_layer_weights;   /* 0 */
+  kvgc_harvest harvest;       /* DEFERRED (added in 0.2, in what was tail padding) */
 } kvgc_heap_options;
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
@@ -224,7 +239,8 @@ KVGC_API kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
                                  const void* k, const void* v, uint32_t n_tokens,
                                  void* stream);
 
-/* Live and total appended tokens of a segment (host-side counts, no sync). */
+/* Live and total appended tokens of a segment (host-side counts; applies a pending GC's
+ * results first, waiting for them on CUDA: see kvgc_harvest). */
 KVGC_API kvgc_status kvgc_seq_tokens(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
                                      uint64_t* live_out, uint64_t* length_out);
 
@@ -261,15 +277,17 @@ KVGC_API kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
  * freeing every page left without a live token, then compaction when a segment's
  * fragmentation passes compact_threshold. Evicted tokens disappear from kvgc_read;
  * demoted ones read back dequantized. KVGC_EBUDGET when a segment stays over its budget
- * because every remaining token is protected (sinks, young window): advisory, nothing
+ * because the protected tokens alone (sinks, young window) exceed it: advisory, nothing
  * is lost, and the next step proceeds.
- * Streams (CUDA): the GC's work is enqueued on `stream`; the decision op's page-level
- * results (live counts per page, a few bytes each) are read back at once, so kvgc_step
- * synchronises `stream` once per segment that collects. That stall is confined to
- * kvgc_step: kvgc_append, kvgc_attend, kvgc_observe and kvgc_read never wait, and a step
- * with nothing due does not synchronise. Planned next step: results applied one step
- * late (a deferred harvest), so that a step only enqueues. kvgc_step and kvgc_attend
- * share the heap's device scratch: issue them on one stream (or order the streams). */
+ * Results (opts->harvest, KVGC_HARVEST): the GC's decision runs on the device, enqueued
+ * on `stream`; its page-level results (live counts per page, a few bytes each) come back
+ * asynchronously. DEFERRED (default): they are applied at the sequence's next kvgc_step
+ * (or a call that needs exact counts: see kvgc_harvest), so a step never waits, and
+ * freeing emptied pages and compaction follow one step later (an append that would not
+ * fit applies them first). IMMEDIATE: applied within this call; on CUDA it synchronises
+ * `stream` once per segment that collects. Either way kvgc_append, kvgc_attend never
+ * wait. kvgc_step and kvgc_attend share the heap's device scratch: issue them on one
+ * stream (or order the streams). */
 KVGC_API kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream);
 
 /* ---- attention ------------------------------------------------------------------ */

@@ -36,7 +36,8 @@ struct PolicyParams {
   double int4_cost = 0.3;  // an int4 token's cost in fp16-token units
 };
 
-// What the host knows about a segment (exact on CPU; one step late on a device).
+// What the host knows about a segment: exact, because the previous GC's results are
+// applied before planning (runtime/harvest.cpp).
 struct SegmentView {
   uint64_t length = 0;               // tokens appended so far (next position)
   uint64_t live_fp16 = 0, live_int4 = 0;

@@ -72,11 +72,10 @@ enum class KeyKind : uint8_t { Score, Position, Random };
 // promote top-ranked stable intermediate tokens, re-split tiers on a major GC, age the
 // intermediate survivors. Reports page-granular results only.
 //
-// Streams: page_live and result are host memory the runtime reads right after the op.
-// The CPU executor fills them before returning; the CUDA executor enqueues its kernels
-// and copies them back, and the CUDA backend synchronises the engine's stream before
-// returning (a stall confined to kvgc_step; append, attend, observe and read never
-// wait). Reading them one step late (a deferred harvest) is the planned next step.
+// Streams: page_live and result are host memory the device may write asynchronously
+// (Backend::result_alloc). The CPU executor fills them before returning; the CUDA
+// executor enqueues its kernels and copies them back without waiting; the runtime reads
+// them after an event recorded behind the op (runtime/harvest.cpp).
 struct SelectResult {
   uint64_t ranked = 0, tenured = 0, evicted = 0, demoted = 0, promoted = 0;
   uint64_t promote_eligible = 0;        // intermediate tokens old enough, not promoted

@@ -3,15 +3,14 @@
 // Lifetime and stream rules (RMM-style, stated once here):
 //   - reserve() is called once per heap; release() once, at heap destruction, after
 //     the engine has finished every stream that used the arena.
-//   - copy/fill/append/gather/observe/compact/attend are enqueued on `stream` (the
-//     engine's cudaStream_t on CUDA; ignored on CPU, where they complete before
-//     returning). None synchronises, except synchronize() and select (below).
-//   - select is the one op whose results the host needs at once: its page-level
-//     results (page_live and the SelectResult, a few bytes per page) are read by the
-//     runtime right after it returns, so on CUDA the backend synchronises the stream
-//     before returning. The stall is confined to kvgc_step: append, attend, observe
-//     and read never wait. Planned next step: read them one step late (a deferred
-//     harvest), so that a step only enqueues.
+//   - copy/fill/append/gather/observe/select/compact/attend are enqueued on `stream`
+//     (the engine's cudaStream_t on CUDA; ignored on CPU, where they complete before
+//     returning). None synchronises, except synchronize() and event_wait().
+//   - select's page-level results (page_live and the SelectResult, a few bytes per
+//     page) are host memory from result_alloc() that the device writes asynchronously;
+//     the runtime records an event after the op and reads them once event_wait() says
+//     they are complete: at the next step (the deferred harvest) or at once
+//     (KVGC_HARVEST=immediate).
 //   - Every device error comes back as KVGC_EDEVICE with the device's own message.
 #pragma once
 
@@ -42,14 +41,28 @@ class Backend : public host::HostAllocated {
   virtual Status fill(void* dst, int byte, size_t bytes, void* stream) = 0;
   virtual Status synchronize(void* stream) = 0;
 
+  // Completion markers for results read later. event_record marks the work enqueued
+  // on `stream` so far; event_wait blocks until that work is done. The defaults are the
+  // CPU's: every op is complete when it returns, so an event is null and free.
+  virtual Status event_create(void** event) {
+    *event = nullptr;
+    return Status::Ok();
+  }
+  virtual void event_destroy(void* /*event*/) {}
+  virtual Status event_record(void* /*event*/, void* /*stream*/) { return Status::Ok(); }
+  virtual Status event_wait(void* /*event*/) { return Status::Ok(); }
+  // Host memory the device writes (and reads) asynchronously: page-locked on CUDA, so
+  // copies to and from it never wait; plain host memory by default. 16-byte aligned.
+  virtual Status result_alloc(size_t bytes, void** p);
+  virtual void result_free(void* p, size_t bytes);
+
   // KVGC_EINVAL naming `what` if `p` is not memory this backend's ops can read.
   virtual Status check_pointer(const void* p, const char* what) = 0;
 
   virtual Status append(const AppendOp& op, void* stream) = 0;
   virtual Status gather(const GatherOp& op, void* stream) = 0;
-  // The GC's ops. Their page-level outputs (SelectOp::page_live, result) are host
-  // memory the runtime reads after the op; complete on return on every backend (CUDA
-  // synchronises the stream in select; see above).
+  // The GC's ops. select's page-level outputs (SelectOp::page_live, result) are
+  // result_alloc() memory, complete once an event recorded after the op has passed.
   virtual Status observe(const ObserveOp& op, void* stream) = 0;
   virtual Status select(const SelectOp& op, void* stream) = 0;
   virtual Status compact(const CompactOp& op, void* stream) = 0;

@@ -1,8 +1,8 @@
 // The GC's runtime side: kvgc_observe and kvgc_step. The host plans from page-granular
 // counts (gc/), one data-plane op picks the tokens (kernels/), and the host applies the
-// op's page-level results: frees empty pages, updates counts, compacts when fragmented.
-// On CUDA the select op synchronises the stream so that its results are here at once
-// (backend.hpp); observe and compaction are only enqueued.
+// op's page-level results (harvest.cpp): frees empty pages, updates counts, compacts
+// when fragmented. With KVGC_HARVEST=deferred (the default) the results are applied at
+// the segment's next step, so a step only enqueues; immediate applies them at once.
 #include <algorithm>
 #include <cmath>
 
@@ -16,7 +16,8 @@ Status ManagedHeap::observe(kvgc_seq seq, uint32_t layer, const float* mass, uin
                             void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_observe", &s));
-  const Segment& seg = s->layers[layer];
+  Segment& seg = s->layers[layer];
+  KVGC_TRY(settle(s->tenant, seg));  // mass rows follow the exact live counts
   if (n != seg.live())
     return fail(KVGC_EINVAL, "kvgc_observe: n " + std::to_string(n) +
                                  " differs from the segment's live count " +
@@ -88,6 +89,8 @@ void ManagedHeap::free_empty_pages(uint32_t tenant, PageTable& t) {
 Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
                             bool* short_of_budget) {
   Segment& seg = s.layers[layer];
+  KVGC_TRY(settle(s.tenant, seg));  // the previous GC's results, usually long complete
+  KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
   SegmentView v;
   v.length = seg.length;
   v.live_fp16 = seg.table[KVGC_CLASS_FP16].live;
@@ -98,128 +101,135 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
   v.promote_blocked = seg.promote_blocked;
   v.budget = budget;
   const GcPlan g = plan_gc(policy_, v);
+  if (!g.run) return Status::Ok();
+  // Known before the op runs: once every candidate is gone, the protected tokens (sinks
+  // and the young window, all fp16) are what is left.
+  *short_of_budget = g.reclaim > 0 && double(protected_tokens(policy_, v)) > double(budget) + 1e-9;
 
-  if (g.run) {
-    PageTable& q = seg.table[KVGC_CLASS_INT4];
-    const uint32_t pt = opts_.page_tokens;
-    // Demotion targets: the int4 tail's room, then as many new int4 pages as the
-    // reclaim could use and the arena allows (fewer targets just means more evictions).
-    runs_.clear();
-    const size_t int4_before = q.pages.size();
-    const double per = 1.0 - policy_.int4_cost;
-    // Slots demotion could use: the reclaim over what one demotion saves (> 0.25 units).
-    const double wanted = g.demote && g.reclaim > 0 && per > 0 ? std::ceil(g.reclaim / per) + 1 : 0;
-    const uint64_t want_slots =
-        wanted >= double(v.live_fp16) ? v.live_fp16 : uint64_t(wanted);
-    // Every host container this collection needs is sized before the first page is
-    // taken, so running out of host memory cannot strand a demotion page.
-    const size_t max_new = (want_slots + pt - 1) / pt;
-    const size_t max_pages = seg.table[0].pages.size() + q.pages.size() + max_new;
-    runs_.reserve(max_new + 1);
-    pages_.reserve(max_pages);
-    page_live_.reserve(max_pages);
-    q.pages.reserve(q.pages.size() + max_new);
-    if (want_slots) {
-      uint64_t want = want_slots;
-      const uint32_t room = q.tail_room(pool_, pt);
-      if (room && want) runs_.push_back({page_ptr(q.pages.back()), pt - room,
-                                         uint32_t(std::min<uint64_t>(room, want)), 0});
-      want -= std::min<uint64_t>(room, want);
-      while (want > 0 && pool_.can_alloc(KVGC_CLASS_INT4, 1)) {
-        const PageId p = take_page(s, layer, KVGC_CLASS_INT4);  // within arena and quota
-        if (p == kNoPage) break;
-        q.pages.push_back(p);
-        const uint32_t n = uint32_t(std::min<uint64_t>(pt, want));
-        runs_.push_back({page_ptr(p), 0, n, 0});
-        want -= n;
+  PageTable& f = seg.table[KVGC_CLASS_FP16];
+  PageTable& q = seg.table[KVGC_CLASS_INT4];
+  const uint32_t pt = opts_.page_tokens;
+  // Demotion targets: the int4 tail's room, then as many new int4 pages as the reclaim
+  // could use and the arena allows (fewer targets just means more evictions).
+  runs_.clear();
+  const size_t int4_before = q.pages.size();
+  const double per = 1.0 - policy_.int4_cost;
+  // Slots demotion could use: the reclaim over what one demotion saves (> 0.25 units).
+  const double wanted = g.demote && g.reclaim > 0 && per > 0 ? std::ceil(g.reclaim / per) + 1 : 0;
+  const uint64_t want_slots = wanted >= double(v.live_fp16) ? v.live_fp16 : uint64_t(wanted);
+  // Every host container and the result block are sized before the first page is
+  // taken, so running out of memory cannot strand a demotion page.
+  const size_t max_new = (want_slots + pt - 1) / pt;
+  const size_t max_pages = f.pages.size() + q.pages.size() + max_new;
+  KVGC_TRY(harvest_reserve(seg.gc, max_pages));
+  runs_.reserve(max_new + 1);
+  pages_.reserve(max_pages);
+  q.pages.reserve(q.pages.size() + max_new);
+  if (want_slots) {
+    uint64_t want = want_slots;
+    const uint32_t room = q.tail_room(pool_, pt);
+    if (room && want) runs_.push_back({page_ptr(q.pages.back()), pt - room,
+                                       uint32_t(std::min<uint64_t>(room, want)), 0});
+    want -= std::min<uint64_t>(room, want);
+    bool settled = false;
+    while (want > 0) {
+      PageId p = pool_.can_alloc(KVGC_CLASS_INT4, 1) ? take_page(s, layer, KVGC_CLASS_INT4) : kNoPage;
+      if (p == kNoPage && !settled && pending_) {  // pages other GCs emptied come back first
+        settled = true;
+        KVGC_TRY(settle_all());
+        continue;
       }
+      if (p == kNoPage) break;  // within arena and quota
+      q.pages.push_back(p);
+      const uint32_t n = uint32_t(std::min<uint64_t>(pt, want));
+      runs_.push_back({page_ptr(p), 0, n, 0});
+      want -= n;
     }
-    segment_pages(seg, &pages_);
-    page_live_.assign(pages_.size(), 0);
-    SelectResult r;
-    SelectOp op{};
-    op.layout[0] = layout_[0];
-    op.layout[1] = layout_[1];
-    op.pages = pages_.data();
-    op.n_pages = uint32_t(pages_.size());
-    op.tenure_before = g.tenure_before;
-    op.candidates = g.candidates;
-    op.key = g.key;
-    op.noise = opts_.score_noise;
-    op.seed = opts_.seed;
-    op.segment_salt = (uint64_t(s.slot) << 20) ^ layer;
-    op.epoch = ++gc_epoch_;
-    op.reclaim = g.reclaim;
-    op.int4_cost = policy_.int4_cost;
-    op.demote_ratio = g.demote ? kDemoteRatio : -1.0;
-    op.demote_dst = runs_.data();
-    op.n_demote_dst = uint32_t(runs_.size());
-    op.promote = g.promote;
-    op.promote_age = kPromoteAge;
-    op.retier = g.retier;
-    op.retier_top = g.retier_top;
-    op.age_intermediate = g.age_intermediate;
-    op.page_live = page_live_.data();
-    op.result = &r;
-    op.scratch = scratch_;  // device executors (shared with attention: same stream)
-    op.scratch_bytes = scratch_bytes_;
-    auto give_back = [&] {  // nothing was decided: return the demotion pages
-      for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
-      q.pages.resize(int4_before);
-    };
-    Status st;
-    try {
-      st = backend_->select(op, stream);
-    } catch (...) {  // the op allocates before it mutates: nothing else changed
-      give_back();
-      throw;
-    }
-    if (!st.ok()) {
-      give_back();
-      return st;
-    }
-    // Apply the page-level results: live counts, then the int4 slots demotion filled.
-    size_t i = 0;  // pages_ lists the FP16 table, then the INT4 table
-    for (const PageTable& t : seg.table)
-      for (PageId id : t.pages) pool_.desc(id).live = page_live_[i++];
-    uint64_t filled = r.demoted;
-    for (const AppendRun& run : runs_) {
-      const uint32_t n = uint32_t(std::min<uint64_t>(run.count, filled));
-      PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(run.page)));
-      d.used = uint16_t(d.used + n);
-      q.used += n;
-      filled -= n;
-    }
-    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) seg.table[c].live = r.live[c];
-    std::copy(std::begin(r.tier), std::end(r.tier), seg.tier);
-    free_empty_pages(s.tenant, seg.table[KVGC_CLASS_FP16]);
-    free_empty_pages(s.tenant, q);  // includes demotion pages nothing was written to
-
-    ++counters_.gcs;
-    counters_.tokens_ranked += r.ranked;
-    counters_.tokens_evicted += r.evicted;
-    counters_.tokens_demoted += r.demoted;
-    counters_.tokens_promoted += r.promoted;
-    counters_.tokens_tenured += r.tenured;
-    counters_.bytes_moved += r.demoted * 2 * uint64_t(model_.n_kv_heads) * layout_[0].slot_stride;
-    if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
-      seg.since_minor = 0;
-      if (g.major) {
-        ++counters_.major_gcs;
-        seg.minors_since_major = 0;
-        seg.promote_blocked = false;
-      } else {
-        ++counters_.minor_gcs;
-        ++seg.minors_since_major;
-        seg.promote_blocked = r.promote_eligible > 0;
-      }
-    }
-    *short_of_budget = r.reclaimed + 1e-9 < g.reclaim;
   }
-  // Compaction, per class, when the segment's holes pass the threshold.
+  PendingGc& pend = seg.gc;
+  segment_pages(seg, &pages_);
+  std::copy(pages_.begin(), pages_.end(), pend.pages());  // pinned: the copy never waits
+  std::copy(runs_.begin(), runs_.end(), pend.runs());
+  SelectOp op{};
+  op.layout[0] = layout_[0];
+  op.layout[1] = layout_[1];
+  op.pages = pend.pages();
+  op.n_pages = uint32_t(pages_.size());
+  op.tenure_before = g.tenure_before;
+  op.candidates = g.candidates;
+  op.key = g.key;
+  op.noise = opts_.score_noise;
+  op.seed = opts_.seed;
+  op.segment_salt = (uint64_t(s.slot) << 20) ^ layer;
+  op.epoch = ++gc_epoch_;
+  op.reclaim = g.reclaim;
+  op.int4_cost = policy_.int4_cost;
+  op.demote_ratio = g.demote ? kDemoteRatio : -1.0;
+  op.demote_dst = pend.runs();
+  op.n_demote_dst = uint32_t(runs_.size());
+  op.promote = g.promote;
+  op.promote_age = kPromoteAge;
+  op.retier = g.retier;
+  op.retier_top = g.retier_top;
+  op.age_intermediate = g.age_intermediate;
+  op.page_live = pend.page_live();
+  op.result = pend.result();
+  op.scratch = scratch_;  // device executors (shared with attention: same stream)
+  op.scratch_bytes = scratch_bytes_;
+  auto give_back = [&] {  // nothing was decided: return the demotion pages
+    for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
+    q.pages.resize(int4_before);
+  };
+  Status st;
+  try {
+    st = backend_->select(op, stream);
+  } catch (...) {  // the op allocates before it mutates: nothing else changed
+    give_back();
+    throw;
+  }
+  if (!st.ok()) {
+    give_back();
+    return st;
+  }
+  // Pending until applied (harvest.cpp). The demotion slots count as used from now on,
+  // so that attention's rows (numbered by `used`) cover whatever the op fills.
+  pend.active = true;
+  ++pending_;
+  pend.minor = opts_.policy == KVGC_POLICY_GENERATIONAL && !g.major;
+  pend.n_pages[KVGC_CLASS_FP16] = uint32_t(f.pages.size());
+  pend.n_pages[KVGC_CLASS_INT4] = uint32_t(q.pages.size());
+  pend.n_runs = uint32_t(runs_.size());
+  pend.tail_used = f.pages.empty() ? 0 : pool_.desc(f.pages.back()).used;
+  pend.fp16_live = f.live;
+  std::copy(std::begin(seg.tier), std::end(seg.tier), pend.tier);
+  for (const AppendRun& run : runs_) {
+    PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(run.page)));
+    d.used = uint16_t(d.used + run.count);
+    q.used += run.count;
+  }
+  // The plan's own bookkeeping needs no result.
+  if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
+    seg.since_minor = 0;
+    if (g.major) {
+      seg.minors_since_major = 0;
+      seg.promote_blocked = false;
+    } else {
+      ++seg.minors_since_major;
+    }
+  }
+  if (!backend_->event_record(pend.event, stream).ok())  // cannot mark it: wait for all
+    KVGC_TRY(backend_->synchronize(stream));
+  if (opts_.harvest == KVGC_HARVEST_IMMEDIATE) {
+    KVGC_TRY(settle(s.tenant, seg));
+    KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
+  }
+  return Status::Ok();
+}
+
+Status ManagedHeap::compact_fragmented(uint32_t tenant, Segment& seg, void* stream) {
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     if (seg.table[c].fragmentation(opts_.page_tokens) > opts_.compact_threshold)
-      KVGC_TRY(compact(s.tenant, seg, c, stream));
+      KVGC_TRY(compact(tenant, seg, c, stream));
   return Status::Ok();
 }
 

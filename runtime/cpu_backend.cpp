@@ -106,6 +106,20 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+Status Backend::result_alloc(size_t bytes, void** p) {
+  try {
+    *p = host::allocate(bytes, 16);
+  } catch (const std::bad_alloc&) {
+    return fail(KVGC_ENOMEM, "out of host memory for " + std::to_string(bytes) +
+                                 " bytes of GC results");
+  }
+  return Status::Ok();
+}
+
+void Backend::result_free(void* p, size_t bytes) {
+  if (p) host::deallocate(p, bytes, 16);
+}
+
 std::unique_ptr<Backend> make_cpu_backend() { return std::unique_ptr<Backend>(new CpuBackend()); }
 
 Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out,

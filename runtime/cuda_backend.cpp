@@ -91,6 +91,45 @@ class CudaBackend final : public Backend {
     KVGC_CUDA(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
     return Status::Ok();
   }
+  Status event_create(void** event) override {
+    DeviceGuard g(ordinal_);
+    cudaEvent_t e = nullptr;
+    KVGC_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    *event = e;
+    return Status::Ok();
+  }
+  void event_destroy(void* event) override {
+    if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  Status event_record(void* event, void* stream) override {
+    DeviceGuard g(ordinal_);
+    KVGC_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event), as_stream(stream)),
+              "cudaEventRecord");
+    return Status::Ok();
+  }
+  // A kernel fault of the GC surfaces here, where its results are awaited.
+  Status event_wait(void* event) override {
+    KVGC_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)),
+              "GC results (cudaEventSynchronize)");
+    return Status::Ok();
+  }
+  Status result_alloc(size_t bytes, void** p) override {
+    DeviceGuard g(ordinal_);
+    if (host::fault_point())
+      return fail(KVGC_ENOMEM, "cudaHostAlloc of " + std::to_string(bytes) +
+                                   " bytes failed (injected fault)");
+    const cudaError_t e = cudaHostAlloc(p, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return fail(KVGC_ENOMEM, "cudaHostAlloc of " + std::to_string(bytes) +
+                                   " bytes for GC results failed: out of pinned host memory");
+    }
+    KVGC_CUDA(e, "cudaHostAlloc (GC results)");
+    return Status::Ok();
+  }
+  void result_free(void* p, size_t) override {
+    if (p) cudaFreeHost(p);
+  }
   Status check_pointer(const void* p, const char* what) override {
     if (!p) return fail(KVGC_EINVAL, std::string(what) + " is NULL");
     cudaPointerAttributes a{};
@@ -122,8 +161,8 @@ class CudaBackend final : public Backend {
     KVGC_CUDA(cuda::observe(op, as_stream(stream)), "observe kernel launch");
     return Status::Ok();
   }
-  // The one synchronising op: the runtime reads page_live and the result right after
-  // it (backend.hpp). A kernel fault of the GC surfaces here, at the synchronisation.
+  // Only enqueues: page_live and the result arrive in result_alloc() memory, read after
+  // an event (backend.hpp).
   Status select(const SelectOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
     const cudaError_t e = cuda::select(op, as_stream(stream));
@@ -135,7 +174,6 @@ class CudaBackend final : public Backend {
       return fail(KVGC_EUNSUPPORTED, "kvgc_step: a segment of " + std::to_string(op.n_pages) +
                                          " pages has 2^32 slots or more");
     KVGC_CUDA(e, "GC select launch");
-    KVGC_CUDA(cudaStreamSynchronize(as_stream(stream)), "GC select (stream synchronisation)");
     return Status::Ok();
   }
   Status compact(const CompactOp& op, void* stream) override {

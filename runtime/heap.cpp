@@ -198,6 +198,7 @@ uint64_t ManagedHeap::tenant_room(uint32_t tenant) const {
 }
 
 Status ManagedHeap::tenant_set_limit(uint32_t tenant, uint64_t max_bytes) {
+  KVGC_TRY(settle_all());  // pages pending GCs emptied are not the tenant's any more
   auto it = tenants_.find(tenant);
   if (it == tenants_.end()) {
     // Start counting now: the tenant's current pages are summed once, here.
@@ -214,6 +215,7 @@ Status ManagedHeap::tenant_set_limit(uint32_t tenant, uint64_t max_bytes) {
 }
 
 Status ManagedHeap::tenant_usage(uint32_t tenant, uint64_t* bytes, uint64_t* limit) {
+  KVGC_TRY(settle_all());
   uint64_t used = 0, lim = 0;
   if (auto it = tenants_.find(tenant); it != tenants_.end()) {
     used = it->second.bytes;
@@ -230,6 +232,7 @@ Status ManagedHeap::tenant_usage(uint32_t tenant, uint64_t* bytes, uint64_t* lim
 }
 
 void ManagedHeap::free_pages(uint32_t tenant, Segment& s) {
+  harvest_release(tenant, s);  // the device may still be writing these pages
   for (PageTable& t : s.table) {
     for (PageId p : t.pages) drop_page(tenant, p);
     t.pages.clear();
@@ -276,7 +279,16 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   if (seg.length + n > uint64_t(INT32_MAX))
     return fail(KVGC_EINVAL, "kvgc_append: n_tokens " + std::to_string(n) +
                                  " would take the segment past 2^31 positions");
-  const uint64_t need = t.pages_needed(pool_, pt, n);
+  uint64_t need = t.pages_needed(pool_, pt, n);
+  auto fits = [&] {
+    return pool_.can_alloc(KVGC_CLASS_FP16, need) &&
+           tenant_room(s->tenant) >= need * layout_[KVGC_CLASS_FP16].bytes;
+  };
+  if (!fits()) {  // pages pending GCs emptied come back, and this segment's holes
+    KVGC_TRY(settle_all());
+    KVGC_TRY(compact_fragmented(s->tenant, seg, stream));
+    need = t.pages_needed(pool_, pt, n);
+  }
   if (!pool_.can_alloc(KVGC_CLASS_FP16, need)) {
     ++counters_.enomem;
     return fail(KVGC_ENOMEM, "kvgc_append: " + std::to_string(n) + " tokens need " +
@@ -345,6 +357,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
 Status ManagedHeap::tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length) {
   SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_seq_tokens", &s));
+  KVGC_TRY(settle(s->tenant, s->layers[layer]));
   if (live) *live = s->layers[layer].live();
   if (length) *length = s->layers[layer].length;
   return Status::Ok();
@@ -354,6 +367,7 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
                   uint64_t capacity, uint64_t* n_out, void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_read", &s));
+  KVGC_TRY(settle(s->tenant, s->layers[layer]));  // rows follow the exact live counts
   const Segment& seg = s->layers[layer];
   const uint32_t elem = dtype_bytes(model_.dtype);
   if (k_out) KVGC_TRY(backend_->check_pointer(k_out, "kvgc_read: k_out"));
@@ -380,6 +394,7 @@ Status ManagedHeap::read_scores(kvgc_seq seq, uint32_t layer, float* scores_out,
                                 void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, layer, "kvgc_read_scores", &s));
+  KVGC_TRY(settle(s->tenant, s->layers[layer]));
   if (scores_out) KVGC_TRY(backend_->check_pointer(scores_out, "kvgc_read_scores: scores_out"));
   if (gen_out) KVGC_TRY(backend_->check_pointer(gen_out, "kvgc_read_scores: gen_out"));
   if (uintptr_t(scores_out) % alignof(float))
@@ -414,8 +429,12 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
   if (uintptr_t(q) % elem || uintptr_t(out) % elem)
     return fail(KVGC_EINVAL, "kvgc_attend: q and out must be aligned to the dtype's " +
                                  std::to_string(elem) + " bytes");
-  segment_pages(seg, &pages_);
-  AttendOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), seg.live(),
+  // Rows are internal to attention: with a GC pending, number them by upper bounds
+  // rather than wait for its live counts.
+  uint64_t rows = seg.live();
+  if (seg.gc.active) segment_pages_upper(seg, &pages_, &rows);
+  else segment_pages(seg, &pages_);
+  AttendOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), rows,
               q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
               scratch_, scratch_bytes_};
   KVGC_TRY(backend_->attend(op, stream));
@@ -423,7 +442,8 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
   return Status::Ok();
 }
 
-void ManagedHeap::stats(kvgc_stats* o) const {
+Status ManagedHeap::stats(kvgc_stats* o) {
+  KVGC_TRY(settle_all());  // exact counts
   std::memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->version = KVGC_STATS_VERSION;
@@ -481,6 +501,7 @@ void ManagedHeap::stats(kvgc_stats* o) const {
   o->ebudget = counters_.ebudget;
   o->attends = counters_.attends;
   o->scratch_bytes = scratch_bytes_;
+  return Status::Ok();
 }
 
 }  // namespace kvgc

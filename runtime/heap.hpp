@@ -18,6 +18,32 @@
 
 namespace kvgc {
 
+// A GC the device has run (or will) whose page-level results the host has not applied
+// yet (harvest.cpp). Until they are: the pages it emptied stay held, the counts below
+// stay what they were plus later appends, and attention numbers its rows by upper
+// bounds (`used`), which is all the decode path needs.
+struct PendingGc {
+  bool active = false;
+  bool minor = false;           // a generational minor GC: promote_blocked comes from the result
+  uint32_t n_pages[KVGC_CLASS_COUNT] = {0, 0};  // pages per class at issue (incl. demotion targets)
+  uint32_t n_runs = 0;          // demotion runs (their int4 slots are reserved in `used`)
+  uint16_t tail_used = 0;       // the FP16 tail's used at issue: later appends add live slots
+  uint64_t fp16_live = 0;       // the FP16 table's live count at issue
+  uint64_t tier[4] = {0, 0, 0, 0};  // tiers at issue
+  // result_alloc() memory, one block: the device writes the SelectResult and page_live;
+  // the op's page list and demotion runs are read from here too, so their copies to
+  // the device never wait for pageable memory.
+  uint8_t* buf = nullptr;
+  size_t buf_bytes = 0;
+  uint32_t capacity = 0;        // pages (and runs) the block holds
+  void* event = nullptr;        // marks the op's completion (null on the CPU)
+
+  SelectResult* result() const;
+  uint16_t* page_live() const;
+  SegPage* pages() const;
+  AppendRun* runs() const;
+};
+
 // One (sequence, layer): its pages per storage class (read order: FP16 then INT4), and
 // the host's page-granular view the GC plans from.
 struct Segment {
@@ -27,6 +53,7 @@ struct Segment {
   uint32_t since_minor = 0;         // tokens appended since the last minor GC
   uint32_t minors_since_major = 0;
   bool promote_blocked = false;
+  PendingGc gc;
 
   uint64_t live() const { return table[0].live + table[1].live; }
 };
@@ -82,8 +109,9 @@ class ManagedHeap : public host::HostAllocated {
   Status for_each_page(kvgc_seq seq, F&& f);
   Status attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t n_q, void* out,
                 float scale, bool add_scores, void* stream);
-  void stats(kvgc_stats* out) const;  // a full struct; the C glue copies struct_size
+  Status stats(kvgc_stats* out);  // a full struct; the C glue copies struct_size
   Status check();                     // the invariant walker
+  uint64_t pending_gcs() const { return pending_; }  // segments whose GC is not applied yet
 
  private:
   ManagedHeap() = default;
@@ -101,11 +129,23 @@ class ManagedHeap : public host::HostAllocated {
   uint64_t tenant_room(uint32_t tenant) const;
   // The segment's pages in read order, with each page's first read-order row.
   void segment_pages(const Segment& s, host::vector<SegPage>* out) const;
-  // One segment's GC (collect.cpp): plan, select, free empty pages, compact. Sets
-  // *short_of_budget when the budget could not be met.
+  // One segment's GC (collect.cpp): apply the previous GC's results, compact when
+  // fragmented, plan, issue the decision op (applied at once with KVGC_HARVEST=immediate).
+  // Sets *short_of_budget when the protected tokens alone exceed the budget.
   Status collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
                  bool* short_of_budget);
+  Status compact_fragmented(uint32_t tenant, Segment& seg, void* stream);
   Status compact(uint32_t tenant, Segment& seg, int cls, void* stream);
+  // The deferred harvest (harvest.cpp). settle applies a segment's pending GC results
+  // (waiting for them on a device); settle_all every segment's. harvest_reserve sizes a
+  // segment's result block for `pages` pages; harvest_release waits and frees it.
+  Status settle(uint32_t tenant, Segment& seg);
+  Status settle_all();
+  Status harvest_reserve(PendingGc& p, size_t pages);
+  void harvest_release(uint32_t tenant, Segment& seg);
+  // Pages in read order with rows numbered by upper bounds (`used`), valid while a GC is
+  // pending; sets *rows to the total.
+  void segment_pages_upper(const Segment& s, host::vector<SegPage>* out, uint64_t* rows) const;
   // Frees the pages of `t` whose live count is zero, keeping the order of the others.
   void free_empty_pages(uint32_t tenant, PageTable& t);
   host::vector<uint64_t> layer_budgets(const SequenceState& s);
@@ -130,10 +170,10 @@ class ManagedHeap : public host::HostAllocated {
   PolicyParams policy_;
   host::vector<float> layer_weights_;  // KVGC_LAYER_BUDGET_ENTROPY: one per layer
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
+  uint64_t pending_ = 0;   // segments with a GC not yet applied
   // Scratch reused across calls so that the decode path does not allocate.
   host::vector<AppendRun> runs_;
   host::vector<SegPage> pages_;
-  host::vector<uint16_t> page_live_;
 };
 
 template <class F>

@@ -28,6 +28,8 @@ constexpr Choice kPolicies[] = {{"generational", KVGC_POLICY_GENERATIONAL},
                                 {"h2o", KVGC_POLICY_H2O},
                                 {"random", KVGC_POLICY_RANDOM}};
 constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF}, {"int4", KVGC_DEMOTE_INT4}};
+constexpr Choice kHarvests[] = {{"deferred", KVGC_HARVEST_DEFERRED},
+                                {"immediate", KVGC_HARVEST_IMMEDIATE}};
 constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
                                     {"pyramid", KVGC_LAYER_BUDGET_PYRAMID},
                                     {"entropy", KVGC_LAYER_BUDGET_ENTROPY}};
@@ -165,6 +167,13 @@ const Row kRows[] = {
        return parse_choice(kLayerBudgets, s, &v) && v != KVGC_LAYER_BUDGET_ENTROPY &&
               (o->layer_budget = kvgc_layer_budget(v), true);
      }},
+    {{"KVGC_HARVEST", "deferred|immediate", "deferred",
+      "when a GC's results are applied: at the next step (a step never waits for the "
+      "device) or within the step (synchronises on CUDA)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       int v;
+       return parse_choice(kHarvests, s, &v) && (o->harvest = kvgc_harvest(v), true);
+     }},
     {{"KVGC_SCORE_NOISE", "a number >= 0 (0 = off)", "0",
       "Laplace noise scale on scores before ranking"},
      [](const std::string& s, kvgc_heap_options* o) {
@@ -203,6 +212,7 @@ void options_defaults(kvgc_heap_options* o) {
   o->compact_threshold = 0.25;
   o->demote = KVGC_DEMOTE_OFF;
   o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
+  o->harvest = KVGC_HARVEST_DEFERRED;
   o->seed = kDefaultSeed;
   o->slab_bytes = kDefaultSlab;
 }
@@ -234,6 +244,8 @@ Status options_validate(const kvgc_heap_options& o) {
   if (raw_enum(o.layer_budget) < KVGC_LAYER_BUDGET_UNIFORM ||
       raw_enum(o.layer_budget) > KVGC_LAYER_BUDGET_ENTROPY)
     return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM, _PYRAMID or _ENTROPY");
+  if (raw_enum(o.harvest) != KVGC_HARVEST_DEFERRED && raw_enum(o.harvest) != KVGC_HARVEST_IMMEDIATE)
+    return bad("harvest", "must be KVGC_HARVEST_DEFERRED or _IMMEDIATE");
   if (!(o.score_noise >= 0 && std::isfinite(o.score_noise)))
     return bad("score_noise", "must be a finite number >= 0");
   if (o.slab_bytes < (64u << 10) || o.slab_bytes > (1u << 30) || o.slab_bytes % kPageAlign)
@@ -295,11 +307,11 @@ std::string options_describe(const kvgc_heap_options& o) {
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
                 "KVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
-                "KVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
+                "KVGC_HARVEST=%s\nKVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
                 o.sinks, o.window, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
-                o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
+                choice_name(kHarvests, o.harvest), o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
   return buf;
 }
 

@@ -161,6 +161,35 @@ kvgc_stats get_stats(kvgc_heap* h) {
   return st;
 }
 
+// One query over layer 0 on both heaps agrees within the attention test's bounds; f16
+// is looser after demotion (the CPU rounds dequantised values to f16, the CUDA kernel
+// keeps them in f32).
+void check_attention(kvgc_heap* cpu, kvgc_seq sc, kvgc_heap* gpu, kvgc_seq sg,
+                     const kvgc_model_desc& m, std::mt19937& rng, uint32_t flags,
+                     cudaStream_t stream) {
+  const size_t eb = elem_bytes(m), qn = size_t(m.n_q_heads) * m.head_dim;
+  std::vector<uint8_t> q(qn * eb), out_cpu(q.size()), out_gpu(q.size());
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  for (size_t j = 0; j < qn; ++j) kvgc::cpu::store(&q[j * eb], m.dtype, gauss(rng));
+  DeviceBuffer dq(q.size()), dout(q.size());
+  REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+  kvgc_attend_params params;
+  kvgc_attend_params_init(&params);
+  params.flags = flags;
+  REQUIRE(kvgc_attend(cpu, sc, 0, q.data(), 1, out_cpu.data(), &params, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_attend(gpu, sg, 0, dq.p, 1, dout.p, &params, stream) == KVGC_OK);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  REQUIRE(cudaMemcpy(out_gpu.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+  double e = 0, r = 0;
+  for (size_t j = 0; j < qn; ++j) {
+    const double a = kvgc::cpu::load(&out_cpu[j * eb], m.dtype), b = kvgc::cpu::load(&out_gpu[j * eb], m.dtype);
+    e += (a - b) * (a - b);
+    r += a * a;
+  }
+  CHECK(std::isfinite(e));
+  if (r > 0) CHECK(std::sqrt(e / r) <= (m.dtype == KVGC_DTYPE_F32 ? 1e-5 : 5e-3));
+}
+
 struct GcCase {
   kvgc_model_desc m;
   uint32_t page_tokens;
@@ -223,8 +252,11 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
                  << kvgc_errmsg(gpu));
     REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
     REQUIRE(st_gpu == st_cpu);
-    require_check(cpu);
+    require_check(cpu);  // both walk their pending state: results are applied below
     require_check(gpu);
+    // Attention while the step's results are pending (rows numbered by upper bounds on
+    // the device); without scores, so that the heaps' scores stay bit-identical.
+    check_attention(cpu, sc[i], gpu, sg[i], c.m, rng, KVGC_ATTEND_NO_SCORES, stream);
     const std::string stats = compare_stats(get_stats(cpu), get_stats(gpu));
     INFO("stats (cpu vs cuda):" << stats);
     REQUIRE(stats.empty());
@@ -237,27 +269,9 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
     }
   }
   // Attention over what the GC left of layer 0 (int4 pages included, no special values)
-  // agrees within the attention test's bounds; f16 is looser after demotion (the CPU
-  // rounds dequantised values to f16, the CUDA kernel keeps them in f32).
+  // agrees within the attention test's bounds.
   const kvgc_stats result = get_stats(cpu);
-  const size_t eb = elem_bytes(c.m), qn = size_t(c.m.n_q_heads) * c.m.head_dim;
-  std::vector<uint8_t> q(qn * eb), out_cpu(q.size()), out_gpu(q.size());
-  std::normal_distribution<float> gauss(0.f, 1.f);
-  for (size_t j = 0; j < qn; ++j) kvgc::cpu::store(&q[j * eb], c.m.dtype, gauss(rng));
-  DeviceBuffer dq(q.size()), dout(q.size());
-  REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE(kvgc_attend(cpu, sc[0], 0, q.data(), 1, out_cpu.data(), nullptr, nullptr) == KVGC_OK);
-  REQUIRE(kvgc_attend(gpu, sg[0], 0, dq.p, 1, dout.p, nullptr, stream) == KVGC_OK);
-  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-  REQUIRE(cudaMemcpy(out_gpu.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
-  double e = 0, r = 0;
-  for (size_t j = 0; j < qn; ++j) {
-    const double a = kvgc::cpu::load(&out_cpu[j * eb], c.m.dtype), b = kvgc::cpu::load(&out_gpu[j * eb], c.m.dtype);
-    e += (a - b) * (a - b);
-    r += a * a;
-  }
-  CHECK(std::isfinite(e));
-  if (r > 0) CHECK(std::sqrt(e / r) <= (c.m.dtype == KVGC_DTYPE_F32 ? 1e-5 : 5e-3));
+  check_attention(cpu, sc[0], gpu, sg[0], c.m, rng, 0, stream);
   kvgc_heap_destroy(cpu);
   kvgc_heap_destroy(gpu);
   return result;

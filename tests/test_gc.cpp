@@ -11,72 +11,10 @@
 #include <cstdio>
 #include <unistd.h>
 
-#include "util.hpp"
+#include "gc_util.hpp"
 
 using namespace kvgc_test;
 
-namespace {
-
-struct Heap {
-  kvgc_heap* h = nullptr;
-  kvgc_model_desc m;
-  explicit Heap(const kvgc_heap_options& o, const kvgc_model_desc& model = kvgc_test::model(1, 2, 32))
-      : m(model) {
-    const kvgc_status st = kvgc_heap_create(&m, &o, &h);
-    INFO(std::string(kvgc_errmsg(nullptr)));
-    REQUIRE(st == KVGC_OK);
-  }
-  ~Heap() { kvgc_heap_destroy(h); }
-  void check() {
-    const kvgc_status st = kvgc_heap_check(h);
-    INFO(std::string(kvgc_errmsg(h)));
-    REQUIRE(st == KVGC_OK);
-  }
-  kvgc_stats stats() {
-    kvgc_stats s;
-    kvgc_stats_init(&s);
-    REQUIRE(kvgc_get_stats(h, &s) == KVGC_OK);
-    return s;
-  }
-  std::vector<int32_t> positions(kvgc_seq s, uint32_t layer = 0) {
-    uint64_t n = 0;
-    REQUIRE(kvgc_read(h, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
-    std::vector<int32_t> pos(n);
-    REQUIRE(kvgc_read(h, s, layer, nullptr, nullptr, pos.data(), n, &n, nullptr) == KVGC_OK);
-    return pos;
-  }
-  // Appends positions [from, from + n) with Gaussian K/V derived from the position.
-  void append(kvgc_seq s, uint32_t layer, int64_t from, uint32_t n) {
-    const auto k = gaussian(m, s, layer, from, n, false), v = gaussian(m, s, layer, from, n, true);
-    const kvgc_status st = kvgc_append(h, s, layer, k.data(), v.data(), n, nullptr);
-    const std::string err = kvgc_errmsg(h);
-    CAPTURE(err);
-    REQUIRE(st == KVGC_OK);
-  }
-  // Hands each live token mass(position).
-  template <class F>
-  void observe(kvgc_seq s, uint32_t layer, F&& mass) {
-    const auto pos = positions(s, layer);
-    std::vector<float> w(pos.size());
-    for (size_t i = 0; i < pos.size(); ++i) w[i] = float(mass(pos[i]));
-    REQUIRE(kvgc_observe(h, s, layer, w.data(), w.size(), nullptr) == KVGC_OK);
-  }
-  kvgc_status step(kvgc_seq s) { return kvgc_step(h, s, nullptr); }
-};
-
-kvgc_heap_options gc_options(kvgc_policy policy, uint64_t budget_tokens, uint32_t sinks = 4,
-                             uint32_t window = 8, uint32_t page_tokens = 8) {
-  kvgc_heap_options o = cpu_options(8 << 20, page_tokens);
-  o.policy = policy;
-  o.token_budget = budget_tokens;
-  o.sinks = sinks;
-  o.window = window;
-  return o;
-}
-
-double weight(int32_t pos) { return double(mix(uint64_t(pos) * 7919) % 1000) / 1000.0; }
-
-}  // namespace
 
 TEST_CASE("h2o keeps exactly the top-scored unprotected tokens") {
   Heap H(gc_options(KVGC_POLICY_H2O, 40));
@@ -251,42 +189,52 @@ TEST_CASE("int4 demotion keeps more tokens in the same budget, and reads back de
 }
 
 TEST_CASE("a full arena: append is ENOMEM, the GC evicts and compacts in place, the same append succeeds") {
-  kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 0, 4, 8, 16);
-  o.token_budget_fraction = 0.5;
-  o.budget_bytes = 256 << 10;
-  o.compact_threshold = 0.1;
-  Heap H(o, model(1, 4, 64));
-  kvgc_seq s;
-  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
-  int64_t len = 0;
-  kvgc_status st = KVGC_OK;
-  std::vector<uint8_t> k, v;
-  for (;;) {
-    k = gaussian(H.m, s, 0, len, 16, false);
-    v = gaussian(H.m, s, 0, len, 16, true);
-    st = kvgc_append(H.h, s, 0, k.data(), v.data(), 16, nullptr);
-    if (st == KVGC_ENOMEM) break;
-    REQUIRE(st == KVGC_OK);
-    len += 16;
+  for (const kvgc_harvest harvest : {KVGC_HARVEST_IMMEDIATE, KVGC_HARVEST_DEFERRED}) {
+    CAPTURE(harvest);
+    kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 0, 4, 8, 16);
+    o.token_budget_fraction = 0.5;
+    o.budget_bytes = 256 << 10;
+    o.compact_threshold = 0.1;
+    o.harvest = harvest;
+    Heap H(o, model(1, 4, 64));
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    int64_t len = 0;
+    kvgc_status st = KVGC_OK;
+    std::vector<uint8_t> k, v;
+    for (;;) {
+      k = gaussian(H.m, s, 0, len, 16, false);
+      v = gaussian(H.m, s, 0, len, 16, true);
+      st = kvgc_append(H.h, s, 0, k.data(), v.data(), 16, nullptr);
+      if (st == KVGC_ENOMEM) break;
+      REQUIRE(st == KVGC_OK);
+      len += 16;
+    }
+    CHECK(std::string(kvgc_errmsg(H.h)).find("kvgc_append") != std::string::npos);
+    const kvgc_stats full = H.stats();
+    REQUIRE(full.slabs_free == 0);
+    REQUIRE(full.cls[0].pages_free == 0);
+    CHECK(verify_gaussian(H.h, H.m, s, 0, 0.0).empty());  // the refused append corrupted nothing
+    // The arena is completely full. The step evicts half by score (scattered holes) and
+    // must compact without any free page to spare.
+    H.observe(s, 0, weight);
+    REQUIRE(H.step(s) == KVGC_OK);
+    H.check();
+    const kvgc_stats after = H.stats();
+    CHECK(after.tokens_evicted > 0);
+    if (harvest == KVGC_HARVEST_IMMEDIATE) {
+      CHECK(after.compactions >= 1);
+      CHECK(after.cls[0].pages_used < full.cls[0].pages_used);
+    } else {  // the holes are known now (stats applied the results); compaction is next
+      CHECK(after.compactions == 0);
+      CHECK(after.dead_slots > 0);
+    }
+    CHECK(verify_gaussian(H.h, H.m, s, 0, 0.0).empty());
+    // The same append that failed now fits (deferred: the append itself compacts first).
+    CHECK(kvgc_append(H.h, s, 0, k.data(), v.data(), 16, nullptr) == KVGC_OK);
+    CHECK(H.stats().compactions >= 1);
+    H.check();
   }
-  CHECK(std::string(kvgc_errmsg(H.h)).find("kvgc_append") != std::string::npos);
-  const kvgc_stats full = H.stats();
-  REQUIRE(full.slabs_free == 0);
-  REQUIRE(full.cls[0].pages_free == 0);
-  CHECK(verify_gaussian(H.h, H.m, s, 0, 0.0).empty());  // the refused append corrupted nothing
-  // The arena is completely full. The step evicts half by score (scattered holes) and
-  // must compact without any free page to spare.
-  H.observe(s, 0, weight);
-  REQUIRE(H.step(s) == KVGC_OK);
-  H.check();
-  const kvgc_stats after = H.stats();
-  CHECK(after.tokens_evicted > 0);
-  CHECK(after.compactions >= 1);
-  CHECK(after.cls[0].pages_used < full.cls[0].pages_used);
-  CHECK(verify_gaussian(H.h, H.m, s, 0, 0.0).empty());
-  // The same append that failed now fits.
-  CHECK(kvgc_append(H.h, s, 0, k.data(), v.data(), 16, nullptr) == KVGC_OK);
-  H.check();
 }
 
 TEST_CASE("a budget below the protected tokens is KVGC_EBUDGET, loses nothing, and the next step proceeds") {

@@ -37,7 +37,8 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.policy == KVGC_POLICY_GENERATIONAL);
   CHECK(o.page_tokens == 16);
   CHECK(o.sinks == 4);
-  CHECK(option_docs().size() == 13);
+  CHECK(o.harvest == KVGC_HARVEST_DEFERRED);
+  CHECK(option_docs().size() == 14);
   for (const OptionDoc& d : option_docs()) {
     CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
     CHECK(std::string(d.doc).size() > 10);
@@ -56,6 +57,7 @@ TEST_CASE("every variable accepts its documented forms") {
                   {"KVGC_COMPACT_THRESHOLD", "0.4"},
                   {"KVGC_DEMOTE", "int4"},
                   {"KVGC_LAYER_BUDGET", "pyramid"},
+                  {"KVGC_HARVEST", "immediate"},
                   {"KVGC_SCORE_NOISE", "0.01"},
                   {"KVGC_SEED", "0x1234"},
                   {"KVGC_VERBOSE", "1"}},
@@ -71,6 +73,7 @@ TEST_CASE("every variable accepts its documented forms") {
   CHECK(o.compact_threshold == doctest::Approx(0.4));
   CHECK(o.demote == KVGC_DEMOTE_INT4);
   CHECK(o.layer_budget == KVGC_LAYER_BUDGET_PYRAMID);
+  CHECK(o.harvest == KVGC_HARVEST_IMMEDIATE);
   CHECK(o.score_noise == doctest::Approx(0.01));
   CHECK(o.seed == 0x1234);
   CHECK(o.verbose == 1);
@@ -111,6 +114,7 @@ TEST_CASE("a malformed variable fails, names itself and its forms, and changes n
       {"KVGC_PAGE_TOKENS", "0"},       {"KVGC_PAGE_TOKENS", "257"},
       {"KVGC_COMPACT_THRESHOLD", "0"}, {"KVGC_COMPACT_THRESHOLD", "nan"},
       {"KVGC_DEMOTE", "int8"},         {"KVGC_LAYER_BUDGET", "triangle"},
+      {"KVGC_HARVEST", "later"},
       {"KVGC_SCORE_NOISE", "-0.1"},    {"KVGC_SCORE_NOISE", "inf"},
       {"KVGC_SEED", "0xZZ"},           {"KVGC_VERBOSE", "yes"},
   };
@@ -153,6 +157,9 @@ TEST_CASE("validate names the field of a bad options struct") {
   options_defaults(&o);
   o.slab_bytes = 1000;
   CHECK(options_validate(o).msg.find("opts->slab_bytes") != std::string::npos);
+  options_defaults(&o);
+  kvgc_test::poke_enum(o.harvest, 2);
+  CHECK(options_validate(o).msg.find("opts->harvest") != std::string::npos);
 }
 
 TEST_CASE("the real environment reaches kvgc_heap_create, and a bad value fails it") {

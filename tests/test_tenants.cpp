@@ -37,6 +37,7 @@ TEST_CASE("quotas: a tenant over its limit gets KVGC_EBUDGET, others are untouch
   o.policy = KVGC_POLICY_H2O;
   o.token_budget = 12;  // = sinks + window: a step keeps exactly the protected tokens
   o.window = 8;
+  o.harvest = KVGC_HARVEST_IMMEDIATE;  // the step below gives pages back within the call
   kvgc_heap* h = nullptr;
   REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
   const uint64_t page = stats(h).cls[KVGC_CLASS_FP16].page_bytes;

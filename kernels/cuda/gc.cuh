@@ -9,9 +9,8 @@
 //     moves travel as kernel parameters (no host-to-device copy, no scratch).
 //   - select enqueues its kernels and then copies its page-level results (page_live and
 //     the SelectResult: a few bytes per page) into the op's host pointers with
-//     cudaMemcpyAsync; they are complete once `stream` has been synchronised, which the
-//     CUDA backend does before returning (the runtime reads them right after the op).
-//     Results one step late (a deferred harvest) are the planned next step.
+//     cudaMemcpyAsync (pinned memory: the copy does not wait); they are complete once
+//     an event recorded after the op has passed (runtime/harvest.cpp).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -16,7 +16,7 @@
 //   7. demote: a block per demotion quantises K and V into its int4 slot.
 //   8. count: per page, live slots and tiers; then page_live and the result are copied
 //      into the op's host memory.
-// The backend synchronises the stream after this returns (see backend.hpp).
+// Nothing here waits: the runtime reads the results after an event (runtime/harvest.cpp).
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>

@@ -1,0 +1,128 @@
+// The deferred harvest: a GC's page-level results applied after the step that issued
+// it. The decision op runs on the device and writes its results (live slots per page,
+// a SelectResult) into result_alloc() memory; an event marks their completion. Until
+// they are applied the host's counts stay what they were plus later appends, and every
+// consumer copes:
+//   - appends fill the FP16 tail from `used`, which the op never changes;
+//   - attention numbers its rows by `used` (an upper bound on live slots), and the
+//     demotion targets' reserved int4 slots already count in `used`;
+//   - whatever needs exact counts (read, observe, stats, the next step, ...) settles
+//     first. Settling is what collect did right after select before: page live counts,
+//     unfilled demotion slots given back, emptied pages freed, counters. Compaction
+//     follows where a stream of the segment's is at hand (its next step, or an append
+//     that would not fit otherwise).
+#include "heap.hpp"
+
+namespace kvgc {
+namespace {
+
+// One block per segment: [SelectResult][page_live x cap][SegPage x cap][AppendRun x cap].
+constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+size_t live_off() { return round16(sizeof(SelectResult)); }
+size_t pages_off(size_t cap) { return live_off() + round16(cap * sizeof(uint16_t)); }
+size_t runs_off(size_t cap) { return pages_off(cap) + round16(cap * sizeof(SegPage)); }
+size_t block_bytes(size_t cap) { return runs_off(cap) + round16(cap * sizeof(AppendRun)); }
+
+}  // namespace
+
+SelectResult* PendingGc::result() const { return reinterpret_cast<SelectResult*>(buf); }
+uint16_t* PendingGc::page_live() const { return reinterpret_cast<uint16_t*>(buf + live_off()); }
+SegPage* PendingGc::pages() const { return reinterpret_cast<SegPage*>(buf + pages_off(capacity)); }
+AppendRun* PendingGc::runs() const { return reinterpret_cast<AppendRun*>(buf + runs_off(capacity)); }
+
+Status ManagedHeap::harvest_reserve(PendingGc& p, size_t pages) {
+  if (p.buf && p.capacity >= pages) return Status::Ok();
+  if (!p.buf && !p.event) KVGC_TRY(backend_->event_create(&p.event));
+  size_t cap = 64;
+  while (cap < pages) cap *= 2;
+  if (cap > UINT32_MAX) return fail(KVGC_ENOMEM, "kvgc_step: a segment of " +
+                                                     std::to_string(pages) + " pages");
+  void* buf = nullptr;
+  KVGC_TRY(backend_->result_alloc(block_bytes(cap), &buf));
+  backend_->result_free(p.buf, p.buf_bytes);  // never while pending: collect settled first
+  p.buf = static_cast<uint8_t*>(buf);
+  p.buf_bytes = block_bytes(cap);
+  p.capacity = uint32_t(cap);
+  return Status::Ok();
+}
+
+void ManagedHeap::harvest_release(uint32_t tenant, Segment& seg) {
+  PendingGc& p = seg.gc;
+  if (p.active && !settle(tenant, seg).ok()) {  // a failed device: nothing to apply
+    p.active = false;
+    --pending_;
+  }
+  backend_->result_free(p.buf, p.buf_bytes);
+  backend_->event_destroy(p.event);
+  p = PendingGc{};
+}
+
+Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
+  PendingGc& p = seg.gc;
+  if (!p.active) return Status::Ok();
+  KVGC_TRY(backend_->event_wait(p.event));
+  p.active = false;
+  --pending_;
+  const SelectResult& r = *p.result();
+  const uint16_t* page_live = p.page_live();
+  PageTable& f = seg.table[KVGC_CLASS_FP16];
+  PageTable& q = seg.table[KVGC_CLASS_INT4];
+  // Page live counts: the op's, plus what appends added to the FP16 tail since (pages
+  // appended after the issue were not in the op and are exact already).
+  for (uint32_t i = 0; i < p.n_pages[0]; ++i) pool_.desc(f.pages[i]).live = page_live[i];
+  if (p.n_pages[0]) {
+    PageDesc& tail = pool_.desc(f.pages[p.n_pages[0] - 1]);
+    tail.live = uint16_t(tail.live + (tail.used - p.tail_used));
+  }
+  for (uint32_t i = 0; i < p.n_pages[1]; ++i)
+    pool_.desc(q.pages[i]).live = page_live[p.n_pages[0] + i];
+  // Demotion slots were reserved in `used` at issue: give back those not filled.
+  uint64_t filled = r.demoted;
+  const AppendRun* runs = p.runs();
+  for (uint32_t i = 0; i < p.n_runs; ++i) {
+    const uint32_t n = uint32_t(std::min<uint64_t>(runs[i].count, filled));
+    PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(runs[i].page)));
+    d.used = uint16_t(d.used - (runs[i].count - n));
+    q.used -= runs[i].count - n;
+    filled -= n;
+  }
+  f.live = r.live[KVGC_CLASS_FP16] + (f.live - p.fp16_live);
+  q.live = r.live[KVGC_CLASS_INT4];
+  for (int g = 0; g < 4; ++g) seg.tier[g] = r.tier[g] + (seg.tier[g] - p.tier[g]);
+  free_empty_pages(tenant, f);
+  free_empty_pages(tenant, q);  // includes demotion pages nothing was written to
+
+  ++counters_.gcs;
+  counters_.tokens_ranked += r.ranked;
+  counters_.tokens_evicted += r.evicted;
+  counters_.tokens_demoted += r.demoted;
+  counters_.tokens_promoted += r.promoted;
+  counters_.tokens_tenured += r.tenured;
+  counters_.bytes_moved += r.demoted * 2 * uint64_t(model_.n_kv_heads) * layout_[0].slot_stride;
+  if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
+    ++(p.minor ? counters_.minor_gcs : counters_.major_gcs);
+    if (p.minor) seg.promote_blocked = r.promote_eligible > 0;
+  }
+  return Status::Ok();
+}
+
+Status ManagedHeap::settle_all() {
+  if (pending_ == 0) return Status::Ok();
+  for (auto& [id, s] : seqs_)
+    for (Segment& seg : s.layers) KVGC_TRY(settle(s.tenant, seg));
+  return Status::Ok();
+}
+
+void ManagedHeap::segment_pages_upper(const Segment& s, host::vector<SegPage>* out,
+                                      uint64_t* rows) const {
+  out->clear();
+  uint64_t row = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    for (PageId p : s.table[c].pages) {
+      out->push_back({page_ptr(p), uint32_t(c), row});
+      row += pool_.desc(p).used;
+    }
+  *rows = row;
+}
+
+}  // namespace kvgc

@@ -315,7 +315,7 @@ kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
     if (size != KVGC_STATS_V1_SIZE)
       KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
     kvgc_stats full;
-    h.stats(&full);
+    KVGC_TRY(h.stats(&full));
     full.struct_size = size;
     std::memcpy(out, &full, size);
     return Status::Ok();

@@ -172,6 +172,9 @@ TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead and
       {2, 4, 128, 5, KVGC_DTYPE_F16, 333, 1, true, false},    // dead slots
       {3, 3, 64, 16, KVGC_DTYPE_F16, 400, 16, true, true},    // int4 pages, chunk
       {1, 8, 64, 16, KVGC_DTYPE_BF16, 200, 3, true, true},
+      {2, 4, 128, 16, KVGC_DTYPE_F16, 300, 1, true, true},    // int4, GQA 4 decode (grouped K)
+      {4, 3, 128, 8, KVGC_DTYPE_BF16, 250, 2, true, true},    // int4, 6 rows: groups + rest
+      {1, 2, 96, 16, KVGC_DTYPE_F32, 180, 1, true, true},     // int4, f32 model
       {2, 1, 6, 7, KVGC_DTYPE_F32, 64, 64, false, false},     // prefill from empty, tiny head
       {4, 2, 256, 32, KVGC_DTYPE_F16, 150, 2, false, false},  // head_dim 256
       {1, 1, 64, 16, KVGC_DTYPE_F32, 1, 1, false, false},     // one token

@@ -60,7 +60,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.token_budget = in.byte() % 40;
   o.demote = in.byte() % 2 ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
   o.compact_threshold = 0.05 + (in.byte() % 20) / 20.0;
-  o.score_noise = in.byte() % 4 == 0 ? 0.1 : 0.0;
+  const uint8_t noise_harvest = in.byte();  // one byte for both: the corpus keeps its layout
+  o.score_noise = noise_harvest % 4 == 0 ? 0.1 : 0.0;
+  o.harvest = noise_harvest & 4 ? KVGC_HARVEST_IMMEDIATE : KVGC_HARVEST_DEFERRED;
   kvgc_heap* h = nullptr;
   if (kvgc_heap_create(&m, &o, &h) != KVGC_OK) return 0;
 

@@ -113,16 +113,4 @@ Status ManagedHeap::settle_all() {
   return Status::Ok();
 }
 
-void ManagedHeap::segment_pages_upper(const Segment& s, host::vector<SegPage>* out,
-                                      uint64_t* rows) const {
-  out->clear();
-  uint64_t row = 0;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-    for (PageId p : s.table[c].pages) {
-      out->push_back({page_ptr(p), uint32_t(c), row});
-      row += pool_.desc(p).used;
-    }
-  *rows = row;
-}
-
 }  // namespace kvgc

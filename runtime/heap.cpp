@@ -241,14 +241,16 @@ void ManagedHeap::free_pages(uint32_t tenant, Segment& s) {
   }
 }
 
-void ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out) const {
+uint64_t ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out,
+                                    bool rows_by_used) const {
   out->clear();
   uint64_t row = 0;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     for (PageId p : s.table[c].pages) {
       out->push_back({page_ptr(p), uint32_t(c), row});
-      row += pool_.desc(p).live;
+      row += rows_by_used ? pool_.desc(p).used : pool_.desc(p).live;
     }
+  return row;
 }
 
 Status ManagedHeap::seq_destroy(kvgc_seq seq) {
@@ -431,9 +433,7 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
                                  std::to_string(elem) + " bytes");
   // Rows are internal to attention: with a GC pending, number them by upper bounds
   // rather than wait for its live counts.
-  uint64_t rows = seg.live();
-  if (seg.gc.active) segment_pages_upper(seg, &pages_, &rows);
-  else segment_pages(seg, &pages_);
+  const uint64_t rows = segment_pages(seg, &pages_, seg.gc.active);
   AttendOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), rows,
               q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
               scratch_, scratch_bytes_};

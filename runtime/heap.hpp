@@ -127,8 +127,11 @@ class ManagedHeap : public host::HostAllocated {
   void drop_page(uint32_t tenant, PageId id);
   // Bytes the tenant may still take (UINT64_MAX without a limit).
   uint64_t tenant_room(uint32_t tenant) const;
-  // The segment's pages in read order, with each page's first read-order row.
-  void segment_pages(const Segment& s, host::vector<SegPage>* out) const;
+  // The segment's pages in read order, with each page's first read-order row; returns
+  // the rows. rows_by_used numbers them by `used`, an upper bound on live slots that
+  // holds while a GC's results are pending (attention's rows are its own).
+  uint64_t segment_pages(const Segment& s, host::vector<SegPage>* out,
+                         bool rows_by_used = false) const;
   // One segment's GC (collect.cpp): apply the previous GC's results, compact when
   // fragmented, plan, issue the decision op (applied at once with KVGC_HARVEST=immediate).
   // Sets *short_of_budget when the protected tokens alone exceed the budget.
@@ -143,9 +146,7 @@ class ManagedHeap : public host::HostAllocated {
   Status settle_all();
   Status harvest_reserve(PendingGc& p, size_t pages);
   void harvest_release(uint32_t tenant, Segment& seg);
-  // Pages in read order with rows numbered by upper bounds (`used`), valid while a GC is
-  // pending; sets *rows to the total.
-  void segment_pages_upper(const Segment& s, host::vector<SegPage>* out, uint64_t* rows) const;
+
   // Frees the pages of `t` whose live count is zero, keeping the order of the others.
   void free_empty_pages(uint32_t tenant, PageTable& t);
   host::vector<uint64_t> layer_budgets(const SequenceState& s);

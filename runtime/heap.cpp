@@ -135,6 +135,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
 ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
     for (Segment& seg : s.layers) free_pages(s.tenant, seg);
+  if (backend_) staging_.release(*backend_);
   if (arena_) backend_->release(arena_);
 }
 
@@ -434,10 +435,18 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
   // Rows are internal to attention: with a GC pending, number them by upper bounds
   // rather than wait for its live counts.
   const uint64_t rows = segment_pages(seg, &pages_, seg.gc.active);
-  AttendOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), rows,
+  const SegPage* pages = pages_.data();
+  if (backend_->kind() != KVGC_DEVICE_CPU) {  // the upload must not wait for pageable memory
+    void* staged = nullptr;
+    KVGC_TRY(staging_.take(*backend_, pages_.size() * sizeof(SegPage), &staged));
+    std::copy(pages_.begin(), pages_.end(), static_cast<SegPage*>(staged));
+    pages = static_cast<const SegPage*>(staged);
+  }
+  AttendOp op{{layout_[0], layout_[1]}, pages, uint32_t(pages_.size()), rows,
               q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
               scratch_, scratch_bytes_};
   KVGC_TRY(backend_->attend(op, stream));
+  if (pages != pages_.data()) KVGC_TRY(staging_.enqueued(*backend_, stream));
   ++counters_.attends;
   return Status::Ok();
 }

@@ -15,6 +15,7 @@
 #include "../gc/plan.hpp"
 #include "../kernels/page_layout.hpp"
 #include "backend.hpp"
+#include "staging_ring.hpp"
 
 namespace kvgc {
 
@@ -172,6 +173,7 @@ class ManagedHeap : public host::HostAllocated {
   host::vector<float> layer_weights_;  // KVGC_LAYER_BUDGET_ENTROPY: one per layer
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   uint64_t pending_ = 0;   // segments with a GC not yet applied
+  StagingRing staging_;  // device backends: attention's page lists, in pinned memory
   // Scratch reused across calls so that the decode path does not allocate.
   host::vector<AppendRun> runs_;
   host::vector<SegPage> pages_;

@@ -125,6 +125,10 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
   runs_.reserve(max_new + 1);
   pages_.reserve(max_pages);
   q.pages.reserve(q.pages.size() + max_new);
+  auto give_back = [&] {  // nothing was decided: return the demotion pages
+    for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
+    q.pages.resize(int4_before);
+  };
   if (want_slots) {
     uint64_t want = want_slots;
     const uint32_t room = q.tail_room(pool_, pt);
@@ -136,7 +140,10 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
       PageId p = pool_.can_alloc(KVGC_CLASS_INT4, 1) ? take_page(s, layer, KVGC_CLASS_INT4) : kNoPage;
       if (p == kNoPage && !settled && pending_) {  // pages other GCs emptied come back first
         settled = true;
-        KVGC_TRY(settle_all());
+        if (Status st = settle_all(); !st.ok()) {
+          give_back();
+          return st;
+        }
         continue;
       }
       if (p == kNoPage) break;  // within arena and quota
@@ -176,10 +183,6 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
   op.result = pend.result();
   op.scratch = scratch_;  // device executors (shared with attention: same stream)
   op.scratch_bytes = scratch_bytes_;
-  auto give_back = [&] {  // nothing was decided: return the demotion pages
-    for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
-    q.pages.resize(int4_before);
-  };
   Status st;
   try {
     st = backend_->select(op, stream);

@@ -117,7 +117,9 @@ TEST_CASE("attend on CUDA equals the CPU specification (random shapes, GQA, chun
   const Shape shapes[] = {{8, 4, 128, 16, KVGC_DTYPE_F16, 4000, 1},  {2, 1, 64, 16, KVGC_DTYPE_F32, 300, 1},
                           {1, 3, 64, 7, KVGC_DTYPE_BF16, 500, 5},    {2, 8, 128, 16, KVGC_DTYPE_F32, 257, 16},
                           {4, 2, 256, 32, KVGC_DTYPE_F16, 700, 2},   {1, 16, 96, 16, KVGC_DTYPE_F16, 333, 3},
-                          {3, 1, 6, 5, KVGC_DTYPE_F32, 64, 64},      {1, 1, 64, 16, KVGC_DTYPE_F16, 1, 1}};
+                          {3, 1, 6, 5, KVGC_DTYPE_F32, 64, 64},      {1, 1, 64, 16, KVGC_DTYPE_F16, 1, 1},
+                          // more than 32 slots a page: several live-bitmap words per page
+                          {2, 2, 64, 48, KVGC_DTYPE_F16, 600, 2},    {1, 4, 128, 100, KVGC_DTYPE_F32, 450, 1}};
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
   for (const Shape& sh : shapes) {

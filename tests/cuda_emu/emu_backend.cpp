@@ -1,15 +1,25 @@
 // The emulated CUDA backend (tests/cuda_emu/run.sh): the CUDA executor's kernels,
 // rewritten into host code, over host memory that the shim's cudaMalloc tracks (so
-// pointer checks still tell device from host); attention through the CPU executor.
+// pointer checks still tell device from host). Every op, attention included, runs the
+// CUDA kernels (kernels/cuda/*.cu, transformed): copy, observe/select/compact, and the
+// split-K attention (partial, combine, mass) with its warp shuffles emulated by the
+// shim's fibers. Errors map to statuses as in runtime/cuda_backend.cpp.
+//
+// Attention varies what a GPU would fix, so that the tests reach more of the kernel:
+// successive calls cycle the SM count the split heuristic sees (132 as on an H200, 1:
+// a single split whose warps walk many pages, 20: in between), and every other call
+// hands the kernel a scratch just big enough for one query at the most splits (256)
+// rather than the heap's whole scratch, so that multi-query ops go in several passes.
 #include <cuda_runtime.h>
-#include "kernels/cpu/attend.hpp"
+#include <atomic>
+#include "kernels/cuda/attend.cuh"
 #include "kernels/cuda/copy.cuh"
 #include "kernels/cuda/gc.cuh"
 #include "runtime/backend.hpp"
 namespace kvgc {
 namespace {
 Status cuda_fail(cudaError_t e, const std::string& what) {
-  return fail(KVGC_EDEVICE, what + ": " + cudaGetErrorName(e));
+  return fail(KVGC_EDEVICE, what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 class EmuBackend final : public Backend {
  public:
@@ -45,8 +55,30 @@ class EmuBackend final : public Backend {
     if (e) return cuda_fail(e, "compact");
     return Status::Ok();
   }
-  Status attend(const AttendOp& op, void*) override { cpu::attend(op); return Status::Ok(); }
-  size_t attend_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override { return 0; }
+  Status attend(const AttendOp& op, void* s) override {
+    static std::atomic<uint32_t> calls{0};
+    const uint32_t k = calls++;
+    static const int kSms[] = {132, 1, 20};
+    size_t bytes = op.scratch_bytes;
+    if (k % 2) {  // the page list (256-byte aligned) and one query's logits, partials and (m, l)
+      const size_t qh = op.q_heads, hd = op.layout[0].head_dim;
+      const size_t tight = (size_t(op.n_pages) * sizeof(SegPage) + 255) / 256 * 256 +
+                           sizeof(float) * (qh * op.n_live + qh * 256 * (hd + 2) + qh * 2);
+      bytes = std::min(bytes, tight);
+    }
+    const cudaError_t e = cuda::attend(op, op.scratch, bytes, kSms[k % 3], cudaStream_t(s));
+    if (e == cudaErrorNotSupported)
+      return fail(KVGC_EUNSUPPORTED, "kvgc_attend: head_dim " + std::to_string(op.layout[0].head_dim) +
+                                         " > 256 is not supported on the CUDA backend");
+    if (e == cudaErrorMemoryAllocation)
+      return fail(KVGC_ENOMEM, "kvgc_attend: the heap's attention scratch is too small for " +
+                                   std::to_string(op.n_live) + " live tokens");
+    if (e) return cuda_fail(e, "attention kernel launch");
+    return Status::Ok();
+  }
+  size_t attend_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc& m, uint32_t pt) const override {
+    return cuda::attend_scratch_bytes(max_tokens, m.n_q_heads, m.head_dim, pt);
+  }
   size_t gc_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc&, uint32_t pt) const override {
     return cuda::gc_scratch_bytes(max_tokens, pt);
   }

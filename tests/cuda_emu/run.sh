@@ -16,6 +16,8 @@
 # varied between calls so that several split counts and multi-pass queries are reached.
 # shim_test.cu checks the shim itself first (shuffle semantics, barriers, poisoning,
 # launch limits, refusals, conversions).
+# Then bench/gpu-check.sh's three GPU benchmarks run in quick mode on the emulation, as a
+# smoke test: they must reach their RESULT line and pass their own integrity checks.
 #
 # What it checks: the kernels' logic against the CPU specification, on every commit;
 # missing barriers where the stale read changes a result (threads are swept in both
@@ -36,7 +38,8 @@ here="$root/tests/cuda_emu"
 out=${1:-$root/build-emu}
 mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: the build runs from $out/src
 rm -rf "$out/src" "$out/obj" && mkdir -p "$out/src" "$out/obj"
-cp -r "$root/allocator" "$root/gc" "$root/kernels" "$root/runtime" "$root/c_api" "$root/tests" "$out/src/"
+cp -r "$root/allocator" "$root/gc" "$root/kernels" "$root/runtime" "$root/c_api" "$root/tests" \
+  "$root/bench" "$out/src/"
 cd "$out/src"
 for f in copy gc gc_select gc_decide attend; do
   python3 "$here/transform.py" "kernels/cuda/$f.cu" "kernels/cuda/$f.emu.cpp"
@@ -51,7 +54,10 @@ srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/p
       runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/cpu_backend.cpp c_api/kvgc.cpp
       kernels/cuda/copy.emu.cpp kernels/cuda/gc.emu.cpp kernels/cuda/gc_select.emu.cpp
       kernels/cuda/gc_decide.emu.cpp kernels/cuda/attend.emu.cpp tests/cuda_main.cpp tests/test_cuda.cpp
-      tests/test_cuda_gc.cpp tests/util.cpp "$here/emu_backend.cpp")
+      tests/test_cuda_gc.cpp tests/util.cpp "$here/emu_backend.cpp"
+      bench/cuda_copy.cpp bench/cuda_attend.cpp bench/cuda_gc.cpp)
+tests=(cuda_main test_cuda test_cuda_gc util)     # objects only the test binary links
+benches=(cuda_copy cuda_attend cuda_gc)           # one main each
 objs=()
 jobs=$(nproc)
 "${cxx[@]}" shim_test.emu.cpp -o "$out/shim-test" &
@@ -65,7 +71,24 @@ fail=0
 for pid in $(jobs -rp); do wait "$pid" || fail=1; done
 wait || fail=1
 [ $fail = 0 ] || { echo "cuda-emu: build failed"; exit 1; }
-"${cxx[@]}" "${objs[@]}" -o "$out/kvgc-cuda-emu-tests" -lpthread
+core=()
+for o in "${objs[@]}"; do
+  b=$(basename "${o%.o}")
+  [[ " ${tests[*]} ${benches[*]} " == *" $b "* ]] || core+=("$o")
+done
+"${cxx[@]}" "${core[@]}" $(printf "$out/obj/%s.o " "${tests[@]}") -o "$out/kvgc-cuda-emu-tests" -lpthread
+for b in "${benches[@]}"; do
+  "${cxx[@]}" "${core[@]}" "$out/obj/$b.o" -o "$out/kvgc-bench-$b" -lpthread
+done
 "$out/shim-test"
 echo "cuda-emu: running the CUDA-vs-CPU tests on the host emulation"
 "$out/kvgc-cuda-emu-tests"
+# The GPU benchmarks (bench/gpu-check.sh's) in quick mode: they must run to their RESULT
+# line (and their own integrity checks) before a GPU session spends time on them. The
+# emulation's timings mean nothing.
+for b in "${benches[@]}"; do
+  echo "cuda-emu: kvgc-bench-$b --quick (a smoke run: timings are the emulation's)"
+  "$out/kvgc-bench-$b" --quick > "$out/bench-$b.txt"
+  grep -q '^RESULT ' "$out/bench-$b.txt" || { cat "$out/bench-$b.txt"; echo "cuda-emu: kvgc-bench-$b printed no RESULT line"; exit 1; }
+  grep '^RESULT ' "$out/bench-$b.txt" | cut -c1-160
+done

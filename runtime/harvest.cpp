@@ -1,6 +1,6 @@
 // The deferred harvest: a GC's page-level results applied after the step that issued
 // it. The decision op runs on the device and writes its results (live slots per page,
-// a SelectResult) into result_alloc() memory; an event marks their completion. Until
+// a SelectResult) into pinned memory (PinnedPool); an event marks their completion. Until
 // they are applied the host's counts stay what they were plus later appends, and every
 // consumer copes:
 //   - appends fill the FP16 tail from `used`, which the op never changes;
@@ -32,16 +32,27 @@ AppendRun* PendingGc::runs() const { return reinterpret_cast<AppendRun*>(buf + r
 
 Status ManagedHeap::harvest_reserve(PendingGc& p, size_t pages) {
   if (p.buf && p.capacity >= pages) return Status::Ok();
-  if (!p.buf && !p.event) KVGC_TRY(backend_->event_create(&p.event));
+  if (!p.event_made) {  // events are reused across segments: creating one costs a call
+    if (!spare_events_.empty()) {
+      p.event = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      spare_events_.reserve(events_made_ + 1);  // so that giving it back never allocates
+      KVGC_TRY(backend_->event_create(&p.event));
+      ++events_made_;
+    }
+    p.event_made = true;
+  }
   size_t cap = 64;
   while (cap < pages) cap *= 2;
   if (cap > UINT32_MAX) return fail(KVGC_ENOMEM, "kvgc_step: a segment of " +
                                                      std::to_string(pages) + " pages");
   void* buf = nullptr;
-  KVGC_TRY(backend_->result_alloc(block_bytes(cap), &buf));
-  backend_->result_free(p.buf, p.buf_bytes);  // never while pending: collect settled first
+  size_t got = 0;
+  KVGC_TRY(pinned_.alloc(*backend_, block_bytes(cap), &buf, &got));
+  pinned_.free(*backend_, p.buf, p.buf_bytes);  // never while pending: collect settled first
   p.buf = static_cast<uint8_t*>(buf);
-  p.buf_bytes = block_bytes(cap);
+  p.buf_bytes = got;
   p.capacity = uint32_t(cap);
   return Status::Ok();
 }
@@ -52,8 +63,8 @@ void ManagedHeap::harvest_release(uint32_t tenant, Segment& seg) {
     p.active = false;
     --pending_;
   }
-  backend_->result_free(p.buf, p.buf_bytes);
-  backend_->event_destroy(p.event);
+  pinned_.free(*backend_, p.buf, p.buf_bytes);
+  if (p.event_made) spare_events_.push_back(p.event);  // capacity reserved at creation
   p = PendingGc{};
 }
 

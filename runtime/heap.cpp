@@ -135,7 +135,11 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
 ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
     for (Segment& seg : s.layers) free_pages(s.tenant, seg);
-  if (backend_) staging_.release(*backend_);
+  if (backend_) {
+    staging_.release(*backend_);
+    for (void* e : spare_events_) backend_->event_destroy(e);
+    pinned_.release(*backend_);
+  }
   if (arena_) backend_->release(arena_);
 }
 

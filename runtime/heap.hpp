@@ -15,6 +15,7 @@
 #include "../gc/plan.hpp"
 #include "../kernels/page_layout.hpp"
 #include "backend.hpp"
+#include "pinned_pool.hpp"
 #include "staging_ring.hpp"
 
 namespace kvgc {
@@ -38,6 +39,7 @@ struct PendingGc {
   size_t buf_bytes = 0;
   uint32_t capacity = 0;        // pages (and runs) the block holds
   void* event = nullptr;        // marks the op's completion (null on the CPU)
+  bool event_made = false;
 
   SelectResult* result() const;
   uint16_t* page_live() const;
@@ -174,6 +176,9 @@ class ManagedHeap : public host::HostAllocated {
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   uint64_t pending_ = 0;   // segments with a GC not yet applied
   StagingRing staging_;  // device backends: attention's page lists, in pinned memory
+  PinnedPool pinned_;    // the GC's result blocks
+  host::vector<void*> spare_events_;  // events of released segments, for reuse
+  size_t events_made_ = 0;
   // Scratch reused across calls so that the decode path does not allocate.
   host::vector<AppendRun> runs_;
   host::vector<SegPage> pages_;

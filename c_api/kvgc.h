@@ -234,7 +234,8 @@ KVGC_API kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq);
 
 /* Appends n_tokens tokens to segment (seq, layer). k and v are [n_tokens][n_kv_heads]
  * [head_dim] in the model dtype, on the heap's device. Positions continue from the
- * segment's length. All or nothing: KVGC_ENOMEM if the pages do not fit. */
+ * segment's length. All or nothing: KVGC_ENOMEM if the pages do not fit, after applying
+ * every pending GC result (kvgc_harvest) and compacting this segment if fragmented. */
 KVGC_API kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
                                  const void* k, const void* v, uint32_t n_tokens,
                                  void* stream);

@@ -7,6 +7,7 @@
 #include "../kernels/cuda/copy.cuh"
 #include "../kernels/cuda/gc.cuh"
 #include "backend.hpp"
+#include "cuda_status.hpp"
 
 namespace kvgc {
 namespace {
@@ -166,34 +167,21 @@ class CudaBackend final : public Backend {
   Status select(const SelectOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
     const cudaError_t e = cuda::select(op, as_stream(stream));
-    if (e == cudaErrorMemoryAllocation)
-      return fail(KVGC_ENOMEM, "kvgc_step: the heap's scratch (" + std::to_string(op.scratch_bytes) +
-                                   " bytes) is too small for a segment of " +
-                                   std::to_string(op.n_pages) + " pages");
-    if (e == cudaErrorNotSupported)
-      return fail(KVGC_EUNSUPPORTED, "kvgc_step: a segment of " + std::to_string(op.n_pages) +
-                                         " pages has 2^32 slots or more");
+    KVGC_TRY(select_status(e, op));
     KVGC_CUDA(e, "GC select launch");
     return Status::Ok();
   }
   Status compact(const CompactOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
     const cudaError_t e = cuda::compact(op, as_stream(stream));
-    if (e == cudaErrorInvalidValue)
-      return fail(KVGC_EINVAL, "compaction: malformed moves (a null or repeated page, a count "
-                               "past page_tokens, or a page both source and destination)");
+    KVGC_TRY(compact_status(e));
     KVGC_CUDA(e, "compaction kernel launch");
     return Status::Ok();
   }
   Status attend(const AttendOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
     const cudaError_t e = cuda::attend(op, op.scratch, op.scratch_bytes, n_sm_, as_stream(stream));
-    if (e == cudaErrorNotSupported)
-      return fail(KVGC_EUNSUPPORTED, "kvgc_attend: head_dim " + std::to_string(op.layout[0].head_dim) +
-                                         " > 256 is not supported on the CUDA backend");
-    if (e == cudaErrorMemoryAllocation)
-      return fail(KVGC_ENOMEM, "kvgc_attend: the heap's attention scratch is too small for " +
-                                   std::to_string(op.n_live) + " live tokens");
+    KVGC_TRY(attend_status(e, op));
     KVGC_CUDA(e, "attention kernel launch");
     return Status::Ok();
   }

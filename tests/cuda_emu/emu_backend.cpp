@@ -16,6 +16,7 @@
 #include "kernels/cuda/copy.cuh"
 #include "kernels/cuda/gc.cuh"
 #include "runtime/backend.hpp"
+#include "runtime/cuda_status.hpp"
 namespace kvgc {
 namespace {
 Status cuda_fail(cudaError_t e, const std::string& what) {
@@ -45,13 +46,13 @@ class EmuBackend final : public Backend {
   Status observe(const ObserveOp& op, void* s) override { if (auto e = cuda::observe(op, cudaStream_t(s))) return cuda_fail(e, "observe"); return Status::Ok(); }
   Status select(const SelectOp& op, void* s) override {
     const cudaError_t e = cuda::select(op, cudaStream_t(s));
-    if (e == cudaErrorMemoryAllocation) return fail(KVGC_ENOMEM, "kvgc_step: the heap's scratch is too small");
+    KVGC_TRY(select_status(e, op));
     if (e) return cuda_fail(e, "select");
     return Status::Ok();
   }
   Status compact(const CompactOp& op, void* s) override {
     const cudaError_t e = cuda::compact(op, cudaStream_t(s));
-    if (e == cudaErrorInvalidValue) return fail(KVGC_EINVAL, "compaction: malformed moves");
+    KVGC_TRY(compact_status(e));
     if (e) return cuda_fail(e, "compact");
     return Status::Ok();
   }
@@ -67,12 +68,7 @@ class EmuBackend final : public Backend {
       bytes = std::min(bytes, tight);
     }
     const cudaError_t e = cuda::attend(op, op.scratch, bytes, kSms[k % 3], cudaStream_t(s));
-    if (e == cudaErrorNotSupported)
-      return fail(KVGC_EUNSUPPORTED, "kvgc_attend: head_dim " + std::to_string(op.layout[0].head_dim) +
-                                         " > 256 is not supported on the CUDA backend");
-    if (e == cudaErrorMemoryAllocation)
-      return fail(KVGC_ENOMEM, "kvgc_attend: the heap's attention scratch is too small for " +
-                                   std::to_string(op.n_live) + " live tokens");
+    KVGC_TRY(attend_status(e, op));
     if (e) return cuda_fail(e, "attention kernel launch");
     return Status::Ok();
   }

@@ -219,6 +219,14 @@ kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq) {
                    Mutates::Yes);
 }
 
+kvgc_status kvgc_seq_fork(kvgc_heap* heap, kvgc_seq seq, uint32_t tenant, kvgc_seq* seq_out,
+                          void* stream) {
+  return with_heap(heap, "kvgc_seq_fork", [&](kvgc::ManagedHeap& h) -> Status {
+    if (!seq_out) return fail(KVGC_EINVAL, "kvgc_seq_fork: seq_out is NULL");
+    return h.seq_fork(seq, tenant, seq_out, stream);
+  }, Mutates::Yes);
+}
+
 kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* k,
                         const void* v, uint32_t n_tokens, void* stream) {
   return with_heap(heap, "kvgc_append", [&](kvgc::ManagedHeap& h) {

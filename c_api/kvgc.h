@@ -231,6 +231,15 @@ typedef uint64_t kvgc_seq; /* never 0; never reused within a heap */
 KVGC_API kvgc_status kvgc_seq_create(kvgc_heap* heap, uint32_t tenant, kvgc_seq* seq_out);
 /* Frees the sequence's pages at once: pending stream work must not still use them. */
 KVGC_API kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq);
+/* A new sequence of `tenant` holding a copy of seq's cache: every segment's tokens (K/V,
+ * positions, scores, generations, storage class) and GC state, so that the two continue
+ * independently (parallel sampling, beam search, one prompt shared by several
+ * continuations). The copy (one device-to-device copy per page) is enqueued on `stream`.
+ * All or nothing: KVGC_ENOMEM when the pages do not fit (after applying pending GC
+ * results), KVGC_EBUDGET past the tenant's quota; *seq_out is written only on success.
+ * Added in 0.2. */
+KVGC_API kvgc_status kvgc_seq_fork(kvgc_heap* heap, kvgc_seq seq, uint32_t tenant,
+                                   kvgc_seq* seq_out, void* stream);
 
 /* Appends n_tokens tokens to segment (seq, layer). k and v are [n_tokens][n_kv_heads]
  * [head_dim] in the model dtype, on the heap's device. Positions continue from the

@@ -127,8 +127,15 @@ class Sequence {
     check(kvgc_seq_tokens(heap_, id_, layer, nullptr, &len), heap_);
     return len;
   }
+  // A copy of this sequence's cache as a new sequence of `tenant` (kvgc_seq_fork).
+  Sequence fork(uint32_t tenant, void* stream = nullptr) {
+    kvgc_seq id = 0;
+    check(kvgc_seq_fork(heap_, id_, tenant, &id, stream), heap_);
+    return Sequence(heap_, id);
+  }
 
  private:
+  Sequence(kvgc_heap* heap, kvgc_seq id) : heap_(heap), id_(id) {}
   kvgc_heap* heap_;
   kvgc_seq id_ = 0;
 };

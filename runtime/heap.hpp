@@ -95,6 +95,7 @@ class ManagedHeap : public host::HostAllocated {
 
   Status seq_create(uint32_t tenant, kvgc_seq* out);
   Status seq_destroy(kvgc_seq seq);
+  Status seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void* stream);
   Status append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, uint32_t n,
                 void* stream);
   Status tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length);
@@ -130,6 +131,9 @@ class ManagedHeap : public host::HostAllocated {
   void drop_page(uint32_t tenant, PageId id);
   // Bytes the tenant may still take (UINT64_MAX without a limit).
   uint64_t tenant_room(uint32_t tenant) const;
+  // Whether n[c] new pages of each class fit the arena at once (classes share its free
+  // slabs).
+  bool can_alloc_all(const uint64_t n[KVGC_CLASS_COUNT]) const;
   // The segment's pages in read order, with each page's first read-order row; returns
   // the rows. rows_by_used numbers them by `used`, an upper bound on live slots that
   // holds while a GC's results are pending (attention's rows are its own).

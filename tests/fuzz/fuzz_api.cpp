@@ -81,9 +81,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     };
     const uint32_t layer = in.byte() % 8 == 7 ? in.u32() : in.byte() % m.n_layers;
     switch (op % 12) {
-      case 0: {
+      case 0: {  // a new sequence, or (the tenant byte's high bit) a copy of one
         kvgc_seq s;
-        if (kvgc_seq_create(h, in.byte() % 4, &s) == KVGC_OK) seqs.push_back(s);
+        const uint8_t t = in.byte();
+        const kvgc_status st = t & 0x80 ? kvgc_seq_fork(h, pick(), t % 4, &s, nullptr)
+                                        : kvgc_seq_create(h, t % 4, &s);
+        if (st == KVGC_OK) seqs.push_back(s);
         break;
       }
       case 1: kvgc_seq_destroy(h, pick()); break;

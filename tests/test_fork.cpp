@@ -1,0 +1,165 @@
+// kvgc_seq_fork on the CPU backend: the copy reads back exactly as its source (K/V,
+// positions, scores, generations, int4 tokens included), both continue independently
+// and make the same GC decisions on the same input, and a fork that cannot fit changes
+// nothing.
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#include "../c_api/kvgc.hpp"
+#include "gc_util.hpp"
+
+using namespace kvgc_test;
+
+namespace {
+
+// Everything a segment holds, in read order.
+struct Image {
+  std::vector<uint8_t> k, v;
+  std::vector<int32_t> pos;
+  std::vector<float> score;
+  std::vector<uint8_t> gen;
+  bool operator==(const Image&) const = default;
+};
+
+Image image(Heap& H, kvgc_seq s, uint32_t layer) {
+  Image im;
+  uint64_t n = 0;
+  REQUIRE(kvgc_read(H.h, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
+  im.k.resize(n * token_bytes(H.m));
+  im.v.resize(im.k.size());
+  im.pos.resize(n);
+  im.score.resize(n);
+  im.gen.resize(n);
+  REQUIRE(kvgc_read(H.h, s, layer, im.k.data(), im.v.data(), im.pos.data(), n, &n, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_read_scores(H.h, s, layer, im.score.data(), im.gen.data(), n, &n, nullptr) == KVGC_OK);
+  return im;
+}
+
+}  // namespace
+
+TEST_CASE("fork: an exact copy that continues on its own, with the same GC decisions") {
+  for (const kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4}) {
+    CAPTURE(demote);
+    kvgc_heap_options o = gc_options(KVGC_POLICY_GENERATIONAL, 40, 4, 8, 8);
+    o.demote = demote;
+    Heap H(o, model(2, 2, 32));
+    kvgc_seq a;
+    REQUIRE(kvgc_seq_create(H.h, 0, &a) == KVGC_OK);
+    for (int round = 0; round < 6; ++round)
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        H.append(a, layer, round * 20, 20);
+        H.observe(a, layer, [&](int32_t p) { return weight(p * 3 + round); });
+        if (layer == 1) REQUIRE(H.step(a) == KVGC_OK);
+      }
+    // Results of the last step are still pending (the fork applies them first), and 5
+    // tokens since the last minor GC count towards the next one (in both, after).
+    for (uint32_t layer = 0; layer < 2; ++layer) H.append(a, layer, 120, 5);
+    const kvgc_stats before = H.stats();
+    kvgc_seq b = 0;
+    REQUIRE(kvgc_seq_fork(H.h, a, 0, &b, nullptr) == KVGC_OK);
+    CHECK(b != a);
+    H.check();
+    const kvgc_stats after = H.stats();
+    CHECK(after.sequences == before.sequences + 1);
+    CHECK(after.live_tokens == 2 * before.live_tokens);
+    CHECK(after.cls[0].pages_used == 2 * before.cls[0].pages_used);
+    CHECK(after.cls[1].pages_used == 2 * before.cls[1].pages_used);
+    if (demote == KVGC_DEMOTE_INT4) CHECK(before.cls[1].pages_used > 0);  // int4 pages copied
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      CHECK(image(H, a, layer) == image(H, b, layer));
+      uint64_t la = 0, lb = 0;
+      REQUIRE(kvgc_seq_tokens(H.h, a, layer, nullptr, &la) == KVGC_OK);
+      REQUIRE(kvgc_seq_tokens(H.h, b, layer, nullptr, &lb) == KVGC_OK);
+      CHECK(la == lb);
+    }
+    // The same input from here on: the same decisions (the GC state was copied too).
+    // Small appends: a minor GC runs every page (8 tokens), so the copied count matters.
+    for (int round = 0; round < 12; ++round)
+      for (kvgc_seq s : {a, b})
+        for (uint32_t layer = 0; layer < 2; ++layer) {
+          const int64_t at = 125 + round * 3;
+          const auto k = gaussian(H.m, a, layer, at, 3, false);  // a's values for both
+          const auto v = gaussian(H.m, a, layer, at, 3, true);
+          REQUIRE(kvgc_append(H.h, s, layer, k.data(), v.data(), 3, nullptr) == KVGC_OK);
+          H.observe(s, layer, [&](int32_t p) { return weight(p * 5 + round); });
+          if (layer == 1) REQUIRE(H.step(s) == KVGC_OK);
+        }
+    for (uint32_t layer = 0; layer < 2; ++layer) CHECK(image(H, a, layer) == image(H, b, layer));
+    H.check();
+    // Then they diverge: what one appends, the other never sees.
+    const Image a0 = image(H, a, 0);
+    H.append(b, 0, 161, 5);
+    CHECK(image(H, a, 0) == a0);
+    // Destroying the source leaves the copy whole.
+    const Image b1 = image(H, b, 1);
+    REQUIRE(kvgc_seq_destroy(H.h, a) == KVGC_OK);
+    CHECK(image(H, b, 1) == b1);
+    H.check();
+    REQUIRE(kvgc_seq_destroy(H.h, b) == KVGC_OK);
+    const kvgc_stats end = H.stats();
+    CHECK(end.cls[0].pages_used + end.cls[1].pages_used == 0);
+  }
+}
+
+TEST_CASE("fork: no room, a quota, bad arguments: a clear error and nothing changed") {
+  kvgc_heap_options o = gc_options(KVGC_POLICY_FULL, 0, 4, 8, 16);
+  o.budget_bytes = 256 << 10;
+  Heap H(o, model(1, 4, 64));
+  kvgc_seq a;
+  REQUIRE(kvgc_seq_create(H.h, 0, &a) == KVGC_OK);
+  // Fill a little over half the arena: a copy cannot fit.
+  int64_t len = 0;
+  for (;;) {
+    H.append(a, 0, len, 16);
+    len += 16;
+    const kvgc_stats st = H.stats();
+    if (st.cls[0].used_bytes * 2 > st.arena_bytes - st.scratch_bytes) break;
+  }
+  const kvgc_stats before = H.stats();
+  kvgc_seq b = 77;
+  CHECK(kvgc_seq_fork(H.h, a, 0, &b, nullptr) == KVGC_ENOMEM);
+  CHECK(std::string(kvgc_errmsg(H.h)).find("kvgc_seq_fork") != std::string::npos);
+  CHECK(b == 77);  // not written
+  kvgc_stats after = H.stats();
+  after.enomem = before.enomem;
+  CHECK(std::memcmp(&before, &after, sizeof before) == 0);
+  H.check();
+  // A quota: the same, with KVGC_EBUDGET.
+  Heap Q(gc_options(KVGC_POLICY_FULL, 0), model(1, 2, 32));
+  kvgc_seq q;
+  REQUIRE(kvgc_seq_create(Q.h, 5, &q) == KVGC_OK);
+  Q.append(q, 0, 0, 40);
+  uint64_t used = 0;
+  REQUIRE(kvgc_tenant_usage(Q.h, 5, &used, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_tenant_set_limit(Q.h, 5, used + used / 2) == KVGC_OK);
+  const kvgc_stats qb = Q.stats();
+  CHECK(kvgc_seq_fork(Q.h, q, 5, &b, nullptr) == KVGC_EBUDGET);
+  CHECK(std::string(kvgc_errmsg(Q.h)).find("quota") != std::string::npos);
+  const kvgc_stats qa = Q.stats();
+  CHECK(std::memcmp(&qb, &qa, sizeof qb) == 0);
+  kvgc_seq other = 0;
+  CHECK(kvgc_seq_fork(Q.h, q, 6, &other, nullptr) == KVGC_OK);  // another tenant has room
+  uint64_t used6 = 0;
+  REQUIRE(kvgc_tenant_usage(Q.h, 6, &used6, nullptr) == KVGC_OK);
+  CHECK(used6 == used);
+  // Bad arguments.
+  CHECK(kvgc_seq_fork(Q.h, 12345, 0, &b, nullptr) == KVGC_ENOTFOUND);
+  CHECK(kvgc_seq_fork(Q.h, q, 0, nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(Q.h)).find("seq_out") != std::string::npos);
+  CHECK(kvgc_seq_fork(nullptr, q, 0, &b, nullptr) == KVGC_EINVAL);
+  Q.check();
+}
+
+TEST_CASE("fork through the C++ header") {
+  kvgc::Heap heap(model(1, 2, 32), gc_options(KVGC_POLICY_H2O, 30));
+  kvgc::Sequence s(heap, 0);
+  const kvgc_model_desc m = model(1, 2, 32);
+  const auto k = gaussian(m, s.id(), 0, 0, 50, false), v = gaussian(m, s.id(), 0, 0, 50, true);
+  s.append(0, k.data(), v.data(), 50);
+  kvgc::Sequence t = s.fork(0);
+  CHECK(t.id() != s.id());
+  CHECK(t.live(0) == 50);
+  CHECK(t.length(0) == 50);
+  CHECK(verify_gaussian(heap.get(), m, s.id(), 0, 0.0).empty());
+}

@@ -272,6 +272,18 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
   // agrees within the attention test's bounds.
   const kvgc_stats result = get_stats(cpu);
   check_attention(cpu, sc[0], gpu, sg[0], c.m, rng, 0, stream);
+  // A fork on each reads back as its source does (device-to-device page copies on CUDA).
+  kvgc_seq fc = 0, fg = 0;
+  REQUIRE(kvgc_seq_fork(cpu, sc[1], 0, &fc, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_seq_fork(gpu, sg[1], 0, &fg, stream) == KVGC_OK);
+  for (uint32_t layer = 0; layer < c.m.n_layers; ++layer) {
+    CAPTURE(layer);
+    const std::string diff =
+        compare_rows(read_cpu(cpu, fc, layer, c.m), read_gpu(gpu, fg, layer, c.m, stream), c.m);
+    INFO(diff);
+    CHECK(diff.empty());
+  }
+  require_check(gpu);
   kvgc_heap_destroy(cpu);
   kvgc_heap_destroy(gpu);
   return result;

@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <vector>
+
+#include "../kernels/cpu/convert.hpp"
 #include "util.hpp"
 
 namespace kvgc_test {
@@ -33,6 +37,20 @@ inline void require_check(kvgc_heap* h) {
   const kvgc_status st = kvgc_heap_check(h);
   INFO(kvgc_errmsg(h));
   REQUIRE(st == KVGC_OK);
+}
+
+// Relative RMS difference of two arrays of n model-dtype values (b against a); NaN
+// when a is all zeros and they differ, 0 when both are.
+inline double rel_rms(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, size_t n,
+                      kvgc_dtype dtype) {
+  const size_t eb = dtype == KVGC_DTYPE_F32 ? 4 : 2;
+  double e = 0, r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = kvgc::cpu::load(&a[i * eb], dtype), y = kvgc::cpu::load(&b[i * eb], dtype);
+    e += (x - y) * (x - y);
+    r += x * x;
+  }
+  return r > 0 ? std::sqrt(e / r) : e > 0 ? NAN : 0.0;
 }
 
 }  // namespace kvgc_test

@@ -9,17 +9,26 @@
 // the FMAs the op cannot avoid (K.q and p.V for every live slot, head and query row, in
 // fp32) over the core's FMA rate, also measured in the same run; the op can be no faster
 // than the larger of the two.
+//
+// Two cache states. "In cache": the same layer attended again and again, so a 4K-token
+// layer (8-16 MiB) stays in L3 and the op is compute-bound there. "Decode step": what a
+// model's decode step does, attention over enough layers in turn (copies of the same
+// pages, at least 8x the L3 between a layer and its next visit) that each layer comes
+// from DRAM, against the read bandwidth of a buffer of all of their bytes.
 // GCC 12's _mm512_reduce_add_ps trips -Wuninitialized on its internal temporary.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -86,10 +95,54 @@ void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cl
   }
 }
 
+// A copy of `src`'s pages in an arena of its own (another layer with the same tokens).
+void replicate(const Segment& src, Segment& dst) {
+  dst.layout[0] = src.layout[0];
+  dst.layout[1] = src.layout[1];
+  const size_t bytes = src.seg.size() * src.layout[src.seg.empty() ? 0 : src.seg[0].cls].bytes;
+  if (!dst.backend->reserve(bytes, &dst.arena).ok()) {
+    std::fprintf(stderr, "kvgc-bench-attend: cannot reserve %zu bytes\n", bytes);
+    std::exit(1);
+  }
+  std::memcpy(dst.arena, src.arena, bytes);
+  for (const SegPage& p : src.seg)
+    dst.seg.push_back({static_cast<uint8_t*>(dst.arena) + (p.page - static_cast<uint8_t*>(src.arena)),
+                       p.cls, p.out_row});
+  dst.live = src.live;
+}
+
+AttendOp decode_op(const Segment& s, bool scores, const std::vector<uint16_t>& q, std::vector<uint16_t>& out) {
+  return AttendOp{{s.layout[0], s.layout[1]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
+                  kQHeads, int64_t(s.live) - 1, 0.125f, out.data(), scores};
+}
+
+// Median time of one layer's attention in a decode step over all of `layers` in turn.
+double step_ns(const std::vector<Segment>& layers, const std::vector<uint16_t>& q,
+               std::vector<uint16_t>& out, int reps) {
+  for (const Segment& s : layers) cpu::attend(decode_op(s, true, q, out));  // first touch
+  return median_of(reps, [&] {
+    const Timer t;
+    for (const Segment& s : layers) cpu::attend(decode_op(s, true, q, out));
+    const double ns = t.elapsed_ns();
+    do_not_optimize(out[0]);
+    return ns / double(layers.size());
+  }).median;
+}
+
+// The L3 size (sysfs; 32 MiB when unknown).
+size_t l3_bytes() {
+  if (FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+    size_t kib = 0;
+    const bool ok = std::fscanf(f, "%zuK", &kib) == 1;
+    std::fclose(f);
+    if (ok && kib > 0) return kib << 10;
+  }
+  return size_t(32) << 20;
+}
+
 double attend_ns(const Segment& s, bool scores, const std::vector<uint16_t>& q, std::vector<uint16_t>& out,
                  int reps) {
-  AttendOp op{{s.layout[0], s.layout[1]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
-              kQHeads, int64_t(s.live) - 1, 0.125f, out.data(), scores};
+  const AttendOp op = decode_op(s, scores, q, out);
   cpu::attend(op);  // warm-up: first-touch and cache state out of the timings
   return median_of(reps, [&] {
     const Timer t;
@@ -171,6 +224,8 @@ int main(int argc, char** argv) {
   std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | FMA ms | fp16/bound | fp16/floor | int4 ms | int4/floor | fp16/int4 | scores/no-scores |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   ResultLine result;
+  std::string step_table;  // the decode-step rows, printed after the in-cache table
+  const size_t cold_bytes = 8 * l3_bytes();
   for (uint32_t hd : {64u, 128u}) {
     for (uint32_t live : quick ? std::vector<uint32_t>{4096} : std::vector<uint32_t>{4096, 32768}) {
       Segment f, i4;
@@ -198,8 +253,30 @@ int main(int argc, char** argv) {
       result.add("vs_floor_" + k, t16 / floor_ns);
       result.add("int4_speedup_" + k, t16 / t4);
       result.add("score_overhead_" + k, t16 / t16_plain, 3);
+
+      // Decode step: enough layers that each one's pages leave the caches before its turn.
+      const size_t layer_bytes = f.seg.size() * f.layout[0].bytes;
+      const size_t n_layers = std::clamp<size_t>((cold_bytes + layer_bytes - 1) / layer_bytes, 1, 32);
+      std::vector<Segment> layers16(n_layers), layers4(n_layers);
+      for (size_t l = 0; l < n_layers; ++l) {
+        replicate(f, layers16[l]);
+        replicate(i4, layers4[l]);
+      }
+      const double step_gbps = read_gbps(size_t(bytes) * n_layers, quick ? 1 : 3);
+      const double step_bound_ns = bytes / step_gbps;
+      const double s16 = step_ns(layers16, q, out, quick ? 1 : 5);
+      const double s4 = step_ns(layers4, q, out, quick ? 1 : 5);
+      char row[256];
+      std::snprintf(row, sizeof row, "| %u | %u | %zu | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", hd, live,
+                    n_layers, step_gbps, s16 / 1e6, step_bound_ns / 1e6, s16 / step_bound_ns, s4 / 1e6, s16 / s4);
+      step_table += row;
+      result.add("step_vs_bound_" + k, s16 / step_bound_ns);
+      result.add("step_int4_speedup_" + k, s16 / s4);
     }
   }
+  std::printf("\nDecode step: one layer's attention while every layer is attended in turn (per layer)\n\n");
+  std::printf("| head_dim | live | layers | read GB/s | fp16 ms | bound ms | fp16/bound | int4 ms | fp16/int4 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n%s", step_table.c_str());
   result.print();
   return 0;
 }

@@ -38,7 +38,8 @@ test: build
 	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
 # ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included;
-# TSan over the threads test and the stress test (CPU backend).
+# TSan over the threads tests and the stress tests (CPU backend; one with attention
+# split over 2 workers).
 sanitize: deps
 	[ -f build-asan/build.ninja ] || meson setup build-asan -Dbuildtype=debug \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
@@ -48,7 +49,7 @@ sanitize: deps
 	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
 	ninja -C build-tsan
 	meson test -C build-tsan --no-rebuild --print-errorlogs unit --test-args='-tc=threads*'
-	meson test -C build-tsan --no-rebuild --print-errorlogs stress
+	meson test -C build-tsan --no-rebuild --print-errorlogs stress stress-threads
 
 # libFuzzer with ASan+UBSan over the C API for FUZZ_SECONDS; new inputs go to
 # build-fuzz/corpus, the seeds in tests/fuzz/corpus are only read.

@@ -172,8 +172,11 @@ kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_optio
     kvgc_heap_options o;
     kvgc::options_defaults(&o);
     if (opts) {
-      KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "kvgc_heap_create: opts"));
-      std::memcpy(&o, opts, sizeof o);
+      // 0.2 callers (a smaller struct) keep the defaults of the fields they lack.
+      if (opts->struct_size != KVGC_HEAP_OPTIONS_0_2_SIZE)
+        KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "kvgc_heap_create: opts"));
+      std::memcpy(&o, opts, opts->struct_size);
+      o.struct_size = sizeof o;
     }
     std::unique_ptr<kvgc_heap> h(new kvgc_heap());
     Status st = kvgc::ManagedHeap::create(*model, o, &h->impl);
@@ -196,9 +199,13 @@ kvgc_status kvgc_heap_get_options(const kvgc_heap* heap, kvgc_heap_options* out)
   return with_heap(const_cast<kvgc_heap*>(heap), "kvgc_heap_get_options",
                    [&](kvgc::ManagedHeap& h) -> Status {
                      if (!out) return fail(KVGC_EINVAL, "kvgc_heap_get_options: out is NULL");
-                     KVGC_TRY(check_struct_size(out->struct_size, sizeof *out,
-                                                "kvgc_heap_get_options: out"));
-                     *out = h.options();
+                     const size_t size = out->struct_size;
+                     if (size != KVGC_HEAP_OPTIONS_0_2_SIZE)
+                       KVGC_TRY(check_struct_size(size, sizeof *out,
+                                                  "kvgc_heap_get_options: out"));
+                     kvgc_heap_options full = h.options();
+                     full.struct_size = size;
+                     std::memcpy(out, &full, size);
                      return Status::Ok();
                    });
 }

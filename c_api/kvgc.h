@@ -51,13 +51,13 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 2
+#define KVGC_VERSION_MINOR 3
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.2.0"
+#define KVGC_VERSION_STRING "0.3.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
-/* The library's version string ("0.2.0"); equals KVGC_VERSION_STRING of its build. */
+/* The library's version string ("0.3.0"); equals KVGC_VERSION_STRING of its build. */
 KVGC_API const char* kvgc_version(void);
 /* The library's KVGC_VERSION_NUMBER, to compare against the header's at run time. */
 KVGC_API int kvgc_version_number(void);
@@ -195,7 +195,19 @@ typedef struct kvgc_heap_options {
   const float* layer_weights; /* NULL */
   uint32_t n_layer_weights;   /* 0 */
   kvgc_harvest harvest;       /* DEFERRED (added in 0.2, in what was tail padding) */
+  /* 1 (added in 0.3): threads the CPU backend's attention uses, the calling thread
+   * included, 1..256 (KVGC_THREADS=N|auto). The heap starts cpu_threads - 1 workers at
+   * its first attention (fewer if the system refuses threads) and splits the live tokens
+   * of segments of at least 512 among them; results differ from one thread's only by
+   * summation order. 1, the default, runs everything on the calling thread: engines
+   * usually own their cores (and their BLAS threads), and oversubscription hurts.
+   * Accepted and ignored by the CUDA backend. */
+  uint32_t cpu_threads;
 } kvgc_heap_options;
+
+/* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads), still accepted by kvgc_heap_create
+ * and kvgc_heap_get_options. */
+#define KVGC_HEAP_OPTIONS_0_2_SIZE (offsetof(kvgc_heap_options, cpu_threads))
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
 KVGC_API kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts);

@@ -79,12 +79,13 @@ class Backend : public host::HostAllocated {
                                   uint32_t page_tokens) const = 0;
 };
 
-std::unique_ptr<Backend> make_cpu_backend();
+// `threads`: attention's workers (opts->cpu_threads), the calling thread included.
+std::unique_ptr<Backend> make_cpu_backend(uint32_t threads = 1);
 // KVGC_EUNSUPPORTED when built without CUDA; KVGC_EDEVICE when no device answers.
 Status make_cuda_backend(int ordinal, std::unique_ptr<Backend>* out);
 // Resolves KVGC_DEVICE_AUTO: CUDA when a device answers, else CPU; *why says which
-// and why (printed under KVGC_VERBOSE=1).
-Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out,
-                    std::string* why);
+// and why (printed under KVGC_VERBOSE=1). cpu_threads applies to the CPU backend only.
+Status make_backend(kvgc_device want, int ordinal, uint32_t cpu_threads,
+                    std::unique_ptr<Backend>* out, std::string* why);
 
 }  // namespace kvgc

@@ -1,4 +1,5 @@
-// CPU backend: the arena is aligned host memory; ops run inline on the calling thread.
+// CPU backend: the arena is aligned host memory; ops run inline on the calling thread,
+// except attention with cpu_threads > 1, which also uses the heap's worker pool.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include "../kernels/cpu/attend.hpp"
 #include "../kernels/cpu/copy.hpp"
 #include "../kernels/cpu/gc.hpp"
+#include "../kernels/cpu/thread_pool.hpp"
 #include "backend.hpp"
 
 namespace kvgc {
@@ -18,6 +20,7 @@ constexpr size_t kArenaAlign = 2u << 20;  // slab-aligned: lets the OS back it w
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(uint32_t threads) : threads_(threads) {}
   kvgc_device kind() const override { return KVGC_DEVICE_CPU; }
   std::string describe() const override { return "cpu"; }
 
@@ -93,7 +96,11 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status attend(const AttendOp& op, void*) override {
-    cpu::attend(op);
+    // The pool starts with the first attention that can use it (heap calls are
+    // serialised by the heap's lock). bad_alloc here is the C API's KVGC_ENOMEM, with
+    // nothing changed; a refused thread only makes the pool smaller.
+    if (threads_ > 1 && !pool_) pool_.reset(new cpu::ThreadPool(threads_));
+    cpu::attend(op, pool_.get());
     return Status::Ok();
   }
   size_t attend_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override {
@@ -102,6 +109,10 @@ class CpuBackend final : public Backend {
   size_t gc_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override {
     return 0;  // host vectors, per call
   }
+
+ private:
+  const uint32_t threads_;  // opts->cpu_threads: attention's workers, the caller included
+  std::unique_ptr<cpu::ThreadPool> pool_;
 };
 
 }  // namespace
@@ -120,12 +131,14 @@ void Backend::result_free(void* p, size_t bytes) {
   if (p) host::deallocate(p, bytes, 16);
 }
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::unique_ptr<Backend>(new CpuBackend()); }
+std::unique_ptr<Backend> make_cpu_backend(uint32_t threads) {
+  return std::unique_ptr<Backend>(new CpuBackend(threads));
+}
 
-Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out,
-                    std::string* why) {
+Status make_backend(kvgc_device want, int ordinal, uint32_t cpu_threads,
+                    std::unique_ptr<Backend>* out, std::string* why) {
   if (want == KVGC_DEVICE_CPU) {
-    *out = make_cpu_backend();
+    *out = make_cpu_backend(cpu_threads);
     *why = "cpu (requested)";
     return Status::Ok();
   }
@@ -136,7 +149,7 @@ Status make_backend(kvgc_device want, int ordinal, std::unique_ptr<Backend>* out
     return st;
   }
   if (want == KVGC_DEVICE_CUDA) return st;
-  *out = make_cpu_backend();
+  *out = make_cpu_backend(cpu_threads);
   *why = "cpu (auto: " + st.msg + ")";
   return Status::Ok();
 }

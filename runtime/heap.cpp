@@ -43,7 +43,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->opts_ = opts;
   h->layer_weights_.assign(weights.begin(), weights.end());
   std::string why;
-  KVGC_TRY(make_backend(opts.device, opts.cuda_device, &h->backend_, &why));
+  KVGC_TRY(make_backend(opts.device, opts.cuda_device, opts.cpu_threads, &h->backend_, &why));
   h->opts_.device = h->backend_->kind();
 
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)

@@ -1,5 +1,8 @@
 #include "options.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +18,7 @@ constexpr uint64_t kDefaultSeed = 0x6b766763;  // "kvgc"
 constexpr uint32_t kDefaultSlab = 2u << 20;
 constexpr uint32_t kMaxSinks = 1u << 20;
 constexpr uint32_t kMaxWindow = 1u << 24;
+constexpr uint32_t kMaxThreads = 256;  // cpu::ThreadPool::kMaxThreads
 
 struct Choice {
   const char* name;
@@ -91,6 +95,15 @@ bool parse_u32_range(const std::string& s, uint32_t lo, uint32_t hi, uint32_t* o
   if (!parse_u64(s, &v) || v < lo || v > hi) return false;
   *out = uint32_t(v);
   return true;
+}
+
+// The CPUs this process may run on (its affinity mask, which taskset, cgroups' cpusets
+// and container runtimes narrow), at most kMaxThreads; 1 if the mask cannot be read.
+uint32_t affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::clamp<uint32_t>(uint32_t(CPU_COUNT(&set)), 1, kMaxThreads);
 }
 
 // One row per variable: documentation plus how to apply a value.
@@ -174,6 +187,13 @@ const Row kRows[] = {
        int v;
        return parse_choice(kHarvests, s, &v) && (o->harvest = kvgc_harvest(v), true);
      }},
+    {{"KVGC_THREADS", "integer 1..256, or auto (the CPUs of the process's affinity mask)",
+      "1",
+      "threads for the CPU backend's attention, the caller included (ignored on CUDA)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       if (s == "auto") return (o->cpu_threads = affinity_cpus(), true);
+       return parse_u32_range(s, 1, kMaxThreads, &o->cpu_threads);
+     }},
     {{"KVGC_SCORE_NOISE", "a number >= 0 (0 = off)", "0",
       "Laplace noise scale on scores before ranking"},
      [](const std::string& s, kvgc_heap_options* o) {
@@ -213,6 +233,7 @@ void options_defaults(kvgc_heap_options* o) {
   o->demote = KVGC_DEMOTE_OFF;
   o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
   o->harvest = KVGC_HARVEST_DEFERRED;
+  o->cpu_threads = 1;
   o->seed = kDefaultSeed;
   o->slab_bytes = kDefaultSlab;
 }
@@ -246,6 +267,9 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM, _PYRAMID or _ENTROPY");
   if (raw_enum(o.harvest) != KVGC_HARVEST_DEFERRED && raw_enum(o.harvest) != KVGC_HARVEST_IMMEDIATE)
     return bad("harvest", "must be KVGC_HARVEST_DEFERRED or _IMMEDIATE");
+  if (o.cpu_threads < 1 || o.cpu_threads > kMaxThreads)
+    return bad("cpu_threads", "must be in 1..256 (KVGC_THREADS=auto counts the CPUs of the "
+                              "affinity mask)");
   if (!(o.score_noise >= 0 && std::isfinite(o.score_noise)))
     return bad("score_noise", "must be a finite number >= 0");
   if (o.slab_bytes < (64u << 10) || o.slab_bytes > (1u << 30) || o.slab_bytes % kPageAlign)
@@ -307,11 +331,13 @@ std::string options_describe(const kvgc_heap_options& o) {
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
                 "KVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
-                "KVGC_HARVEST=%s\nKVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
+                "KVGC_HARVEST=%s\nKVGC_THREADS=%u%s\nKVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\n"
+                "KVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
                 o.sinks, o.window, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
-                choice_name(kHarvests, o.harvest), o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
+                choice_name(kHarvests, o.harvest), o.cpu_threads,
+                o.device == KVGC_DEVICE_CUDA ? " (ignored: cuda backend)" : "", o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
   return buf;
 }
 

@@ -1,7 +1,8 @@
-// kvgc-stress [THREADS [SCALE [ITER]]]: threads sharing one heap, in the spirit of
-// mimalloc's test-stress. Each thread keeps SCALE sequences of its own; each of ITER
-// rounds it appends to one (prefill chunks or decode tokens, every layer), hands in
-// attention mass, steps the GC (generational or h2o, int4 demotion, compaction), verifies
+// kvgc-stress [THREADS [SCALE [ITER [CPU_THREADS]]]]: threads sharing one heap, in the
+// spirit of mimalloc's test-stress. Each thread keeps SCALE sequences of its own; each of
+// ITER rounds it appends to one (prefill chunks or decode tokens, every layer), attends
+// with the new tokens as queries (on the heap's CPU_THREADS workers, split-K even over
+// short segments: the split minimum is lowered), hands in attention mass, steps the GC (generational or h2o, int4 demotion, compaction), verifies
 // every live token of that sequence against its (sequence, layer, position) tag, and now
 // and then destroys it or hands it to whichever thread comes next. Ends with the
 // invariant walker and a check that every page went back. Defaults are small for CI; a
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../kernels/cpu/attend_internal.hpp"
 #include "util.hpp"
 
 using namespace kvgc_test;
@@ -37,6 +39,10 @@ bool step_and_verify(Shared& sh, kvgc_seq s, std::mt19937& rng) {
     const kvgc_status st = kvgc_append(sh.heap, s, layer, k.data(), v.data(), n, nullptr);
     if (st == KVGC_ENOMEM) return true;  // the arena is full for now: other threads will free
     if (st != KVGC_OK) return false;
+    std::vector<float> q(size_t(n) * m.n_q_heads * m.head_dim / 2), out(q.size());  // f16 pairs
+    for (auto& x : q) x = 0.f;  // zero queries: uniform attention over what each query sees
+    if (kvgc_attend(sh.heap, s, layer, q.data(), n, out.data(), nullptr, nullptr) != KVGC_OK)
+      return false;
     kvgc_seq_tokens(sh.heap, s, layer, &live, nullptr);
     std::vector<float> mass(live);
     for (auto& x : mass) x = float(rng() % 1000) / 1000.f;
@@ -89,10 +95,12 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 4;
   const int scale = argc > 2 ? std::atoi(argv[2]) : 4;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 60;
-  if (threads < 1 || scale < 1 || iters < 0) {
-    std::fprintf(stderr, "usage: kvgc-stress [THREADS>=1 [SCALE>=1 [ITER>=0]]]\n");
+  const int cpu_threads = argc > 4 ? std::atoi(argv[4]) : 1;
+  if (threads < 1 || scale < 1 || iters < 0 || cpu_threads < 1 || cpu_threads > 256) {
+    std::fprintf(stderr, "usage: kvgc-stress [THREADS>=1 [SCALE>=1 [ITER>=0 [CPU_THREADS 1..256]]]]\n");
     return 2;
   }
+  kvgc::cpu::set_split_min_slots(16);  // the segments here are short: split them anyway
   Shared sh;
   sh.model = model(3, 2, 32, KVGC_DTYPE_F16, 2);
   kvgc_heap_options o = cpu_options(8 << 20, 8);
@@ -102,6 +110,7 @@ int main(int argc, char** argv) {
   o.window = 8;
   o.demote = KVGC_DEMOTE_INT4;
   o.compact_threshold = 0.2;
+  o.cpu_threads = uint32_t(cpu_threads);
   if (kvgc_heap_create(&sh.model, &o, &sh.heap) != KVGC_OK) {
     std::fprintf(stderr, "kvgc-stress: %s\n", kvgc_errmsg(nullptr));
     return 1;
@@ -124,9 +133,9 @@ int main(int argc, char** argv) {
                  (unsigned long long)st.slabs_total);
     rc = 1;
   }
-  std::printf("kvgc-stress %d x %d x %d: %llu steps verified, %llu hand-offs, %llu evicted, %llu demoted, "
+  std::printf("kvgc-stress %d x %d x %d (%d attention threads): %llu steps verified, %llu hand-offs, %llu evicted, %llu demoted, "
               "%llu compactions, %llu errors: %s\n",
-              threads, scale, iters, (unsigned long long)sh.verified.load(),
+              threads, scale, iters, cpu_threads, (unsigned long long)sh.verified.load(),
               (unsigned long long)sh.handed.load(), (unsigned long long)st.tokens_evicted,
               (unsigned long long)st.tokens_demoted, (unsigned long long)st.compactions,
               (unsigned long long)sh.errors.load(), rc ? "FAILED" : "ok");

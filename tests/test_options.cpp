@@ -2,7 +2,10 @@
 // plus the end-to-end path through the real environment and kvgc_heap_create.
 #include <doctest/doctest.h>
 
+#include <sched.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -38,7 +41,8 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.page_tokens == 16);
   CHECK(o.sinks == 4);
   CHECK(o.harvest == KVGC_HARVEST_DEFERRED);
-  CHECK(option_docs().size() == 14);
+  CHECK(o.cpu_threads == 1);
+  CHECK(option_docs().size() == 15);
   for (const OptionDoc& d : option_docs()) {
     CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
     CHECK(std::string(d.doc).size() > 10);
@@ -58,6 +62,7 @@ TEST_CASE("every variable accepts its documented forms") {
                   {"KVGC_DEMOTE", "int4"},
                   {"KVGC_LAYER_BUDGET", "pyramid"},
                   {"KVGC_HARVEST", "immediate"},
+                  {"KVGC_THREADS", "8"},
                   {"KVGC_SCORE_NOISE", "0.01"},
                   {"KVGC_SEED", "0x1234"},
                   {"KVGC_VERBOSE", "1"}},
@@ -74,6 +79,7 @@ TEST_CASE("every variable accepts its documented forms") {
   CHECK(o.demote == KVGC_DEMOTE_INT4);
   CHECK(o.layer_budget == KVGC_LAYER_BUDGET_PYRAMID);
   CHECK(o.harvest == KVGC_HARVEST_IMMEDIATE);
+  CHECK(o.cpu_threads == 8);
   CHECK(o.score_noise == doctest::Approx(0.01));
   CHECK(o.seed == 0x1234);
   CHECK(o.verbose == 1);
@@ -101,6 +107,17 @@ TEST_CASE("every variable accepts its documented forms") {
   o = apply({{"KVGC_SEED", "18446744073709551615"}}, &st);
   CHECK(st.ok());
   CHECK(o.seed == UINT64_MAX);
+  o = apply({{"KVGC_THREADS", "1"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.cpu_threads == 1);
+  o = apply({{"KVGC_THREADS", "256"}}, &st);
+  CHECK(o.cpu_threads == 256);
+  o = apply({{"KVGC_THREADS", "auto"}}, &st);  // the affinity mask, whatever the host
+  CHECK(st.ok());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  CHECK(o.cpu_threads == uint32_t(std::min(CPU_COUNT(&set), 256)));
 }
 
 TEST_CASE("a malformed variable fails, names itself and its forms, and changes nothing") {
@@ -117,11 +134,14 @@ TEST_CASE("a malformed variable fails, names itself and its forms, and changes n
       {"KVGC_HARVEST", "later"},
       {"KVGC_SCORE_NOISE", "-0.1"},    {"KVGC_SCORE_NOISE", "inf"},
       {"KVGC_SEED", "0xZZ"},           {"KVGC_VERBOSE", "yes"},
+      {"KVGC_THREADS", "0"},
   };
   // std::map keeps one value per key: list the extra bad values explicitly too.
   const std::pair<const char*, const char*> more[] = {
       {"KVGC_BUDGET", "0"}, {"KVGC_BUDGET", "150%"}, {"KVGC_PAGE_TOKENS", "257"},
-      {"KVGC_TOKEN_BUDGET", "0"}, {"KVGC_SCORE_NOISE", "inf"}, {"KVGC_BUDGET", "1.5"}};
+      {"KVGC_TOKEN_BUDGET", "0"}, {"KVGC_SCORE_NOISE", "inf"}, {"KVGC_BUDGET", "1.5"},
+      {"KVGC_THREADS", "257"}, {"KVGC_THREADS", "x"}, {"KVGC_THREADS", ""},
+      {"KVGC_THREADS", "-1"}, {"KVGC_THREADS", "Auto"}};
   auto expect_bad = [](const std::string& var, const std::string& val) {
     Status st;
     // A good variable applied alongside must not survive the failure either.
@@ -131,10 +151,12 @@ TEST_CASE("a malformed variable fails, names itself and its forms, and changes n
     CHECK(st.code == KVGC_EINVAL);
     CHECK(st.msg.find(var) != std::string::npos);
     CHECK(st.msg.find("accepted:") != std::string::npos);
+    if (var == "KVGC_THREADS") CHECK(st.msg.find("1..256, or auto") != std::string::npos);
     kvgc_heap_options d;
     options_defaults(&d);
     CHECK(o.sinks == d.sinks);
     CHECK(o.window == d.window);
+    CHECK(o.cpu_threads == d.cpu_threads);
   };
   for (const auto& [var, val] : bad) expect_bad(var, val);
   for (const auto& [var, val] : more) expect_bad(var, val);
@@ -160,6 +182,61 @@ TEST_CASE("validate names the field of a bad options struct") {
   options_defaults(&o);
   kvgc_test::poke_enum(o.harvest, 2);
   CHECK(options_validate(o).msg.find("opts->harvest") != std::string::npos);
+  for (uint32_t bad : {0u, 257u}) {
+    options_defaults(&o);
+    o.cpu_threads = bad;
+    CHECK(options_validate(o).code == KVGC_EINVAL);
+    CHECK(options_validate(o).msg.find("opts->cpu_threads") != std::string::npos);
+  }
+}
+
+TEST_CASE("cpu_threads: the field and KVGC_THREADS reach get_options; a 0.2-size struct works") {
+  const kvgc_model_desc m = kvgc_test::model(1, 2, 64);
+  kvgc_heap_options o = kvgc_test::cpu_options(8 << 20);
+  o.cpu_threads = 5;
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_heap_options got;
+  kvgc_heap_options_init(&got);
+  REQUIRE(kvgc_heap_get_options(h, &got) == KVGC_OK);
+  CHECK(got.cpu_threads == 5);
+  kvgc_heap_destroy(h);
+  o.flags = 0;  // the environment overrides the field
+  setenv("KVGC_THREADS", "3", 1);
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  REQUIRE(kvgc_heap_get_options(h, &got) == KVGC_OK);
+  CHECK(got.cpu_threads == 3);
+  kvgc_heap_destroy(h);
+  setenv("KVGC_THREADS", "", 1);
+  CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(nullptr)).find("KVGC_THREADS") != std::string::npos);
+  unsetenv("KVGC_THREADS");
+  o.cpu_threads = 0;
+  CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(nullptr)).find("opts->cpu_threads") != std::string::npos);
+
+  // A caller compiled against 0.2: its struct ends before cpu_threads; the default (1)
+  // applies, and get_options writes no byte past the struct it was given.
+  static_assert(KVGC_HEAP_OPTIONS_0_2_SIZE < sizeof(kvgc_heap_options));
+  o = kvgc_test::cpu_options(8 << 20);
+  o.cpu_threads = 77;  // past the old size: must not be read
+  o.struct_size = KVGC_HEAP_OPTIONS_0_2_SIZE;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_heap_options old;
+  std::memset(&old, 0xAB, sizeof old);
+  old.struct_size = KVGC_HEAP_OPTIONS_0_2_SIZE;
+  REQUIRE(kvgc_heap_get_options(h, &old) == KVGC_OK);
+  CHECK(old.struct_size == KVGC_HEAP_OPTIONS_0_2_SIZE);
+  CHECK(old.page_tokens == 16);
+  uint32_t untouched;
+  std::memcpy(&untouched, &old.cpu_threads, 4);
+  CHECK(untouched == 0xABABABABu);
+  kvgc_heap_options_init(&got);
+  REQUIRE(kvgc_heap_get_options(h, &got) == KVGC_OK);
+  CHECK(got.cpu_threads == 1);
+  kvgc_heap_destroy(h);
+  o.struct_size = KVGC_HEAP_OPTIONS_0_2_SIZE + 4;  // neither size: refused
+  CHECK(kvgc_heap_create(&m, &o, &h) == KVGC_EINVAL);
 }
 
 TEST_CASE("the real environment reaches kvgc_heap_create, and a bad value fails it") {

@@ -8,9 +8,10 @@
 // while the slot's mass (its probabilities summed over the rows) is added to its score.
 // Queries go in blocks so the logits buffer stays bounded for long prefill chunks.
 //
-// When the CPU has AVX2/FMA/F16C and head_dim % 16 == 0, attend_avx2.cpp computes the
-// same thing organised for memory bandwidth; set_simd(false) forces the portable path
-// (tests compare the two).
+// When the CPU has AVX2/FMA/F16C and head_dim % 16 == 0 (AVX-512: % 32), the vector path
+// (attend_simd.inc) computes the same thing organised for memory bandwidth, split among a
+// ThreadPool's workers when one is given; set_simd(false) forces the portable path
+// (tests compare the two), which stays single-threaded: it is the specification.
 #include "attend.hpp"
 
 #include <algorithm>
@@ -112,7 +113,7 @@ const char* simd_name() {
   return l == 2 ? "AVX-512" : l == 1 ? "AVX2/F16C" : "portable";
 }
 
-void attend(const AttendOp& op) {
+void attend(const AttendOp& op, ThreadPool* pool) {
   const PageLayout& L0 = op.layout[0];
   const uint32_t hd = L0.head_dim, kv_heads = L0.n_kv_heads, group = op.q_heads / kv_heads;
   const kvgc_dtype dt = L0.dtype;
@@ -161,10 +162,10 @@ void attend(const AttendOp& op) {
         }
       if (use512)
         avx512::all_heads(op, slots.data(), n, qf.data(), rows_padded * hd, R, row_pos.data(),
-                          logits.data(), acc.data(), m, inv_sum.data());
+                          logits.data(), acc.data(), m, inv_sum.data(), pool);
       else if (use256)
         avx2::all_heads(op, slots.data(), n, qf.data(), rows_padded * hd, R, row_pos.data(),
-                        logits.data(), acc.data(), m, inv_sum.data());
+                        logits.data(), acc.data(), m, inv_sum.data(), pool);
       else
         head_block(op, slots.data(), n, h0, qf.data(), R, row_pos.data(), logits.data(),
                    acc.data(), m, inv_sum.data());

@@ -5,7 +5,12 @@
 
 namespace kvgc::cpu {
 
-void attend(const AttendOp& op);
+class ThreadPool;
+
+// With a pool, the vector paths split the live slots among its workers (split-K; results
+// differ from one thread's only by summation order, and are deterministic for a given
+// worker count); null runs on the calling thread. The portable path is single-threaded.
+void attend(const AttendOp& op, ThreadPool* pool = nullptr);
 
 // The vector path (AVX2/FMA/F16C) is used when the CPU has it; tests switch it off to
 // check the portable path against it. Process-wide.

@@ -15,6 +15,8 @@
 
 #include "../../allocator/host_memory.hpp"
 
+#include "thread_pool.hpp"
+
 #define KVGC_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KVGC_SIMD KVGC_AVX2
 
@@ -146,6 +148,7 @@ bool available() {
 }
 
 #include "attend_simd.inc"
+#include "attend_simd_phases.inc"
 
 }  // namespace kvgc::cpu::avx2
 
@@ -153,6 +156,6 @@ bool available() {
 namespace kvgc::cpu::avx2 {
 bool available() { return false; }
 void all_heads(const AttendOp&, const LiveSlot*, size_t, const float*, size_t, uint32_t,
-               const int64_t*, float*, float*, float*, float*) {}
+               const int64_t*, float*, float*, float*, float*, ThreadPool*) {}
 }  // namespace kvgc::cpu::avx2
 #endif

@@ -19,6 +19,8 @@
 
 #include "../../allocator/host_memory.hpp"
 
+#include "thread_pool.hpp"
+
 #define KVGC_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define KVGC_SIMD KVGC_AVX512
 
@@ -181,6 +183,7 @@ bool available() {
 }
 
 #include "attend_simd.inc"
+#include "attend_simd_phases.inc"
 
 }  // namespace kvgc::cpu::avx512
 
@@ -188,6 +191,6 @@ bool available() {
 namespace kvgc::cpu::avx512 {
 bool available() { return false; }
 void all_heads(const AttendOp&, const LiveSlot*, size_t, const float*, size_t, uint32_t,
-               const int64_t*, float*, float*, float*, float*) {}
+               const int64_t*, float*, float*, float*, float*, ThreadPool*) {}
 }  // namespace kvgc::cpu::avx512
 #endif

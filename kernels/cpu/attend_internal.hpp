@@ -1,4 +1,5 @@
-// Shared between the portable (attend.cpp) and AVX2 (attend_avx2.cpp) attention paths.
+// Shared between the portable (attend.cpp) and vector (attend_avx2.cpp, attend_avx512.cpp)
+// attention paths.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,18 @@ struct LiveSlot {
   int32_t pos;
 };
 
+class ThreadPool;
+
+// Split-K over slots (attend_split.cpp): at most `max_workers` contiguous ranges of the
+// live slots, cut at page boundaries, balanced by slot count, none shorter than
+// split_min_slots() (so a short segment gets fewer workers, down to one). Range w is
+// [bounds[w], bounds[w + 1]); bounds holds max_workers + 1 entries. Returns the count.
+unsigned split_slots(const LiveSlot* slots, size_t n, unsigned max_workers, size_t* bounds);
+size_t split_min_slots();
+// Test hook (process-wide): lowers the minimum so small segments split too; 0 restores
+// the default.
+void set_split_min_slots(size_t n);
+
 namespace avx2 {
 bool available();
 // Every KV head for one block of R query rows per head (row r of head h: query r / group,
@@ -25,16 +38,17 @@ bool available();
 // padded with zero rows to a multiple of 8, q_head_stride = rows * hd; row_pos[r] is row
 // r's position. Leaves unnormalised outputs in acc ([H][R][hd]) and 1 / sum in inv_sum
 // ([H][R]); adds each slot's mass (all heads) to mass[j] if not null. logits: [H][n][R].
+// With a pool the slots are split among its workers (split_slots); null: this thread.
 void all_heads(const AttendOp& op, const LiveSlot* slots, size_t n, const float* q,
                size_t q_head_stride, uint32_t R, const int64_t* row_pos, float* logits,
-               float* acc, float* mass, float* inv_sum);
+               float* acc, float* mass, float* inv_sum, ThreadPool* pool);
 }  // namespace avx2
 
 namespace avx512 {  // the same contract, 16 lanes; head_dim % 32 == 0
 bool available();
 void all_heads(const AttendOp& op, const LiveSlot* slots, size_t n, const float* q,
                size_t q_head_stride, uint32_t R, const int64_t* row_pos, float* logits,
-               float* acc, float* mass, float* inv_sum);
+               float* acc, float* mass, float* inv_sum, ThreadPool* pool);
 }  // namespace avx512
 
 }  // namespace kvgc::cpu

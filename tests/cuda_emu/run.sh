@@ -50,6 +50,7 @@ cxx=(${CXX:-g++} -std=c++20 -O1 -g -I "$here/shim" -I c_api -I . -DKVGC_ASSERT_L
 srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/plan.cpp
       gc/compaction.cpp kernels/cpu/copy.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp
       kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp
+      kernels/cpu/attend_split.cpp kernels/cpu/thread_pool.cpp
       runtime/options.cpp runtime/model.cpp runtime/heap.cpp runtime/check.cpp
       runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/cpu_backend.cpp c_api/kvgc.cpp
       kernels/cuda/copy.emu.cpp kernels/cuda/gc.emu.cpp kernels/cuda/gc_select.emu.cpp

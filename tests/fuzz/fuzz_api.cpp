@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../../kernels/cpu/attend_internal.hpp"  // the split minimum, lowered below
 #include "kvgc.h"
 
 namespace {
@@ -37,6 +38,12 @@ void check(kvgc_heap* h) {
 
 }  // namespace
 
+// Fuzzed segments are short: let split-K attention (cpu_threads > 1) cut them anyway.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  kvgc::cpu::set_split_min_slots(4);
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Input in{data, size};
   kvgc_model_desc m;
@@ -63,6 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t noise_harvest = in.byte();  // one byte for both: the corpus keeps its layout
   o.score_noise = noise_harvest % 4 == 0 ? 0.1 : 0.0;
   o.harvest = noise_harvest & 4 ? KVGC_HARVEST_IMMEDIATE : KVGC_HARVEST_DEFERRED;
+  o.cpu_threads = 1 + (noise_harvest >> 3) % 3;  // split-K attention (bits 3-4: same layout)
   kvgc_heap* h = nullptr;
   if (kvgc_heap_create(&m, &o, &h) != KVGC_OK) return 0;
 

@@ -181,6 +181,9 @@ int main(int argc, char** argv) {
                  args.model.c_str());
     return 1;
   }
+  // Attention stays on one thread (the heap's default; KVGC_THREADS overrides): with
+  // OpenBLAS on both cores, a second attention thread made decode 6-11% slower on a
+  // 2-core machine (docs/PERF.md).
   openblas_set_num_threads(2);
 
   std::string err;

@@ -68,15 +68,6 @@ Reference reference(kvgc_heap* h, const kvgc_model_desc& m, kvgc_seq s, uint32_t
   return r;
 }
 
-double rel_err(const std::vector<double>& ref, const std::vector<float>& got) {
-  double e = 0, r = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    e += (ref[i] - got[i]) * (ref[i] - got[i]);
-    r += ref[i] * ref[i];
-  }
-  return r > 0 ? std::sqrt(e / r) : std::sqrt(e);
-}
-
 std::vector<float> scores(kvgc_heap* h, kvgc_seq s, uint32_t layer) {
   uint64_t n = 0;
   REQUIRE(kvgc_read_scores(h, s, layer, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);

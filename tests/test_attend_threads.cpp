@@ -16,8 +16,10 @@
 #include "../kernels/cpu/convert.hpp"
 #include "../kernels/cpu/quant.hpp"
 #include "../kernels/cpu/thread_pool.hpp"
+#include "util.hpp"
 
 using namespace kvgc;
+using kvgc_test::rel_err;
 
 namespace {
 
@@ -128,14 +130,6 @@ Result run(Segment& g, const std::vector<uint8_t>& q, uint32_t n_q, uint32_t q_h
   return r;
 }
 
-double rel(const std::vector<double>& ref, const std::vector<float>& got) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    e += (ref[i] - got[i]) * (ref[i] - got[i]);
-    n += ref[i] * ref[i];
-  }
-  return n > 0 ? std::sqrt(e / n) : std::sqrt(e);
-}
 std::vector<double> widen(const std::vector<float>& f) { return {f.begin(), f.end()}; }
 
 // Dense float64 attention over the live slots (the test_attend reference, on pages).
@@ -212,8 +206,8 @@ void check_shape(const Shape& s, std::mt19937& rng, bool with_reference) {
     CAPTURE(T);
     cpu::ThreadPool pool(T);
     const Result threaded = run(g, q, s.n_q, q_heads, q_pos0, &pool);
-    CHECK(rel(widen(one.out), threaded.out) <= tight);
-    CHECK(rel(widen(one.mass), threaded.mass) <= 1e-5);  // mass is f32 either way
+    CHECK(rel_err(widen(one.out), threaded.out) <= tight);
+    CHECK(rel_err(widen(one.mass), threaded.mass) <= 1e-5);  // mass is f32 either way
     CHECK(same_bits(run(g, q, s.n_q, q_heads, q_pos0, &pool), threaded));  // deterministic
     if (g.live / cpu::split_min_slots() < 2)  // too short to split: exactly one thread's
       CHECK(same_bits(threaded, one));
@@ -221,8 +215,8 @@ void check_shape(const Shape& s, std::mt19937& rng, bool with_reference) {
       std::vector<double> out64, mass64;
       reference64(g, q, s.n_q, q_heads, q_pos0, &out64, &mass64);
       const double bound = s.dtype == KVGC_DTYPE_F32 ? 1e-5 : 2e-3;
-      CHECK(rel(out64, threaded.out) <= bound);
-      CHECK(rel(mass64, threaded.mass) <= bound);
+      CHECK(rel_err(out64, threaded.out) <= bound);
+      CHECK(rel_err(mass64, threaded.mass) <= bound);
     }
   }
 }

@@ -14,6 +14,16 @@
 
 namespace kvgc_test {
 
+// Relative RMS error of `got` against the reference `ref` (absolute when ref is all 0).
+inline double rel_err(const std::vector<double>& ref, const std::vector<float>& got) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e += (ref[i] - got[i]) * (ref[i] - got[i]);
+    r += ref[i] * ref[i];
+  }
+  return r > 0 ? std::sqrt(e / r) : std::sqrt(e);
+}
+
 inline uint32_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;

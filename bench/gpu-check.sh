@@ -25,7 +25,8 @@ core_sources() {
        runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
        kernels/cuda/gc.cu kernels/cuda/gc_select.cu kernels/cuda/gc_decide.cu \
        runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp gc/plan.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \
-       kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp
+       kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp \
+       kernels/cpu/attend_split.cpp kernels/cpu/thread_pool.cpp
 }
 GPU_TESTS="kvgc-cuda-tests"
 GPU_BENCHES="kvgc-bench-cuda-copy kvgc-bench-cuda-attend kvgc-bench-cuda-gc"

@@ -32,6 +32,7 @@ KVGC_AVX2 inline VEC vbcast(const float* p) { return _mm256_broadcast_ss(p); }
 KVGC_AVX2 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c); }
 KVGC_AVX2 inline VEC vadd(VEC a, VEC b) { return _mm256_add_ps(a, b); }
 KVGC_AVX2 inline VEC vsub(VEC a, VEC b) { return _mm256_sub_ps(a, b); }
+KVGC_AVX2 inline VEC vmul(VEC a, VEC b) { return _mm256_mul_ps(a, b); }
 
 KVGC_AVX2 inline void vstore_first(float* p, VEC v, uint32_t n) {  // lanes [0, n)
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -105,6 +106,9 @@ KVGC_AVX2 inline __m256 vload_row(const uint8_t* row, const uint16_t* qp, uint32
           _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d))), 16));
     else
       return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  } else if constexpr (C == KVGC_CLASS_INT8 && int8_factored(D)) {
+    // The row's scale is applied per slot by the caller (attend_simd.inc).
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
   } else if constexpr (C == KVGC_CLASS_INT8) {
     // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
     const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d)));

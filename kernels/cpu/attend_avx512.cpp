@@ -36,6 +36,7 @@ KVGC_AVX512 inline VEC vbcast(const float* p) { return _mm512_set1_ps(*p); }
 KVGC_AVX512 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm512_fmadd_ps(a, b, c); }
 KVGC_AVX512 inline VEC vadd(VEC a, VEC b) { return _mm512_add_ps(a, b); }
 KVGC_AVX512 inline VEC vsub(VEC a, VEC b) { return _mm512_sub_ps(a, b); }
+KVGC_AVX512 inline VEC vmul(VEC a, VEC b) { return _mm512_mul_ps(a, b); }
 KVGC_AVX512 inline float vhsum(VEC v) { return _mm512_reduce_add_ps(v); }
 KVGC_AVX512 inline void vstore_first(float* p, VEC v, uint32_t n) {  // lanes [0, n)
   _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v);
@@ -104,6 +105,9 @@ KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_
           _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * d))), 16));
     else
       return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  } else if constexpr (C == KVGC_CLASS_INT8 && int8_factored(D)) {
+    // The row's scale is applied per slot by the caller (attend_simd.inc).
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
   } else if constexpr (C == KVGC_CLASS_INT8) {
     // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
     const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));

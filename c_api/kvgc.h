@@ -236,7 +236,7 @@ typedef struct kvgc_heap_options {
    * the token's mass (a chunk of n queries: recent_decay^n). The generational policy
    * ranks its intermediate tier by it and its long-term tier by the accumulated score;
    * 1 makes the two the same (H2O's). */
-  double recent_decay;           /* 1 */
+  double recent_decay;           /* 0.95 */
 } kvgc_heap_options;
 
 /* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads) and of 0.3 (no byte budget), still

@@ -42,7 +42,7 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.sinks == 4);
   CHECK(o.harvest == KVGC_HARVEST_DEFERRED);
   CHECK(o.cpu_threads == 1);
-  CHECK(o.recent_decay == 1.0);
+  CHECK(o.recent_decay == doctest::Approx(0.95));
   CHECK(o.byte_budget == 0);
   CHECK(o.byte_budget_fraction == 0);
   CHECK(option_docs().size() == 17);

@@ -168,10 +168,11 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "\"task\":\"ppl-stream\",\"id\":\"ppl-stream/%zu\",\"config\":%s,"
-                  "\"budget\":\"%s\",\"cache_tokens\":%llu,\"perplexity\":%.5f,"
+                  "\"budget\":\"%s\",\"fraction\":%.5f,\"cache_tokens\":%llu,\"perplexity\":%.5f,"
                   "\"nll_sum\":%.6f,\"scored\":%zu,\"kv_fraction\":%.5f",
                   tokens.size() - 1, json_string(config.name).c_str(),
                   is_full ? "none" : config.budget == Budget::Bytes ? "bytes" : "tokens",
+                  is_full ? 1.0 : double(out->cache_tokens[b]) / double(tokens.size() - 1),
                   is_full ? 0ull : (unsigned long long)out->cache_tokens[b], row->perplexity,
                   std::log(row->perplexity) * double(tokens.size() - 1), tokens.size() - 1,
                   row->held.fraction());
@@ -187,8 +188,8 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
   for (size_t b = 0; b < out->cache_tokens.size(); ++b) {
     std::printf("\ncache bounded to %llu tokens per layer (full cache: all %zu):\n",
                 (unsigned long long)out->cache_tokens[b], tokens.size() - 1);
-    std::printf("%-22s  %10s  %8s  %11s  %14s\n", "policy", "perplexity", "vs full",
-                "live tokens", "KV held");
+    std::printf("%-22s  %10s  %8s  %11s  %20s\n", "policy", "perplexity", "vs full",
+                "live tokens", "KV held (/ f16 full)");
     std::vector<const PerplexityRow*> rows = {&out->full};
     for (const PerplexityRow& r : out->bounded[b]) rows.push_back(&r);
     for (const PerplexityRow* r : rows) {

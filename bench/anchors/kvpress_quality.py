@@ -20,7 +20,12 @@ and masks the evicted entries, so its figure is its nominal share.
 """
 import os
 
-import anchor_common as ac
+# Quiet: no download or conversion progress bars in the run's log.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import anchor_common as ac  # noqa: E402
 
 PRESSES = ["streaming_llm", "snapkv", "observed_attention", "tova", "knorm", "keydiff",
            "expected_attention", "adakv_snapkv", "kvzip"]
@@ -54,7 +59,7 @@ def load_model(path, eager):
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32,
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32,
         attn_implementation="eager" if eager else "sdpa")
     model.eval()
     return model
@@ -68,7 +73,7 @@ def kept_fraction(cache, n):
     return sum(lens) / len(lens) / n
 
 
-def prefill(model, press, ids, tokenizer_free=True):
+def prefill(model, press, ids):
     """The prompt through the model under the press; (last logits, cache)."""
     import torch
     from transformers import DynamicCache
@@ -76,10 +81,10 @@ def prefill(model, press, ids, tokenizer_free=True):
     x = torch.tensor([ids])
     with torch.no_grad():
         if press is None:
-            out = model(input_ids=x, past_key_values=cache, use_cache=True)
+            out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
         else:
             with press(model):
-                out = model(input_ids=x, past_key_values=cache, use_cache=True)
+                out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1], cache
 
 
@@ -145,10 +150,16 @@ def main():
     tok = AutoTokenizer.from_pretrained(os.path.dirname(args.model),
                                         gguf_file=os.path.basename(args.model))
     DECODE = lambda ids: tok.decode(ids)  # noqa: E731
+    # KVzip reads the tokenizer (for the chat template) from model.config.name_or_path:
+    # the GGUF's, saved as tokenizer files.
+    import tempfile
+    tok_dir = tempfile.mkdtemp(prefix="kvgc-anchors-tok-")
+    tok.save_pretrained(tok_dir)
     configs = ([] if args.no_full else [("no_press", None)]) + \
         [(name, k) for name in presses for k in kept]
     for name, k in configs:
         model = model_for(name if k is not None else "")
+        model.config.name_or_path = tok_dir
         for t in tasks:
             timer = ac.Timer()
             ids = t["tokens"]

@@ -312,7 +312,7 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
         KvHeld h;
         Run& r = runs[i][c + 1][f];
         if (!engine.init(*bench.model, &options, e) ||
-            !replay(bench, snap, &engine, &offset, e) ||
+            !prefill_or_replay(bench, configs[c], snap, prefix, &engine, &offset, e) ||
             !kv_held(engine, bench.kv.n_layers, p.prefix, &h, e) ||
             !continuation_nll(bench, &engine, p, &r.nll, &r.scored, e))
           return false;

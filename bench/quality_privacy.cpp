@@ -73,7 +73,8 @@ bool run_privacy(const Bench& bench, PrivacyResult* out, std::string* err) {
       const kvgc_heap_options options = make_options(bench, c, out->fraction, n, max_tokens);
       engine::Engine engine;
       uint64_t offset = 0;
-      if (!engine.init(*bench.model, &options, e) || !replay(bench, snap, &engine, &offset, e))
+      if (!engine.init(*bench.model, &options, e) ||
+          !prefill_or_replay(bench, c, snap, prompt.tokens, &engine, &offset, e))
         return false;
       double adv_sum = 0;
       for (uint32_t l = 0; l < layers; ++l) {

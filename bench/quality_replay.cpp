@@ -229,6 +229,19 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
   return s == KVGC_EBUDGET || kvgc_ok(s, "kvgc_step", heap, err);
 }
 
+bool replayable(const Config& config) { return config.recent_decay == 1.0; }
+
+bool prefill_or_replay(const Bench& bench, const Config& config, const Snapshot& snap,
+                       const std::vector<int32_t>& prompt, engine::Engine* engine,
+                       uint64_t* offset, std::string* err) {
+  if (replayable(config)) return replay(bench, snap, engine, offset, err);
+  *offset = 0;
+  std::vector<float> logits(bench.model->config.n_vocab);
+  // The same prompt, so the same last logits as the snapshot's (computed before eviction).
+  return engine->prefill(prompt.data(), uint32_t(prompt.size()), logits.data(), err,
+                         engine::Engine::PrefillMode::Observe);
+}
+
 bool compare_replay(const Bench& bench, const engine::Engine& replayed, uint64_t offset,
                     const engine::Engine& fresh, bool demotes, bool* same, std::string* what,
                     std::string* err) {

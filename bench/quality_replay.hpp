@@ -52,6 +52,17 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
 // (bit for bit), the same bytes per storage class, and K within rounding of the shift
 // (quantization steps where the configuration demotes). *same false with *what saying
 // the first difference.
+// Whether a configuration's prefill can be replayed: kvgc_read_scores gives the accumulated
+// score only, so a configuration that also ranks by a recent-attention score (0.4's
+// recent_decay < 1) is prefilled afresh instead.
+bool replayable(const Config& config);
+
+// Brings `engine` (fresh) to the end of the prompt's observe prefill in the configuration's
+// heap: replay() when replayable, else a fresh prefill of `prompt`. *offset as replay's.
+bool prefill_or_replay(const Bench& bench, const Config& config, const Snapshot& snap,
+                       const std::vector<int32_t>& prompt, engine::Engine* engine,
+                       uint64_t* offset, std::string* err);
+
 bool compare_replay(const Bench& bench, const engine::Engine& replayed, uint64_t offset,
                     const engine::Engine& fresh, bool demotes, bool* same, std::string* what,
                     std::string* err);

@@ -181,7 +181,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
         KvHeld h;
         Outcome& o = outcomes[job.prompt][0][c + 1][f];
         if (!engine->init(*bench.model, &options, e) ||
-            !replay(bench, snap, engine.get(), &offset, e) ||
+            !prefill_or_replay(bench, config, snap, prompt.tokens, engine.get(), &offset, e) ||
             !kv_held(*engine, layers, n, &h, e))
           return false;
         if (bench.check_replay) {

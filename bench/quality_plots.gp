@@ -22,7 +22,7 @@ set style data linespoints
 do for [k = 1:words(parts)] {
   part = word(parts, k)
   if (part eq "perplexity") {
-    set terminal pngcairo size 1100,460 font "DejaVu Sans,10"
+    set terminal pngcairo size 1100,460 font "DejaVu Sans,10" noenhanced
     set output prefix."-ppl.png"
     set multiplot layout 1,2 \
         title "Streaming perplexity (".mode." mode): per 256-token window, relative to the full cache"
@@ -45,7 +45,7 @@ do for [k = 1:words(parts)] {
     unset output
     unset logscale y
   } else { if (part eq "privacy") {
-    set terminal pngcairo size 700,420 font "DejaVu Sans,10"
+    set terminal pngcairo size 700,420 font "DejaVu Sans,10" noenhanced
     set output prefix."-privacy.png"
     set title "Score noise: memory (passkey accuracy) vs privacy (attacker's advantage)"
     set xlabel "Laplace noise scale on ranking scores (0 plotted at 0.003)"
@@ -66,7 +66,7 @@ do for [k = 1:words(parts)] {
     if (system("test -f '".f."' && echo y") eq "y") {
       stats f nooutput
       nb = STATS_blocks
-      set terminal pngcairo size 1000,520 font "DejaVu Sans,10"
+      set terminal pngcairo size 1000,520 font "DejaVu Sans,10" noenhanced
       set output prefix."-pareto-".part.".png"
       is_ppl = strstrt(part, "ppl") > 0
       set title part." (".mode." mode): quality vs KV bytes"

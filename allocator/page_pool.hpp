@@ -16,7 +16,7 @@ struct PoolConfig {
   uintptr_t base = 0;              // arena start (real or fake), slab_bytes aligned
   size_t arena_bytes = 0;          // rounded down to whole slabs
   size_t slab_bytes = 0;
-  size_t page_bytes[kNumClasses] = {0, 0};
+  size_t page_bytes[kNumClasses] = {};
 };
 
 struct ClassCounts {
@@ -79,8 +79,8 @@ class PagePool {
   Arena arena_;
   SlabList partial_[kNumClasses];
   ClassCounts counts_[kNumClasses];
-  size_t page_bytes_[kNumClasses] = {0, 0};
-  uint32_t pages_per_slab_[kNumClasses] = {0, 0};
+  size_t page_bytes_[kNumClasses] = {};
+  uint32_t pages_per_slab_[kNumClasses] = {};
   uint32_t index_bits_ = 0, index_mask_ = 0;
   uint64_t slabs_acquired_ = 0, slabs_released_ = 0;
 };

@@ -41,6 +41,6 @@ constexpr PageId kNoPage = UINT32_MAX;
 // "free", its low bits then link the slab's free list (see slab.hpp).
 constexpr SegmentId kNoSegment = UINT32_MAX;
 constexpr SegmentId kMaxSegments = 0x7fffffffu;
-constexpr int kNumClasses = 2;  // KVGC_CLASS_COUNT, without pulling in the C header
+constexpr int kNumClasses = 3;  // KVGC_CLASS_COUNT, without pulling in the C header
 
 }  // namespace kvgc

@@ -50,6 +50,8 @@ constexpr size_t kSlabBytes = size_t(2) << 20;
 constexpr uintptr_t kFakeBase = uintptr_t(1) << 40;  // slab aligned, never dereferenced
 constexpr int kFp16Class = 0;
 constexpr int kInt4Class = 1;
+constexpr int kInt8Class = 2;  // unused by the benchmark, but every class needs a size
+constexpr size_t kInt8PageBytes = 2304;
 constexpr SegmentId kOwner = 7;
 constexpr double kAllocProbability = 0.73;  // RMM's random_allocations benchmark
 constexpr uint32_t kAllocOp = UINT32_MAX;   // in a random-ops sequence: allocate
@@ -139,6 +141,7 @@ class KvgcPool {
     cfg.slab_bytes = kSlabBytes;
     cfg.page_bytes[kFp16Class] = kPageBytes;
     cfg.page_bytes[kInt4Class] = kInt4PageBytes;
+    cfg.page_bytes[kInt8Class] = kInt8PageBytes;
     std::string err;
     if (!pool_.init(cfg, &err)) die("PagePool::init: " + err);
   }

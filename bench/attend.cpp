@@ -1,6 +1,6 @@
 // bench/attend: CPU decode attention (kernels/cpu/attend.cpp) against the memory-
 // bandwidth bound of the bytes it must read, measured side by side in one run; fp16
-// against int4 pages at the same live-token count; fused scores against none.
+// against int8 and int4 pages at the same live-token count; fused scores against none.
 //
 // Pages are built directly (the op's own input format) from random data: 8 KV heads, 32
 // query heads (GQA 4), head_dim 64 and 128, 4K and 32K live tokens, f16 model dtype,
@@ -48,7 +48,7 @@ constexpr uint32_t kKvHeads = 8, kQHeads = 32, kPageTokens = 16;
 // The pages live in one arena reserved by the CPU backend, as a heap's do (2 MiB
 // aligned, huge pages where the OS gives them), one after another.
 struct Segment {
-  PageLayout layout[2];
+  PageLayout layout[KVGC_CLASS_COUNT];
   std::unique_ptr<Backend> backend = make_cpu_backend();
   void* arena = nullptr;
   std::vector<SegPage> seg;
@@ -60,7 +60,7 @@ struct Segment {
 
 // `tokens` live tokens in pages of class `cls`, from random f16 data.
 void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cls, std::mt19937& rng) {
-  for (int c = 0; c < 2; ++c)
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     s.layout[c] = PageLayout::make(kPageTokens, kKvHeads, head_dim, KVGC_DTYPE_F16, kvgc_storage_class(c));
   const PageLayout& L = s.layout[cls];
   std::normal_distribution<float> gauss(0.f, 1.f);
@@ -78,16 +78,9 @@ void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cl
       reinterpret_cast<int32_t*>(page + L.pos_off)[slot] = int32_t(t + slot);
       page[L.gen_off + slot] = kGenIntermediate;
       for (uint32_t h = 0; h < kKvHeads; ++h)
-        for (size_t off : {L.k_off, L.v_off}) {
+        for (bool v : {false, true}) {
           for (uint32_t d = 0; d < head_dim; ++d) cpu::store(&row[2 * d], KVGC_DTYPE_F16, gauss(rng));
-          uint8_t* dst = page + off + h * L.head_stride + slot * L.slot_stride;
-          if (cls == KVGC_CLASS_FP16) {
-            std::memcpy(dst, row.data(), row.size());
-          } else {
-            const size_t qoff = off == L.k_off ? L.kq_off : L.vq_off;
-            auto* qp = reinterpret_cast<uint16_t*>(page + qoff) + (size_t(h) * kPageTokens + slot) * (head_dim / L.group) * 2;
-            cpu::quantize_row(row.data(), KVGC_DTYPE_F16, head_dim, dst, qp);
-          }
+          cpu::store_row(L, page, h, slot, v, row.data());  // quantised for INT8 and INT4
         }
     }
     s.seg.push_back({page, uint32_t(cls), s.live});
@@ -97,8 +90,7 @@ void build(Segment& s, uint32_t head_dim, uint32_t tokens, kvgc_storage_class cl
 
 // A copy of `src`'s pages in an arena of its own (another layer with the same tokens).
 void replicate(const Segment& src, Segment& dst) {
-  dst.layout[0] = src.layout[0];
-  dst.layout[1] = src.layout[1];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) dst.layout[c] = src.layout[c];
   const size_t bytes = src.seg.size() * src.layout[src.seg.empty() ? 0 : src.seg[0].cls].bytes;
   if (!dst.backend->reserve(bytes, &dst.arena).ok()) {
     std::fprintf(stderr, "kvgc-bench-attend: cannot reserve %zu bytes\n", bytes);
@@ -112,7 +104,7 @@ void replicate(const Segment& src, Segment& dst) {
 }
 
 AttendOp decode_op(const Segment& s, bool scores, const std::vector<uint16_t>& q, std::vector<uint16_t>& out) {
-  return AttendOp{{s.layout[0], s.layout[1]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
+  return AttendOp{{s.layout[0], s.layout[1], s.layout[2]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
                   kQHeads, int64_t(s.live) - 1, 0.125f, out.data(), scores};
 }
 
@@ -221,15 +213,16 @@ int main(int argc, char** argv) {
     std::printf("FMA rate: %.2f %d-lane FMAs/ns (%.1f GFLOP/s fp32)\n\n", fma_per_ns, lanes,
                 fma_per_ns * lanes * 2);
   // floor = the larger of the bandwidth bound and the FMA time.
-  std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | FMA ms | fp16/bound | fp16/floor | int4 ms | int4/floor | fp16/int4 | scores/no-scores |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| head_dim | live | read GB/s | fp16 ms | bound ms | FMA ms | fp16/bound | fp16/floor | int8 ms | fp16/int8 | int4 ms | int4/floor | fp16/int4 | scores/no-scores |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   ResultLine result;
   std::string step_table;  // the decode-step rows, printed after the in-cache table
   const size_t cold_bytes = 8 * l3_bytes();
   for (uint32_t hd : {64u, 128u}) {
     for (uint32_t live : quick ? std::vector<uint32_t>{4096} : std::vector<uint32_t>{4096, 32768}) {
-      Segment f, i4;
+      Segment f, i8, i4;
       build(f, hd, live, KVGC_CLASS_FP16, rng);
+      build(i8, hd, live, KVGC_CLASS_INT8, rng);
       build(i4, hd, live, KVGC_CLASS_INT4, rng);
       std::vector<uint16_t> q(kQHeads * hd), out(q.size());
       std::normal_distribution<float> gauss(0.f, 1.f);
@@ -239,44 +232,50 @@ int main(int argc, char** argv) {
       const double bound_ns = bytes / gbps;
       const double t16 = attend_ns(f, true, q, out, reps);
       const double t16_plain = attend_ns(f, false, q, out, reps);
+      const double t8 = attend_ns(i8, true, q, out, reps);
       const double t4 = attend_ns(i4, true, q, out, reps);
       // K.q and p.V: every live slot, KV head, query row (GQA group) and dim, once each.
       const double fmas = 2.0 * live * kKvHeads * (kQHeads / kKvHeads) * hd / std::max(lanes, 1);
       const double fma_ns = fma_per_ns > 0 ? fmas / fma_per_ns : 0.0;
       const double floor_ns = std::max(bound_ns, fma_ns);
-      std::printf("| %u | %u | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n",
+      std::printf("| %u | %u | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n",
                   hd, live, gbps, t16 / 1e6, bound_ns / 1e6, fma_ns / 1e6, t16 / bound_ns,
-                  t16 / floor_ns, t4 / 1e6, t4 / floor_ns, t16 / t4, t16 / t16_plain);
+                  t16 / floor_ns, t8 / 1e6, t16 / t8, t4 / 1e6, t4 / floor_ns, t16 / t4, t16 / t16_plain);
       std::fflush(stdout);
       const std::string k = "hd" + std::to_string(hd) + "_" + std::to_string(live / 1024) + "k";
       result.add("vs_bound_" + k, t16 / bound_ns);
       result.add("vs_floor_" + k, t16 / floor_ns);
+      result.add("int8_speedup_" + k, t16 / t8);
       result.add("int4_speedup_" + k, t16 / t4);
       result.add("score_overhead_" + k, t16 / t16_plain, 3);
 
       // Decode step: enough layers that each one's pages leave the caches before its turn.
       const size_t layer_bytes = f.seg.size() * f.layout[0].bytes;
       const size_t n_layers = std::clamp<size_t>((cold_bytes + layer_bytes - 1) / layer_bytes, 1, 32);
-      std::vector<Segment> layers16(n_layers), layers4(n_layers);
+      std::vector<Segment> layers16(n_layers), layers8(n_layers), layers4(n_layers);
       for (size_t l = 0; l < n_layers; ++l) {
         replicate(f, layers16[l]);
+        replicate(i8, layers8[l]);
         replicate(i4, layers4[l]);
       }
       const double step_gbps = read_gbps(size_t(bytes) * n_layers, quick ? 1 : 3);
       const double step_bound_ns = bytes / step_gbps;
       const double s16 = step_ns(layers16, q, out, quick ? 1 : 5);
+      const double s8 = step_ns(layers8, q, out, quick ? 1 : 5);
       const double s4 = step_ns(layers4, q, out, quick ? 1 : 5);
       char row[256];
-      std::snprintf(row, sizeof row, "| %u | %u | %zu | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", hd, live,
-                    n_layers, step_gbps, s16 / 1e6, step_bound_ns / 1e6, s16 / step_bound_ns, s4 / 1e6, s16 / s4);
+      std::snprintf(row, sizeof row, "| %u | %u | %zu | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", hd, live,
+                    n_layers, step_gbps, s16 / 1e6, step_bound_ns / 1e6, s16 / step_bound_ns, s8 / 1e6, s16 / s8,
+                    s4 / 1e6, s16 / s4);
       step_table += row;
       result.add("step_vs_bound_" + k, s16 / step_bound_ns);
+      result.add("step_int8_speedup_" + k, s16 / s8);
       result.add("step_int4_speedup_" + k, s16 / s4);
     }
   }
   std::printf("\nDecode step: one layer's attention while every layer is attended in turn (per layer)\n\n");
-  std::printf("| head_dim | live | layers | read GB/s | fp16 ms | bound ms | fp16/bound | int4 ms | fp16/int4 |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n%s", step_table.c_str());
+  std::printf("| head_dim | live | layers | read GB/s | fp16 ms | bound ms | fp16/bound | int8 ms | fp16/int8 | int4 ms | fp16/int4 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n%s", step_table.c_str());
   result.print();
   return 0;
 }

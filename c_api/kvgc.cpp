@@ -56,6 +56,11 @@ Status check_heap(const kvgc_heap* h, const char* fn) {
   return Status::Ok();
 }
 
+// The sizes of kvgc_heap_options that earlier versions compiled against.
+bool older_options_size(size_t size) {
+  return size == KVGC_HEAP_OPTIONS_0_2_SIZE || size == KVGC_HEAP_OPTIONS_0_3_SIZE;
+}
+
 // Structs that only grow: the caller's struct_size must name a size this library knows.
 Status check_struct_size(size_t given, size_t ours, const char* what) {
   if (given == ours) return Status::Ok();
@@ -172,8 +177,8 @@ kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_optio
     kvgc_heap_options o;
     kvgc::options_defaults(&o);
     if (opts) {
-      // 0.2 callers (a smaller struct) keep the defaults of the fields they lack.
-      if (opts->struct_size != KVGC_HEAP_OPTIONS_0_2_SIZE)
+      // 0.2 and 0.3 callers (a smaller struct) keep the defaults of the fields they lack.
+      if (!older_options_size(opts->struct_size))
         KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "kvgc_heap_create: opts"));
       std::memcpy(&o, opts, opts->struct_size);
       o.struct_size = sizeof o;
@@ -200,7 +205,7 @@ kvgc_status kvgc_heap_get_options(const kvgc_heap* heap, kvgc_heap_options* out)
                    [&](kvgc::ManagedHeap& h) -> Status {
                      if (!out) return fail(KVGC_EINVAL, "kvgc_heap_get_options: out is NULL");
                      const size_t size = out->struct_size;
-                     if (size != KVGC_HEAP_OPTIONS_0_2_SIZE)
+                     if (!older_options_size(size))
                        KVGC_TRY(check_struct_size(size, sizeof *out,
                                                   "kvgc_heap_get_options: out"));
                      kvgc_heap_options full = h.options();
@@ -285,6 +290,14 @@ kvgc_status kvgc_step(kvgc_heap* heap, kvgc_seq seq, void* stream) {
                    Mutates::Yes);
 }
 
+kvgc_status kvgc_read_classes(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, uint8_t* cls_out,
+                              uint64_t capacity, uint64_t* n_out, void* stream) {
+  return with_heap(heap, "kvgc_read_classes", [&](kvgc::ManagedHeap& h) -> Status {
+    if (!n_out) return fail(KVGC_EINVAL, "kvgc_read_classes: n_out is NULL");
+    return h.read_classes(seq, layer, cls_out, capacity, n_out, stream);
+  });
+}
+
 kvgc_status kvgc_read_scores(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, float* scores_out,
                              uint8_t* gen_out, uint64_t capacity, uint64_t* n_out,
                              void* stream) {
@@ -325,9 +338,9 @@ kvgc_status kvgc_attend(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const voi
 kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
   return with_heap(heap, "kvgc_get_stats", [&](kvgc::ManagedHeap& h) -> Status {
     if (!out) return fail(KVGC_EINVAL, "kvgc_get_stats: out is NULL");
-    // Version 1 callers (a smaller struct) get the fields they know.
+    // Version 1 and 2 callers (a smaller struct) get the fields they know.
     const size_t size = out->struct_size;
-    if (size != KVGC_STATS_V1_SIZE)
+    if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE)
       KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
     kvgc_stats full;
     KVGC_TRY(h.stats(&full));

@@ -6,7 +6,8 @@
  *   arena     the single reservation of device (or host) memory, sized by the budget.
  *   slab      a fixed-size chunk of the arena carved into pages of one storage class.
  *   page      `page_tokens` token slots of one segment, for all KV heads of its layer.
- *   class     how a slot's K/V are stored: FP16 (the model dtype) or INT4.
+ *   class     how a slot's K/V are stored: FP16 (the model dtype), INT8 or INT4; a
+ *             ladder by rank (FP16 > INT8 > INT4 > evicted), kept monotone by the GC.
  *   sequence  one request's cache; belongs to a tenant.
  *   segment   the cache of one (sequence, layer): an ordered page table of slots.
  *   slot      one token's place in a page: live bit, score, position, generation.
@@ -51,13 +52,13 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 3
+#define KVGC_VERSION_MINOR 4
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.3.0"
+#define KVGC_VERSION_STRING "0.4.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
-/* The library's version string ("0.3.0"); equals KVGC_VERSION_STRING of its build. */
+/* The library's version string ("0.4.0"); equals KVGC_VERSION_STRING of its build. */
 KVGC_API const char* kvgc_version(void);
 /* The library's KVGC_VERSION_NUMBER, to compare against the header's at run time. */
 KVGC_API int kvgc_version_number(void);
@@ -90,12 +91,18 @@ typedef enum kvgc_device {
   KVGC_DEVICE_CUDA = 2
 } kvgc_device;
 
-/* Storage classes. FP16 stores K/V in the model dtype (f16, bf16, or f32 for f32
- * models); INT4 stores packed nibbles with a per-slot, per-head scale and zero. */
+/* Storage classes, a ladder by rank: FP16 > INT8 > INT4 > evicted. FP16 stores K/V in
+ * the model dtype (f16, bf16, or f32 for f32 models); INT8 one signed byte per element
+ * with a symmetric scale per slot and head (added in 0.4); INT4 packed nibbles with a
+ * scale and zero per group of 32 elements (or the whole head) per slot and head.
+ * New tokens are always stored FP16; demotion (kvgc_demote) moves them down the ladder.
+ * Read order (kvgc_read, kvgc_observe) is a segment's FP16 pages, then INT4, then INT8
+ * (the enum's order), live slots in slot order. */
 typedef enum kvgc_storage_class {
   KVGC_CLASS_FP16 = 0,
   KVGC_CLASS_INT4 = 1,
-  KVGC_CLASS_COUNT = 2
+  KVGC_CLASS_INT8 = 2,
+  KVGC_CLASS_COUNT = 3
 } kvgc_storage_class;
 
 /* Eviction policies: one GC mechanism with different priority keys (DESIGN.md). */
@@ -107,9 +114,17 @@ typedef enum kvgc_policy {
   KVGC_POLICY_RANDOM = 4
 } kvgc_policy;
 
+/* The rungs of the storage ladder a GC may demote to before it evicts (KVGC_DEMOTE).
+ * A collection ranks its candidates by the policy's key and gives every one the class its
+ * rank earns: the top stay FP16, the next are stored INT8, then INT4, the lowest are
+ * evicted, so that no token in a cheaper class outranks one in a dearer class after the
+ * decision (monotone; docs/ARCHITECTURE.md gives the rule that sets the bands). A class
+ * that would save too little for the model's head_dim is dropped (KVGC_VERBOSE says so). */
 typedef enum kvgc_demote {
   KVGC_DEMOTE_OFF = 0,
-  KVGC_DEMOTE_INT4 = 1
+  KVGC_DEMOTE_INT4 = 1,   /* FP16 -> INT4 -> evicted */
+  KVGC_DEMOTE_INT8 = 2,   /* FP16 -> INT8 -> evicted (added in 0.4) */
+  KVGC_DEMOTE_LADDER = 3  /* FP16 -> INT8 -> INT4 -> evicted (added in 0.4) */
 } kvgc_demote;
 
 /* When the host applies a GC's page-level results (live counts per page; kvgc_step).
@@ -203,11 +218,31 @@ typedef struct kvgc_heap_options {
    * usually own their cores (and their BLAS threads), and oversubscription hurts.
    * Accepted and ignored by the CUDA backend. */
   uint32_t cpu_threads;
+  /* Added in 0.4. A byte budget per segment, against which every storage class counts
+   * what its pages really hold: the whole pages a segment keeps, slot metadata and the
+   * partly filled tail page of each class included (KVGC_BYTE_BUDGET=64K|0.1|10%).
+   * byte_budget: bytes, absolute. byte_budget_fraction: a fraction of the full cache's
+   * raw K/V payload in the model dtype for the sequence's length (tokens x n_kv_heads x
+   * head_dim x 2 x dtype bytes), which is what an engine keeping every token holds. Split
+   * across layers as the token budget is (layer_budget). With both a token and a byte
+   * budget, the tighter one rules. A collection meets it exactly: after the results of a
+   * kvgc_step are applied (the next step with KVGC_HARVEST=deferred, the same step with
+   * immediate) each segment holds at most its byte budget of pages, plus what was
+   * appended since, unless its protected tokens alone need more (KVGC_EBUDGET). */
+  uint64_t byte_budget;          /* 0: none */
+  double byte_budget_fraction;   /* 0: none */
+  /* Added in 0.4: the per-query decay of every token's recent-attention score, in (0, 1]
+   * (KVGC_RECENT_DECAY). Each scoring query multiplies it by recent_decay before adding
+   * the token's mass (a chunk of n queries: recent_decay^n). The generational policy
+   * ranks its intermediate tier by it and its long-term tier by the accumulated score;
+   * 1 makes the two the same (H2O's). */
+  double recent_decay;           /* 1 */
 } kvgc_heap_options;
 
-/* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads), still accepted by kvgc_heap_create
- * and kvgc_heap_get_options. */
+/* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads) and of 0.3 (no byte budget), still
+ * accepted by kvgc_heap_create and kvgc_heap_get_options. */
 #define KVGC_HEAP_OPTIONS_0_2_SIZE (offsetof(kvgc_heap_options, cpu_threads))
+#define KVGC_HEAP_OPTIONS_0_3_SIZE (offsetof(kvgc_heap_options, byte_budget))
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
 KVGC_API kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts);
@@ -345,8 +380,16 @@ KVGC_API kvgc_status kvgc_read_scores(kvgc_heap* heap, kvgc_seq seq, uint32_t la
                                       float* scores_out, uint8_t* gen_out, uint64_t capacity,
                                       uint64_t* n_out, void* stream);
 
+/* Each live token's storage class (uint8, kvgc_storage_class) of segment (seq, layer), in
+ * kvgc_read order, on the heap's device; capacity and *n_out as for kvgc_read. What the
+ * storage ladder decided, for engines and researchers that compare policies. On CUDA it
+ * synchronises `stream` (a research and test tool, not for the decode path). Added in 0.4. */
+KVGC_API kvgc_status kvgc_read_classes(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
+                                       uint8_t* cls_out, uint64_t capacity, uint64_t* n_out,
+                                       void* stream);
+
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 2
+#define KVGC_STATS_VERSION 3
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -367,7 +410,7 @@ typedef struct kvgc_stats {
   uint64_t slabs_total;
   uint64_t slabs_free;     /* in the arena, owned by no class */
   uint64_t free_bytes;     /* free slabs + free pages, all classes */
-  kvgc_class_stats cls[KVGC_CLASS_COUNT];
+  kvgc_class_stats cls[2]; /* KVGC_CLASS_FP16, KVGC_CLASS_INT4 (INT8: cls_int8 below) */
   uint64_t sequences;
   uint64_t segments;       /* segments holding at least one page */
   uint64_t live_tokens;    /* all segments */
@@ -391,7 +434,7 @@ typedef struct kvgc_stats {
   uint64_t major_gcs;      /* generational */
   uint64_t tokens_ranked;  /* candidates ranked, summed over collections */
   uint64_t tokens_evicted;
-  uint64_t tokens_demoted; /* fp16 -> int4 */
+  uint64_t tokens_demoted; /* moved down the storage ladder (any rung) */
   uint64_t tokens_promoted;/* intermediate -> long-term */
   uint64_t tokens_tenured; /* young -> intermediate */
   uint64_t compactions;
@@ -400,10 +443,14 @@ typedef struct kvgc_stats {
   uint64_t ebudget;        /* segments left over budget (KVGC_EBUDGET) */
   uint64_t attends;        /* kvgc_attend calls */
   uint64_t scratch_bytes;  /* of arena_bytes, kept for device attention and GC (CPU: 0) */
+  /* version 3 (0.4): the INT8 class, and demotions per destination class */
+  kvgc_class_stats cls_int8;
+  uint64_t tokens_demoted_to[KVGC_CLASS_COUNT]; /* [FP16] is always 0 */
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of version 1, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 and 2, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
+#define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

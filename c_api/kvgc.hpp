@@ -117,6 +117,13 @@ class Sequence {
     check(kvgc_read(heap_, id_, layer, k_out, v_out, pos_out, capacity, &n, stream), heap_);
     return n;
   }
+  // Each live token's storage class (kvgc_storage_class) in read order; returns the count.
+  uint64_t read_classes(uint32_t layer, uint8_t* cls_out, uint64_t capacity,
+                        void* stream = nullptr) {
+    uint64_t n = 0;
+    check(kvgc_read_classes(heap_, id_, layer, cls_out, capacity, &n, stream), heap_);
+    return n;
+  }
   uint64_t live(uint32_t layer) {
     uint64_t live = 0;
     check(kvgc_seq_tokens(heap_, id_, layer, &live, nullptr), heap_);

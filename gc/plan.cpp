@@ -7,8 +7,10 @@
 
 namespace kvgc {
 
-double segment_cost(const PolicyParams& p, const SegmentView& s) {
-  return double(s.live_fp16) + p.int4_cost * double(s.live_int4);
+uint64_t segment_cost(const PolicyParams& p, const SegmentView& s) {
+  uint64_t cost = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cost += s.live[c] * p.unit_cost[c];
+  return cost;
 }
 
 uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s) {
@@ -28,14 +30,13 @@ GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
   if (p.policy == KVGC_POLICY_FULL) return g;
   // Tokens leave the young window once `window` newer tokens exist (sinks never do).
   const int64_t window_start = int64_t(s.length) - int64_t(p.window);
-  const double cost = segment_cost(p, s);
-  const double over = s.budget == kNoBudget ? 0.0 : cost - double(s.budget);
+  const uint64_t cost = segment_cost(p, s);
+  const uint64_t over = s.budget == kNoBudget || cost <= s.budget ? 0 : cost - s.budget;
   g.tenure_before = std::max<int64_t>(window_start, 0);
-  g.demote = p.demote;
 
   if (p.policy != KVGC_POLICY_GENERATIONAL) {
     // Flat policies rank every unprotected token, at every step that is over budget.
-    if (over <= 0) return g;
+    if (over == 0 && !s.bytes_over) return g;
     g.run = true;
     g.candidates = gen_bit(kGenIntermediate) | gen_bit(kGenLongTerm);
     g.key = p.policy == KVGC_POLICY_STREAMING ? KeyKind::Position
@@ -48,10 +49,12 @@ GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
   // Generational: a minor GC per page of new tokens; nothing in between.
   if (s.since_minor < p.page_tokens) return g;
   g.run = true;
-  g.key = KeyKind::Score;
+  g.key = p.recent ? KeyKind::Recent : KeyKind::Score;
   g.age_intermediate = true;
-  g.reclaim = std::max(over, 0.0);
-  const uint64_t budget = s.budget == kNoBudget ? UINT64_MAX / 2 : s.budget;
+  g.reclaim = over;
+  // The tiers are sized in fp16 tokens: the budget's worth of them.
+  const uint64_t budget =
+      s.budget == kNoBudget ? UINT64_MAX / 2 : s.budget / p.unit_cost[KVGC_CLASS_FP16];
   const uint64_t protect = uint64_t(p.sinks) + p.window;
   const uint64_t lt_cap =
       budget > protect + intermediate_target(p, budget)
@@ -60,13 +63,17 @@ GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
   // Tokens about to leave the window join the intermediate tier before it is ranked.
   const uint64_t leaving =
       window_start > 0 ? std::min<uint64_t>(s.tier[kGenYoung], uint64_t(window_start)) : 0;
-  const double intermediate_after = double(s.tier[kGenIntermediate] + leaving);
+  // At most what evicting every one of them would give back (as if all were fp16).
+  const uint64_t intermediate_after =
+      (s.tier[kGenIntermediate] + leaving) * p.unit_cost[KVGC_CLASS_FP16];
   // Major GC: the minor cannot give back enough from the intermediate tier alone, or
-  // long-term is full while heavy hitters wait (rate-limited).
+  // long-term is full while heavy hitters wait (rate-limited). A major GC ranks both
+  // tiers by the accumulated score: long-term holds the pillars.
   const bool shortfall = g.reclaim > intermediate_after;
   const bool refresh = s.promote_blocked && s.minors_since_major + 1 >= kMajorEveryMinors;
   if (s.budget != kNoBudget && (shortfall || refresh)) {
     g.major = true;
+    g.key = KeyKind::Score;
     g.candidates = gen_bit(kGenIntermediate) | gen_bit(kGenLongTerm);
     g.retier = true;
     g.retier_top = lt_cap;

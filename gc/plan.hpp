@@ -12,8 +12,11 @@
 //                 promotes its stable heavy hitters to long-term, evicts its lowest;
 //                 a major GC ranks long-term too, only when a minor GC cannot meet the
 //                 budget or long-term is full while heavy hitters wait for promotion.
-// Budgets are in fp16-token units: with int4 demotion an int4 token costs its byte
-// share (int4 page bytes / fp16 page bytes), so demotion keeps more tokens per byte.
+// Budgets are in units of page bytes per slot x page_tokens (a token of class c costs
+// unit_cost[c], its class's page bytes): integers, so every sum is exact on any executor.
+// A token budget of T tokens is T x unit_cost[FP16]; a byte budget of B bytes is
+// B x page_tokens. Demoted tokens cost their class's share, so demotion keeps more
+// tokens per byte.
 #pragma once
 
 #include <cstdint>
@@ -26,26 +29,25 @@ namespace kvgc {
 constexpr uint64_t kNoBudget = UINT64_MAX;
 constexpr uint8_t kPromoteAge = 2;        // minor GCs survived before promotion
 constexpr uint32_t kMajorEveryMinors = 8;  // at most one promotion-driven major GC per 8 minors
-constexpr double kDemoteRatio = 0.5;      // demote (not evict) victims scoring >= 0.5 x mean
-constexpr double kMaxInt4Cost = 0.75;     // demotion only when an int4 token saves >= 25%
 
 struct PolicyParams {
   kvgc_policy policy = KVGC_POLICY_GENERATIONAL;
   uint32_t sinks = 4, window = 64, page_tokens = 16;
-  bool demote = false;
-  double int4_cost = 0.3;  // an int4 token's cost in fp16-token units
+  uint64_t unit_cost[KVGC_CLASS_COUNT] = {1, 1, 1};  // page bytes per class
+  bool recent = false;  // generational: the intermediate tier is ranked by recent score
 };
 
 // What the host knows about a segment: exact, because the previous GC's results are
 // applied before planning (runtime/harvest.cpp).
 struct SegmentView {
   uint64_t length = 0;               // tokens appended so far (next position)
-  uint64_t live_fp16 = 0, live_int4 = 0;
+  uint64_t live[KVGC_CLASS_COUNT] = {0, 0, 0};
   uint64_t tier[4] = {0, 0, 0, 0};   // live tokens per SlotGen
   uint32_t since_minor = 0;          // tokens appended since the last minor GC
   uint32_t minors_since_major = 0;
   bool promote_blocked = false;      // the last minor GC had heavy hitters but no room
-  uint64_t budget = kNoBudget;       // this segment's budget, fp16-token units
+  uint64_t budget = kNoBudget;       // this segment's budget, units (see above)
+  bool bytes_over = false;           // its pages, once compacted, exceed its byte budget
 };
 
 struct GcPlan {
@@ -54,15 +56,14 @@ struct GcPlan {
   int64_t tenure_before = -1;        // young slots with position < this leave the window
   uint8_t candidates = 0;            // gen_bit mask of the tiers ranked
   KeyKind key = KeyKind::Score;
-  double reclaim = 0;                // fp16-token units to give back
+  uint64_t reclaim = 0;              // units to give back
   uint32_t promote = 0;              // intermediate -> long-term, top-ranked, age >= kPromoteAge
   uint64_t retier_top = 0;           // major GC: keep the top this many as long-term
   bool retier = false;
   bool age_intermediate = false;     // survivors of the intermediate tier age by one
-  bool demote = false;               // victims above the threshold go to int4
 };
 
-double segment_cost(const PolicyParams& p, const SegmentView& s);
+uint64_t segment_cost(const PolicyParams& p, const SegmentView& s);
 // Tokens no policy may evict: the sinks and the young window.
 uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s);
 // The intermediate tier's share of a generational budget: what long-term leaves free.

@@ -52,25 +52,35 @@ struct GatherOp {
   uint8_t* gen_out = nullptr;    // [rows] generation (SlotGen), or null
 };
 
-// Adds mass[row] to the score of the slot at each read-order row. On a device it is
-// enqueued on the engine's stream and never synchronises.
+// Adds mass[row] to the score of the slot at each read-order row, and to its recent
+// score after multiplying that by `decay`. On a device it is enqueued on the engine's
+// stream and never synchronises.
 struct ObserveOp {
   PageLayout layout[KVGC_CLASS_COUNT];
   const SegPage* pages;
   uint32_t n_pages;
   const float* mass;  // [live rows], heap's device
+  float decay = 1.0f; // recent = recent * decay + mass
 };
 
-// The ranking key of a policy: accumulated score (h2o, generational), position (oldest
-// first: streaming), or a seeded hash of the position (random).
-enum class KeyKind : uint8_t { Score, Position, Random };
+// The ranking key of a policy: accumulated score (h2o, generational's long-term tier),
+// recent score (generational's intermediate tier), position (oldest first: streaming),
+// or a seeded hash of the position (random).
+enum class KeyKind : uint8_t { Score, Position, Random, Recent };
+constexpr bool key_is_score(KeyKind k) { return k == KeyKind::Score || k == KeyKind::Recent; }
 
 // The GC's one data-plane decision: over a segment's pages, tenure tokens leaving the
-// young window, rank the candidate tiers by key (+ Laplace noise), give back `reclaim`
-// fp16-token units from the lowest-ranked (evict, or demote to int4 when the victim
-// scores at least demote_ratio x the candidates' mean and a destination slot is left),
-// promote top-ranked stable intermediate tokens, re-split tiers on a major GC, age the
-// intermediate survivors. Reports page-granular results only.
+// young window, rank the candidate tiers by key (+ Laplace noise), give every candidate
+// its rung of the storage ladder (gc/ladder.hpp: the rungs taken in increasing order of
+// weight x slope until `reclaim` units are given back), keep the ladder monotone (no
+// candidate in a cheaper class outranks one in a dearer class; capacity of the
+// destination slots respected), evict the lowest-ranked further while the pages left
+// after compaction would exceed budget_bytes, promote top-ranked stable intermediate
+// tokens, re-split tiers on a major GC, age the intermediate survivors. Reports
+// page-granular results only.
+//
+// Units: a token of class c costs unit_cost[c] (its page bytes: page_tokens tokens of a
+// page cost page_tokens x a token's bytes, so costs stay integers and sums exact).
 //
 // Streams: page_live and result are host memory the device may write asynchronously
 // (Backend::result_alloc). The CPU executor fills them before returning; the CUDA
@@ -79,9 +89,10 @@ enum class KeyKind : uint8_t { Score, Position, Random };
 struct SelectResult {
   uint64_t ranked = 0, tenured = 0, evicted = 0, demoted = 0, promoted = 0;
   uint64_t promote_eligible = 0;        // intermediate tokens old enough, not promoted
-  double reclaimed = 0;                 // fp16-token units given back
+  uint64_t reclaimed = 0;               // units given back (evictions and demotions)
+  uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};  // destination slots filled, per class
   uint64_t tier[4] = {0, 0, 0, 0};      // live tokens per generation after the op
-  uint64_t live[KVGC_CLASS_COUNT] = {0, 0};
+  uint64_t live[KVGC_CLASS_COUNT] = {0, 0, 0};
 };
 
 struct SelectOp {
@@ -93,12 +104,18 @@ struct SelectOp {
   KeyKind key;
   double noise;               // Laplace scale on score keys (0 = off)
   uint64_t seed, segment_salt, epoch;  // random keys: (seed, salt); noise: + epoch
-  double reclaim;             // fp16-token units to give back
-  double int4_cost;           // an int4 token's cost in those units
-  double demote_ratio;        // < 0: no demotion
-  const AppendRun* demote_dst;  // INT4 slots to fill, in order; a run from slot 0 is a
-                                // fresh page whose live mask the op clears first
-  uint32_t n_demote_dst;
+  uint64_t reclaim;           // units to give back
+  uint64_t unit_cost[KVGC_CLASS_COUNT];  // a token's cost per class (its page bytes)
+  uint64_t budget_bytes;      // 0: none; else the segment's pages after compaction
+                              // (ceil(live / page_tokens) per class) must fit in it
+  uint8_t n_ladder;           // classes on the ladder, dearest first (1: no demotion)
+  uint8_t ladder[3];
+  double slope[3];            // rung r: ladder[r] -> ladder[r + 1], r = n_ladder - 1: evicted
+  // Destination slots per class, taken in order; a run from slot 0 is a fresh page which
+  // the op scrubs whole before it writes to it (a recycled page must not show its previous
+  // owner's bytes), and leaves untouched when it takes none of its slots.
+  const AppendRun* demote_dst[KVGC_CLASS_COUNT];
+  uint32_t n_demote_dst[KVGC_CLASS_COUNT];
   uint32_t promote;           // at most this many intermediate -> long-term
   uint8_t promote_age;
   bool retier;                // major GC: top retier_top survivors long-term, rest intermediate
@@ -137,7 +154,8 @@ struct CompactOp {
 namespace kvgc {
 
 // Paged decode/prefill attention over a segment, with each slot's attention mass added
-// to its score. Queries are the segment's last n_q positions: query i has position
+// to its score (and to its recent score, decayed first by recent_decay: the host passes
+// the per-query decay to the power n_q). Queries are the segment's last n_q positions: query i has position
 // q_pos0 + i and sees live slots with position <= its own (causal by position, so a
 // prefill chunk attends to the cache and its own earlier tokens). GQA: q head j reads
 // kv head j / (q_heads / kv_heads). Softmax in fp32; out in the model dtype.
@@ -152,6 +170,7 @@ struct AttendOp {
   float scale;           // softmax scale (> 0)
   void* out;             // [n_q][q_heads][head_dim] model dtype
   bool add_scores;       // accumulate mass into the slots' scores
+  float recent_decay = 1.0f;  // with add_scores: recent = recent * recent_decay + mass
   void* scratch = nullptr;     // device executors: the heap's scratch (CPU: unused)
   size_t scratch_bytes = 0;
 };

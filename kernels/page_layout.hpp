@@ -1,4 +1,4 @@
-// Byte layout of one page, for both storage classes. Shared by every executor (CPU and
+// Byte layout of one page, for every storage class. Shared by every executor (CPU and
 // CUDA) and by the runtime, which only needs `bytes`. The allocator never sees it: it
 // deals in page sizes alone.
 //
@@ -7,11 +7,14 @@
 //   live   uint32[ceil(pt/32)]   live bitmask: bit s = slot s holds a live token
 //   pos    int32[pt]             token position in the sequence
 //   score  float[pt]             accumulated attention mass (H2O signal)
+//   recent float[pt]             recent attention mass: decayed per scoring query
 //   gen    uint8[pt]             generation (SlotGen)
 //   K      FP16 class: elem[kv_heads][pt][head_dim]    (head-major: one head's keys for
 //   V                  the page are contiguous, which is what attention streams)
+//          INT8 class: int8[kv_heads][pt][head_dim]
 //          INT4 class: uint8[kv_heads][pt][head_dim/2] (two nibbles a byte, low first)
-//   Kq,Vq  INT4 only:  half2{scale, zero}[kv_heads][pt][head_dim/group]
+//   Kq,Vq  INT8:       16-bit scale[kv_heads][pt]      (symmetric: x = q * scale)
+//          INT4:       16-bit {scale, zero}[kv_heads][pt][head_dim/group]
 //
 // Every array starts on a 16-byte boundary, K and V on 128 (one cache line / one
 // coalesced warp transaction); the page size is a multiple of 256 so that page starts
@@ -61,19 +64,35 @@ inline constexpr uint32_t int4_group(uint32_t head_dim) {
   return head_dim % 32 == 0 ? 32u : head_dim;
 }
 
+inline constexpr const char* class_name(uint32_t cls) {
+  return cls == KVGC_CLASS_FP16 ? "fp16" : cls == KVGC_CLASS_INT8 ? "int8" : cls == KVGC_CLASS_INT4 ? "int4" : "?";
+}
+
+// The ladder's rank of a class: 0 is the dearest (FP16), then INT8, then INT4.
+KVGC_HD constexpr int class_rank(uint32_t cls) {
+  return cls == KVGC_CLASS_FP16 ? 0 : cls == KVGC_CLASS_INT8 ? 1 : 2;
+}
+
 struct PageLayout {
   uint32_t page_tokens = 0, n_kv_heads = 0, head_dim = 0;
   kvgc_dtype dtype = KVGC_DTYPE_F16;
   kvgc_storage_class cls = KVGC_CLASS_FP16;
-  uint32_t group = 0;  // int4 group size (elements)
-  size_t live_off = 0, pos_off = 0, score_off = 0, gen_off = 0;
+  uint32_t group = 0;  // elements per scale (INT4: 32 or head_dim; INT8 and FP16: head_dim)
+  size_t live_off = 0, pos_off = 0, score_off = 0, recent_off = 0, gen_off = 0;
   size_t k_off = 0, v_off = 0;    // payload
-  size_t kq_off = 0, vq_off = 0;  // int4 scale/zero (0 for FP16)
+  size_t kq_off = 0, vq_off = 0;  // quantisation parameters (0 for FP16)
   size_t head_stride = 0;         // bytes between consecutive heads in K (and V)
   size_t slot_stride = 0;         // bytes between consecutive slots of one head
+  uint32_t qwords = 0;            // 16-bit quantisation words per (head, slot): INT8 1,
+                                  // INT4 2 per group, FP16 0
   size_t bytes = 0;               // whole page, a multiple of kPageAlign
 
   KVGC_HD static constexpr uint32_t live_words(uint32_t pt) { return (pt + 31) / 32; }
+
+  // The quantisation words of (head, slot): at page + kq_off (K) or vq_off (V), plus this.
+  KVGC_HD size_t qparam_index(uint32_t head, uint32_t slot) const {
+    return (size_t(head) * page_tokens + slot) * qwords;
+  }
 
   static PageLayout make(uint32_t page_tokens, uint32_t n_kv_heads, uint32_t head_dim,
                          kvgc_dtype dtype, kvgc_storage_class cls) {
@@ -83,7 +102,8 @@ struct PageLayout {
     L.head_dim = head_dim;
     L.dtype = dtype;
     L.cls = cls;
-    L.group = int4_group(head_dim);
+    L.group = cls == KVGC_CLASS_INT4 ? int4_group(head_dim) : head_dim;
+    L.qwords = cls == KVGC_CLASS_INT4 ? 2 * (head_dim / L.group) : cls == KVGC_CLASS_INT8 ? 1 : 0;
     const size_t pt = page_tokens;
     size_t off = 0;
     L.live_off = off;
@@ -92,17 +112,21 @@ struct PageLayout {
     off = align_up(off + 4 * pt, 16);
     L.score_off = off;
     off = align_up(off + 4 * pt, 16);
+    L.recent_off = off;
+    off = align_up(off + 4 * pt, 16);
     L.gen_off = off;
     off = align_up(off + pt, 128);
-    L.slot_stride = cls == KVGC_CLASS_FP16 ? size_t(head_dim) * dtype_bytes(dtype) : head_dim / 2;
+    L.slot_stride = cls == KVGC_CLASS_FP16   ? size_t(head_dim) * dtype_bytes(dtype)
+                    : cls == KVGC_CLASS_INT8 ? size_t(head_dim)
+                                             : head_dim / 2;
     L.head_stride = L.slot_stride * pt;
     const size_t payload = L.head_stride * n_kv_heads;
     L.k_off = off;
     off = align_up(off + payload, 128);
     L.v_off = off;
     off = align_up(off + payload, 16);
-    if (cls == KVGC_CLASS_INT4) {
-      const size_t qparams = size_t(n_kv_heads) * pt * (head_dim / L.group) * 4;  // half2
+    if (L.qwords) {
+      const size_t qparams = size_t(n_kv_heads) * pt * L.qwords * 2;
       L.kq_off = off;
       off = align_up(off + qparams, 16);
       L.vq_off = off;

@@ -34,13 +34,13 @@ Status ManagedHeap::check() {
       uint64_t tiers[4] = {0, 0, 0, 0};
       for (int cls = 0; cls < KVGC_CLASS_COUNT; ++cls) {
         const PageTable& t = seg.table[cls];
-        const std::string segname = name + (cls ? " int4" : " fp16");
+        const std::string segname = name + " " + class_name(uint32_t(cls));
         uint64_t used = 0, live = 0;
         for (size_t i = 0; i < t.pages.size(); ++i) {
           const PageId p = t.pages[i];
           if (!pool_.allocated(p)) return bad(segname + " holds a page that is not allocated");
           if (!seen.insert(p).second) return bad(segname + " holds a page owned twice");
-          if (pool_.class_of(p) != cls) return bad(segname + " holds a page of the other class");
+          if (pool_.class_of(p) != cls) return bad(segname + " holds a page of another class");
           const PageDesc& d = pool_.desc(p);
           if (d.owner != segment_id(s, layer)) return bad(segname + " holds another segment's page");
           if (d.live > d.used || d.used > pt) return bad(segname + " page counts out of range");

@@ -27,27 +27,52 @@ Status ManagedHeap::observe(kvgc_seq seq, uint32_t layer, const float* mass, uin
   if (uintptr_t(mass) % alignof(float))
     return fail(KVGC_EINVAL, "kvgc_observe: mass must be 4-byte aligned");
   segment_pages(seg, &pages_);
-  ObserveOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), mass};
+  ObserveOp op{{layout_[0], layout_[1], layout_[2]}, pages_.data(), uint32_t(pages_.size()), mass,
+               float(opts_.recent_decay)};
   KVGC_TRY(backend_->observe(op, stream));
   ++counters_.observes;
   return Status::Ok();
 }
 
-host::vector<uint64_t> ManagedHeap::layer_budgets(const SequenceState& s) {
-  uint64_t base = kNoBudget;
-  if (opts_.token_budget) {
-    base = opts_.token_budget;
-  } else if (opts_.token_budget_fraction > 0) {
-    uint64_t length = 0;
-    for (const Segment& seg : s.layers) length = std::max(length, seg.length);
-    base = uint64_t(std::ceil(opts_.token_budget_fraction * double(length)));
-  }
-  if (base == kNoBudget) return host::vector<uint64_t>(s.layers.size(), kNoBudget);
+host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const SequenceState& s) {
+  const uint32_t n = uint32_t(s.layers.size());
+  host::vector<LayerBudget> out(n);
+  uint64_t length = 0;
+  for (const Segment& seg : s.layers) length = std::max(length, seg.length);
   // The split keeps each layer at least its protected tokens where the mean allows.
   const uint64_t floor = uint64_t(opts_.sinks) + opts_.window;
-  if (opts_.layer_budget == KVGC_LAYER_BUDGET_ENTROPY)
-    return split_by_weights(layer_weights_.data(), uint32_t(s.layers.size()), base, floor);
-  return split_layer_budget(opts_.layer_budget, uint32_t(s.layers.size()), base, floor);
+  auto split = [&](uint64_t mean) {
+    if (opts_.layer_budget == KVGC_LAYER_BUDGET_ENTROPY)
+      return split_by_weights(layer_weights_.data(), n, mean, floor);
+    return split_layer_budget(opts_.layer_budget, n, mean, floor);
+  };
+  const uint64_t fp16 = policy_.unit_cost[KVGC_CLASS_FP16];
+  uint64_t tokens = kNoBudget;
+  if (opts_.token_budget) tokens = opts_.token_budget;
+  else if (opts_.token_budget_fraction > 0)
+    tokens = uint64_t(std::ceil(opts_.token_budget_fraction * double(length)));
+  if (tokens != kNoBudget) {
+    const host::vector<uint64_t> per = split(tokens);
+    for (uint32_t l = 0; l < n; ++l) out[l].units = per[l] * fp16;
+  }
+  uint64_t bytes = opts_.byte_budget;
+  if (opts_.byte_budget_fraction > 0) {
+    const double raw = double(model_.n_kv_heads) * model_.head_dim * 2 * dtype_bytes(model_.dtype);
+    bytes = uint64_t(std::ceil(opts_.byte_budget_fraction * double(length) * raw));
+  }
+  if (bytes) {
+    // Split as tokens are: in fp16 tokens' worth of bytes, each layer's share of the total.
+    const uint32_t pt = opts_.page_tokens;
+    const uint64_t mean = std::max<uint64_t>(1, uint64_t((unsigned __int128)bytes * pt / fp16));
+    const host::vector<uint64_t> per = split(mean);
+    for (uint32_t l = 0; l < n; ++l) {
+      out[l].bytes = opts_.layer_budget == KVGC_LAYER_BUDGET_UNIFORM
+                         ? bytes
+                         : uint64_t((unsigned __int128)bytes * per[l] / mean);
+      out[l].units = std::min(out[l].units, out[l].bytes * pt);
+    }
+  }
+  return out;
 }
 
 Status ManagedHeap::step(kvgc_seq seq, void* stream) {
@@ -55,7 +80,7 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   KVGC_TRY(find(seq, 0, "kvgc_step", &s));
   ++counters_.steps;
   if (opts_.policy == KVGC_POLICY_FULL) return Status::Ok();  // never evicts, never fragments
-  const host::vector<uint64_t> budgets = layer_budgets(*s);
+  const host::vector<LayerBudget> budgets = layer_budgets(*s);
   uint32_t short_layers = 0;
   for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {
     bool short_of_budget = false;
@@ -66,7 +91,7 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
     counters_.ebudget += short_layers;
     return fail(KVGC_EBUDGET, "kvgc_step: " + std::to_string(short_layers) +
                                   " segment(s) of seq " + std::to_string(seq) +
-                                  " stay over their token budget: every remaining token is "
+                                  " stay over their budget: every remaining token is "
                                   "protected (sinks, young window); nothing was lost");
   }
   return Status::Ok();
@@ -86,58 +111,87 @@ void ManagedHeap::free_empty_pages(uint32_t tenant, PageTable& t) {
   t.pages.resize(kept);
 }
 
-Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
-                            bool* short_of_budget) {
+Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget& budget,
+                            void* stream, bool* short_of_budget) {
   Segment& seg = s.layers[layer];
   KVGC_TRY(settle(s.tenant, seg));  // the previous GC's results, usually long complete
   KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
+  const uint32_t pt = opts_.page_tokens;
   SegmentView v;
   v.length = seg.length;
-  v.live_fp16 = seg.table[KVGC_CLASS_FP16].live;
-  v.live_int4 = seg.table[KVGC_CLASS_INT4].live;
+  uint64_t held = 0;  // bytes the segment's pages hold once compacted
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    v.live[c] = seg.table[c].live;
+    held += (v.live[c] + pt - 1) / pt * layout_[c].bytes;
+  }
   std::copy(std::begin(seg.tier), std::end(seg.tier), v.tier);
   v.since_minor = seg.since_minor;
   v.minors_since_major = seg.minors_since_major;
   v.promote_blocked = seg.promote_blocked;
-  v.budget = budget;
+  v.budget = budget.units;
+  v.bytes_over = budget.bytes && held > budget.bytes;
   const GcPlan g = plan_gc(policy_, v);
   if (!g.run) return Status::Ok();
   // Known before the op runs: once every candidate is gone, the protected tokens (sinks
   // and the young window, all fp16) are what is left.
-  *short_of_budget = g.reclaim > 0 && double(protected_tokens(policy_, v)) > double(budget) + 1e-9;
+  const uint64_t protect = protected_tokens(policy_, v);
+  *short_of_budget =
+      (g.reclaim > 0 && budget.units != kNoBudget &&
+       protect * policy_.unit_cost[KVGC_CLASS_FP16] > budget.units) ||
+      (budget.bytes && (protect + pt - 1) / pt * layout_[KVGC_CLASS_FP16].bytes > budget.bytes);
 
-  PageTable& f = seg.table[KVGC_CLASS_FP16];
-  PageTable& q = seg.table[KVGC_CLASS_INT4];
-  const uint32_t pt = opts_.page_tokens;
-  // Demotion targets: the int4 tail's room, then as many new int4 pages as the reclaim
-  // could use and the arena allows (fewer targets just means more evictions).
+  // Demotion targets, per class below FP16 on the ladder: the class's tail room, then as
+  // many new pages as the decision could fill and the arena allows. A decision may move
+  // every token of a dearer class into this one (the monotone rule moves tokens down with
+  // the cheaper tokens that outrank them), but never more than the budget holds of this
+  // class. The op scrubs a fresh page only when it uses it; pages it does not use go back
+  // untouched when the results are applied. Fewer targets (a full arena, a quota) only
+  // means more evictions: the decision stays monotone.
   runs_.clear();
-  const size_t int4_before = q.pages.size();
-  const double per = 1.0 - policy_.int4_cost;
-  // Slots demotion could use: the reclaim over what one demotion saves (> 0.25 units).
-  const double wanted = g.demote && g.reclaim > 0 && per > 0 ? std::ceil(g.reclaim / per) + 1 : 0;
-  const uint64_t want_slots = wanted >= double(v.live_fp16) ? v.live_fp16 : uint64_t(wanted);
+  const bool reclaims = g.reclaim > 0 || v.bytes_over;
+  size_t want_slots[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t dearer = v.live[KVGC_CLASS_FP16];
+  const uint64_t budget_units = budget.units != kNoBudget ? budget.units : budget.bytes * uint64_t(pt);
+  for (uint32_t i = 1; reclaims && i < ladder_.n; ++i) {
+    const int c = ladder_.cls[i];
+    const uint64_t by_budget = budget_units / policy_.unit_cost[c] + 1;
+    want_slots[c] = size_t(std::min(dearer, by_budget));
+    dearer += v.live[c];
+  }
   // Every host container and the result block are sized before the first page is
   // taken, so running out of memory cannot strand a demotion page.
-  const size_t max_new = (want_slots + pt - 1) / pt;
-  const size_t max_pages = f.pages.size() + q.pages.size() + max_new;
+  size_t max_new = 0, held_pages = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    max_new += (want_slots[c] + pt - 1) / pt;
+    held_pages += seg.table[c].pages.size();
+  }
+  const size_t max_pages = held_pages + max_new;
   KVGC_TRY(harvest_reserve(seg.gc, max_pages));
-  runs_.reserve(max_new + 1);
+  runs_.reserve(max_new + KVGC_CLASS_COUNT);
   pages_.reserve(max_pages);
-  q.pages.reserve(q.pages.size() + max_new);
+  size_t before[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    before[c] = seg.table[c].pages.size();
+    seg.table[c].pages.reserve(before[c] + (want_slots[c] + pt - 1) / pt);
+  }
   auto give_back = [&] {  // nothing was decided: return the demotion pages
-    for (size_t i = int4_before; i < q.pages.size(); ++i) drop_page(s.tenant, q.pages[i]);
-    q.pages.resize(int4_before);
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+      PageTable& t = seg.table[c];
+      for (size_t i = before[c]; i < t.pages.size(); ++i) drop_page(s.tenant, t.pages[i]);
+      t.pages.resize(before[c]);
+    }
   };
-  if (want_slots) {
-    uint64_t want = want_slots;
-    const uint32_t room = q.tail_room(pool_, pt);
-    if (room && want) runs_.push_back({page_ptr(q.pages.back()), pt - room,
-                                       uint32_t(std::min<uint64_t>(room, want)), 0});
+  uint32_t n_runs[KVGC_CLASS_COUNT] = {0, 0, 0};
+  bool settled = false;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
+    PageTable& t = seg.table[c];
+    uint64_t want = want_slots[c];
+    const size_t first_run = runs_.size();
+    const uint32_t room = want ? t.tail_room(pool_, pt) : 0;
+    if (room) runs_.push_back({page_ptr(t.pages.back()), pt - room, uint32_t(std::min<uint64_t>(room, want)), 0});
     want -= std::min<uint64_t>(room, want);
-    bool settled = false;
     while (want > 0) {
-      PageId p = pool_.can_alloc(KVGC_CLASS_INT4, 1) ? take_page(s, layer, KVGC_CLASS_INT4) : kNoPage;
+      PageId p = pool_.can_alloc(c, 1) ? take_page(s, layer, c) : kNoPage;
       if (p == kNoPage && !settled && pending_) {  // pages other GCs emptied come back first
         settled = true;
         if (Status st = settle_all(); !st.ok()) {
@@ -147,19 +201,25 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
         continue;
       }
       if (p == kNoPage) break;  // within arena and quota
-      q.pages.push_back(p);
-      const uint32_t n = uint32_t(std::min<uint64_t>(pt, want));
-      runs_.push_back({page_ptr(p), 0, n, 0});
-      want -= n;
+      t.pages.push_back(p);
+      const uint32_t k = uint32_t(std::min<uint64_t>(pt, want));
+      runs_.push_back({page_ptr(p), 0, k, 0});
+      want -= k;
     }
+    n_runs[c] = uint32_t(runs_.size() - first_run);
   }
   PendingGc& pend = seg.gc;
   segment_pages(seg, &pages_);
   std::copy(pages_.begin(), pages_.end(), pend.pages());  // pinned: the copy never waits
   std::copy(runs_.begin(), runs_.end(), pend.runs());
+  std::copy(std::begin(n_runs), std::end(n_runs), pend.n_runs);
   SelectOp op{};
-  op.layout[0] = layout_[0];
-  op.layout[1] = layout_[1];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    op.layout[c] = layout_[c];
+    op.unit_cost[c] = policy_.unit_cost[c];
+    op.demote_dst[c] = pend.runs(c);
+    op.n_demote_dst[c] = n_runs[c];
+  }
   op.pages = pend.pages();
   op.n_pages = uint32_t(pages_.size());
   op.tenure_before = g.tenure_before;
@@ -170,10 +230,12 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
   op.segment_salt = (uint64_t(s.slot) << 20) ^ layer;
   op.epoch = ++gc_epoch_;
   op.reclaim = g.reclaim;
-  op.int4_cost = policy_.int4_cost;
-  op.demote_ratio = g.demote ? kDemoteRatio : -1.0;
-  op.demote_dst = pend.runs();
-  op.n_demote_dst = uint32_t(runs_.size());
+  op.budget_bytes = budget.bytes;
+  op.n_ladder = ladder_.n;
+  for (int i = 0; i < 3; ++i) {
+    op.ladder[i] = ladder_.cls[i];
+    op.slope[i] = ladder_.slope[i];
+  }
   op.promote = g.promote;
   op.promote_age = kPromoteAge;
   op.retier = g.retier;
@@ -196,20 +258,21 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
   }
   // Pending until applied (harvest.cpp). The demotion slots count as used from now on,
   // so that attention's rows (numbered by `used`) cover whatever the op fills.
+  PageTable& f = seg.table[KVGC_CLASS_FP16];
   pend.active = true;
   ++pending_;
   pend.minor = opts_.policy == KVGC_POLICY_GENERATIONAL && !g.major;
-  pend.n_pages[KVGC_CLASS_FP16] = uint32_t(f.pages.size());
-  pend.n_pages[KVGC_CLASS_INT4] = uint32_t(q.pages.size());
-  pend.n_runs = uint32_t(runs_.size());
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pend.n_pages[c] = uint32_t(seg.table[c].pages.size());
   pend.tail_used = f.pages.empty() ? 0 : pool_.desc(f.pages.back()).used;
   pend.fp16_live = f.live;
   std::copy(std::begin(seg.tier), std::end(seg.tier), pend.tier);
-  for (const AppendRun& run : runs_) {
-    PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(run.page)));
-    d.used = uint16_t(d.used + run.count);
-    q.used += run.count;
-  }
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    for (uint32_t i = 0; i < n_runs[c]; ++i) {
+      const AppendRun& run = pend.runs(c)[i];
+      PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(run.page)));
+      d.used = uint16_t(d.used + run.count);
+      seg.table[c].used += run.count;
+    }
   // The plan's own bookkeeping needs no result.
   if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
     seg.since_minor = 0;
@@ -230,9 +293,16 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, uint64_t budget, v
 }
 
 Status ManagedHeap::compact_fragmented(uint32_t tenant, Segment& seg, void* stream) {
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-    if (seg.table[c].fragmentation(opts_.page_tokens) > opts_.compact_threshold)
+  const uint32_t pt = opts_.page_tokens;
+  // With a byte budget, a class compacts whenever that frees a page: the budget counts
+  // the pages a segment keeps once compacted.
+  const bool exact = opts_.byte_budget || opts_.byte_budget_fraction > 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    const PageTable& t = seg.table[c];
+    if (t.fragmentation(pt) > opts_.compact_threshold ||
+        (exact && t.pages.size() > (t.live + pt - 1) / pt))
       KVGC_TRY(compact(tenant, seg, c, stream));
+  }
   return Status::Ok();
 }
 
@@ -253,11 +323,8 @@ Status ManagedHeap::compact(uint32_t tenant, Segment& seg, int cls, void* stream
   free_empty_pages(tenant, t);
   ++counters_.compactions;
   counters_.slots_moved += plan.slots_moved;
-  counters_.bytes_moved += plan.slots_moved *
-                           (2 * uint64_t(model_.n_kv_heads) * layout_[cls].slot_stride +
-                            (cls == KVGC_CLASS_INT4 ? 2 * uint64_t(model_.n_kv_heads) *
-                                                          (model_.head_dim / layout_[cls].group) * 4
-                                                    : 0));
+  counters_.bytes_moved += plan.slots_moved * 2 * uint64_t(model_.n_kv_heads) *
+                           (layout_[cls].slot_stride + 2 * layout_[cls].qwords);
   return Status::Ok();
 }
 

@@ -22,7 +22,7 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
   SequenceState* src;
   KVGC_TRY(find(seq, 0, "kvgc_seq_fork", &src));
   for (Segment& seg : src->layers) KVGC_TRY(settle(src->tenant, seg));  // exact counts
-  uint64_t need[KVGC_CLASS_COUNT] = {0, 0};
+  uint64_t need[KVGC_CLASS_COUNT] = {0, 0, 0};
   for (const Segment& seg : src->layers)
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c) need[c] += seg.table[c].pages.size();
   if (!can_alloc_all(need)) {
@@ -30,12 +30,14 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
     if (!can_alloc_all(need)) {
       ++counters_.enomem;
       return fail(KVGC_ENOMEM, "kvgc_seq_fork: the copy of seq " + std::to_string(seq) +
-                                   " needs " + std::to_string(need[0]) + " fp16 and " +
+                                   " needs " + std::to_string(need[0]) + " fp16, " +
+                                   std::to_string(need[2]) + " int8 and " +
                                    std::to_string(need[1]) + " int4 pages; the arena has no "
                                    "room for them");
     }
   }
-  const uint64_t bytes = need[0] * layout_[0].bytes + need[1] * layout_[1].bytes;
+  uint64_t bytes = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += need[c] * layout_[c].bytes;
   if (tenant_room(tenant) < bytes)
     return fail(KVGC_EBUDGET, "kvgc_seq_fork: tenant " + std::to_string(tenant) +
                                   " would pass its quota of " +

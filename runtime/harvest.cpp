@@ -5,7 +5,7 @@
 // consumer copes:
 //   - appends fill the FP16 tail from `used`, which the op never changes;
 //   - attention numbers its rows by `used` (an upper bound on live slots), and the
-//     demotion targets' reserved int4 slots already count in `used`;
+//     demotion targets' reserved slots (INT8, INT4) already count in `used`;
 //   - whatever needs exact counts (read, observe, stats, the next step, ...) settles
 //     first. Settling is what collect did right after select before: page live counts,
 //     unfilled demotion slots given back, emptied pages freed, counters. Compaction
@@ -77,31 +77,33 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
   const SelectResult& r = *p.result();
   const uint16_t* page_live = p.page_live();
   PageTable& f = seg.table[KVGC_CLASS_FP16];
-  PageTable& q = seg.table[KVGC_CLASS_INT4];
   // Page live counts: the op's, plus what appends added to the FP16 tail since (pages
-  // appended after the issue were not in the op and are exact already).
-  for (uint32_t i = 0; i < p.n_pages[0]; ++i) pool_.desc(f.pages[i]).live = page_live[i];
+  // appended after the issue were not in the op and are exact already). The op's pages
+  // are in read order: each class's first n_pages at issue.
+  uint32_t at = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    for (uint32_t i = 0; i < p.n_pages[c]; ++i) pool_.desc(seg.table[c].pages[i]).live = page_live[at++];
   if (p.n_pages[0]) {
     PageDesc& tail = pool_.desc(f.pages[p.n_pages[0] - 1]);
     tail.live = uint16_t(tail.live + (tail.used - p.tail_used));
   }
-  for (uint32_t i = 0; i < p.n_pages[1]; ++i)
-    pool_.desc(q.pages[i]).live = page_live[p.n_pages[0] + i];
-  // Demotion slots were reserved in `used` at issue: give back those not filled.
-  uint64_t filled = r.demoted;
-  const AppendRun* runs = p.runs();
-  for (uint32_t i = 0; i < p.n_runs; ++i) {
-    const uint32_t n = uint32_t(std::min<uint64_t>(runs[i].count, filled));
-    PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(runs[i].page)));
-    d.used = uint16_t(d.used - (runs[i].count - n));
-    q.used -= runs[i].count - n;
-    filled -= n;
+  // Demotion slots were reserved in `used` at issue: give back those not filled (each
+  // class's runs fill in order).
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    uint64_t filled = r.demoted_to[c];
+    const AppendRun* runs = p.runs(c);
+    for (uint32_t i = 0; i < p.n_runs[c]; ++i) {
+      const uint32_t n = uint32_t(std::min<uint64_t>(runs[i].count, filled));
+      PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(runs[i].page)));
+      d.used = uint16_t(d.used - (runs[i].count - n));
+      seg.table[c].used -= runs[i].count - n;
+      filled -= n;
+    }
   }
   f.live = r.live[KVGC_CLASS_FP16] + (f.live - p.fp16_live);
-  q.live = r.live[KVGC_CLASS_INT4];
+  for (int c = 1; c < KVGC_CLASS_COUNT; ++c) seg.table[c].live = r.live[c];
   for (int g = 0; g < 4; ++g) seg.tier[g] = r.tier[g] + (seg.tier[g] - p.tier[g]);
-  free_empty_pages(tenant, f);
-  free_empty_pages(tenant, q);  // includes demotion pages nothing was written to
+  for (PageTable& t : seg.table) free_empty_pages(tenant, t);  // incl. unwritten demotion pages
 
   ++counters_.gcs;
   counters_.tokens_ranked += r.ranked;
@@ -109,7 +111,11 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
   counters_.tokens_demoted += r.demoted;
   counters_.tokens_promoted += r.promoted;
   counters_.tokens_tenured += r.tenured;
-  counters_.bytes_moved += r.demoted * 2 * uint64_t(model_.n_kv_heads) * layout_[0].slot_stride;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    counters_.demoted_to[c] += r.demoted_to[c];
+    counters_.bytes_moved += r.demoted_to[c] * 2 * uint64_t(model_.n_kv_heads) *
+                             (layout_[c].slot_stride + 2 * layout_[c].qwords);
+  }
   if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
     ++(p.minor ? counters_.minor_gcs : counters_.major_gcs);
     if (p.minor) seg.promote_blocked = r.promote_eligible > 0;

@@ -72,18 +72,16 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->policy_.sinks = h->opts_.sinks;
   h->policy_.window = h->opts_.window;
   h->policy_.page_tokens = h->opts_.page_tokens;
-  h->policy_.demote = h->opts_.demote == KVGC_DEMOTE_INT4;
-  h->policy_.int4_cost =
-      double(h->layout_[KVGC_CLASS_INT4].bytes) / double(h->layout_[KVGC_CLASS_FP16].bytes);
-  // For tiny heads an int4 page (nibbles + a scale/zero pair per group) saves little or
-  // nothing over fp16: demoting would cost work and precision for no memory.
-  if (h->policy_.demote && h->policy_.int4_cost > kMaxInt4Cost) {
-    h->policy_.demote = false;
-    if (h->opts_.verbose)
-      std::fprintf(stderr, "kvgc: KVGC_DEMOTE=int4 ignored: int4 pages are %.0f%% of fp16 pages "
-                           "for head_dim %u (demotion needs <= %.0f%%)\n",
-                   100 * h->policy_.int4_cost, model.head_dim, 100 * kMaxInt4Cost);
-  }
+  h->policy_.recent = h->opts_.recent_decay < 1.0;
+  uint64_t page_bytes[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) page_bytes[c] = h->policy_.unit_cost[c] = h->layout_[c].bytes;
+  // Classes that save too little for this head_dim (scale words cost as much as the
+  // bytes they save), or are dominated, stay off the ladder.
+  std::string note;
+  h->ladder_ = make_ladder(h->opts_.demote, page_bytes, &note);
+  if (!note.empty() && h->opts_.verbose)
+    std::fprintf(stderr, "kvgc: KVGC_DEMOTE=%s for head_dim %u: %s\n",
+                 demote_name(h->opts_.demote), model.head_dim, note.c_str());
 
   // Device executors keep their scratch in the arena's last slabs, sized for a segment
   // as long as the whole arena could hold, so neither attention nor the GC allocates.
@@ -93,9 +91,9 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   // and with demotion a segment can hold as many slots as int4 pages fit.
   const uint32_t pt = h->opts_.page_tokens;
   const uint64_t max_tokens = uint64_t(h->arena_bytes_ / h->layout_[KVGC_CLASS_FP16].bytes) * pt;
-  const uint64_t max_slots =
-      h->policy_.demote ? uint64_t(h->arena_bytes_ / h->layout_[KVGC_CLASS_INT4].bytes) * pt
-                        : max_tokens;
+  size_t smallest = h->layout_[KVGC_CLASS_FP16].bytes;
+  for (uint32_t i = 1; i < h->ladder_.n; ++i) smallest = std::min(smallest, h->layout_[h->ladder_.cls[i]].bytes);
+  const uint64_t max_slots = uint64_t(h->arena_bytes_ / smallest) * pt;
   const size_t scratch = std::max(
       h->backend_->attend_scratch_bytes(max_tokens, model, pt),
       h->opts_.policy == KVGC_POLICY_FULL ? size_t(0)  // never selects
@@ -121,11 +119,12 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   if (h->opts_.verbose) {
     std::fprintf(stderr,
                  "kvgc %s: heap on %s\nkvgc: arena %zu bytes = %u slabs of %zu bytes; pages: "
-                 "fp16 %zu bytes (%u/slab), int4 %zu bytes (%u/slab); model %u layers x %u kv "
-                 "heads x %u dims %s\n%s",
+                 "fp16 %zu bytes (%u/slab), int8 %zu bytes (%u/slab), int4 %zu bytes (%u/slab); "
+                 "model %u layers x %u kv heads x %u dims %s\n%s",
                  KVGC_VERSION_STRING, why.c_str(), h->arena_bytes_, h->pool_.arena().slabs(),
-                 slab, h->layout_[0].bytes, h->pool_.pages_per_slab(0), h->layout_[1].bytes,
-                 h->pool_.pages_per_slab(1), model.n_layers, model.n_kv_heads, model.head_dim,
+                 slab, h->layout_[0].bytes, h->pool_.pages_per_slab(0), h->layout_[2].bytes,
+                 h->pool_.pages_per_slab(2), h->layout_[1].bytes, h->pool_.pages_per_slab(1),
+                 model.n_layers, model.n_kv_heads, model.head_dim,
                  dtype_name(model.dtype), options_describe(h->opts_).c_str());
   }
   *out = std::move(h);
@@ -391,8 +390,8 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
                                  " live tokens");
   if (!(k_out || v_out || pos_out) || live == 0) return Status::Ok();
   segment_pages(seg, &pages_);
-  GatherOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), k_out, v_out,
-              pos_out};
+  GatherOp op{{layout_[0], layout_[1], layout_[2]}, pages_.data(), uint32_t(pages_.size()),
+              k_out, v_out, pos_out};
   return backend_->gather(op, stream);
 }
 
@@ -415,9 +414,31 @@ Status ManagedHeap::read_scores(kvgc_seq seq, uint32_t layer, float* scores_out,
                                  " live tokens");
   if (!(scores_out || gen_out) || live == 0) return Status::Ok();
   segment_pages(seg, &pages_);
-  GatherOp op{{layout_[0], layout_[1]}, pages_.data(), uint32_t(pages_.size()), nullptr,
-              nullptr, nullptr, scores_out, gen_out};
+  GatherOp op{{layout_[0], layout_[1], layout_[2]}, pages_.data(), uint32_t(pages_.size()),
+              nullptr, nullptr, nullptr, scores_out, gen_out};
   return backend_->gather(op, stream);
+}
+
+Status ManagedHeap::read_classes(kvgc_seq seq, uint32_t layer, uint8_t* cls_out,
+                                 uint64_t capacity, uint64_t* n_out, void* stream) {
+  SequenceState* s;
+  KVGC_TRY(find(seq, layer, "kvgc_read_classes", &s));
+  KVGC_TRY(settle(s->tenant, s->layers[layer]));
+  if (cls_out) KVGC_TRY(backend_->check_pointer(cls_out, "kvgc_read_classes: cls_out"));
+  const Segment& seg = s->layers[layer];
+  const uint64_t live = seg.live();
+  *n_out = live;
+  if (cls_out && capacity < live)
+    return fail(KVGC_EINVAL, "kvgc_read_classes: capacity " + std::to_string(capacity) +
+                                 " is smaller than the segment's " + std::to_string(live) +
+                                 " live tokens");
+  if (!cls_out || live == 0) return Status::Ok();
+  // Read order is class by class, so the host knows the answer from its own counts.
+  host::vector<uint8_t> cls;
+  cls.reserve(live);
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cls.insert(cls.end(), seg.table[c].live, uint8_t(c));
+  KVGC_TRY(backend_->copy(cls_out, cls.data(), live, CopyKind::HostToDevice, stream));
+  return backend_->synchronize(stream);  // the host buffer dies here
 }
 
 Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t n_q, void* out,
@@ -446,9 +467,9 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
     std::copy(pages_.begin(), pages_.end(), static_cast<SegPage*>(staged));
     pages = static_cast<const SegPage*>(staged);
   }
-  AttendOp op{{layout_[0], layout_[1]}, pages, uint32_t(pages_.size()), rows,
+  AttendOp op{{layout_[0], layout_[1], layout_[2]}, pages, uint32_t(pages_.size()), rows,
               q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
-              scratch_, scratch_bytes_};
+              float(std::pow(opts_.recent_decay, double(n_q))), scratch_, scratch_bytes_};
   KVGC_TRY(backend_->attend(op, stream));
   if (pages != pages_.data()) KVGC_TRY(staging_.enqueued(*backend_, stream));
   ++counters_.attends;
@@ -469,7 +490,7 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->free_bytes = uint64_t(a.free_slabs()) * a.slab_bytes();
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
     const ClassCounts& n = pool_.counts(c);
-    kvgc_class_stats& cs = o->cls[c];
+    kvgc_class_stats& cs = c == KVGC_CLASS_INT8 ? o->cls_int8 : o->cls[c];
     cs.page_bytes = pool_.page_bytes(c);
     cs.slabs = n.slabs;
     cs.reserved_bytes = n.slabs * a.slab_bytes();
@@ -482,7 +503,8 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->sequences = seqs_.size();
   for (const auto& [id, s] : seqs_)
     for (const Segment& seg : s.layers) {
-      o->segments += !seg.table[0].pages.empty() || !seg.table[1].pages.empty();
+      o->segments += !seg.table[0].pages.empty() || !seg.table[1].pages.empty() ||
+                     !seg.table[2].pages.empty();
       for (const PageTable& t : seg.table) {
         o->live_tokens += t.live;
         o->slots_held += t.held_slots(opts_.page_tokens);
@@ -514,6 +536,7 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->ebudget = counters_.ebudget;
   o->attends = counters_.attends;
   o->scratch_bytes = scratch_bytes_;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) o->tokens_demoted_to[c] = counters_.demoted_to[c];
   return Status::Ok();
 }
 

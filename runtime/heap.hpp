@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../allocator/page_table.hpp"
+#include "../gc/ladder.hpp"
 #include "../gc/plan.hpp"
 #include "../kernels/page_layout.hpp"
 #include "backend.hpp"
@@ -27,8 +28,9 @@ namespace kvgc {
 struct PendingGc {
   bool active = false;
   bool minor = false;           // a generational minor GC: promote_blocked comes from the result
-  uint32_t n_pages[KVGC_CLASS_COUNT] = {0, 0};  // pages per class at issue (incl. demotion targets)
-  uint32_t n_runs = 0;          // demotion runs (their int4 slots are reserved in `used`)
+  uint32_t n_pages[KVGC_CLASS_COUNT] = {0, 0, 0};  // pages per class at issue (incl. demotion targets)
+  uint32_t n_runs[KVGC_CLASS_COUNT] = {0, 0, 0};   // demotion runs per class (their slots are
+                                                   // reserved in `used`), stored class by class
   uint16_t tail_used = 0;       // the FP16 tail's used at issue: later appends add live slots
   uint64_t fp16_live = 0;       // the FP16 table's live count at issue
   uint64_t tier[4] = {0, 0, 0, 0};  // tiers at issue
@@ -44,10 +46,15 @@ struct PendingGc {
   SelectResult* result() const;
   uint16_t* page_live() const;
   SegPage* pages() const;
-  AppendRun* runs() const;
+  AppendRun* runs() const;  // every class's runs, class 0's first
+  AppendRun* runs(int cls) const {
+    AppendRun* r = runs();
+    for (int c = 0; c < cls; ++c) r += n_runs[c];
+    return r;
+  }
 };
 
-// One (sequence, layer): its pages per storage class (read order: FP16 then INT4), and
+// One (sequence, layer): its pages per storage class (read order: FP16, INT4, INT8), and
 // the host's page-granular view the GC plans from.
 struct Segment {
   PageTable table[KVGC_CLASS_COUNT];
@@ -58,7 +65,7 @@ struct Segment {
   bool promote_blocked = false;
   PendingGc gc;
 
-  uint64_t live() const { return table[0].live + table[1].live; }
+  uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
 };
 
 struct SequenceState {
@@ -78,10 +85,16 @@ struct Counters {
   uint64_t tokens_ranked = 0, tokens_evicted = 0, tokens_demoted = 0, tokens_promoted = 0;
   uint64_t tokens_tenured = 0, compactions = 0, slots_moved = 0, bytes_moved = 0, ebudget = 0;
   uint64_t attends = 0;
+  uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};
 };
 
 class ManagedHeap : public host::HostAllocated {
  public:
+  // A segment's budget: in units (gc/plan.hpp; kNoBudget: none) and in bytes (0: none).
+  struct LayerBudget {
+    uint64_t units = kNoBudget, bytes = 0;
+  };
+
   // Resolves options (environment included), picks the backend and reserves the arena.
   static Status create(const kvgc_model_desc& model, const kvgc_heap_options& opts,
                        std::unique_ptr<ManagedHeap>* out);
@@ -103,6 +116,8 @@ class ManagedHeap : public host::HostAllocated {
               uint64_t capacity, uint64_t* n_out, void* stream);
   Status read_scores(kvgc_seq seq, uint32_t layer, float* scores_out, uint8_t* gen_out,
                      uint64_t capacity, uint64_t* n_out, void* stream);
+  Status read_classes(kvgc_seq seq, uint32_t layer, uint8_t* cls_out, uint64_t capacity,
+                      uint64_t* n_out, void* stream);
   Status observe(kvgc_seq seq, uint32_t layer, const float* mass, uint64_t n, void* stream);
   Status step(kvgc_seq seq, void* stream);
   Status tenant_set_limit(uint32_t tenant, uint64_t max_bytes);
@@ -142,7 +157,7 @@ class ManagedHeap : public host::HostAllocated {
   // One segment's GC (collect.cpp): apply the previous GC's results, compact when
   // fragmented, plan, issue the decision op (applied at once with KVGC_HARVEST=immediate).
   // Sets *short_of_budget when the protected tokens alone exceed the budget.
-  Status collect(SequenceState& s, uint32_t layer, uint64_t budget, void* stream,
+  Status collect(SequenceState& s, uint32_t layer, const LayerBudget& budget, void* stream,
                  bool* short_of_budget);
   Status compact_fragmented(uint32_t tenant, Segment& seg, void* stream);
   Status compact(uint32_t tenant, Segment& seg, int cls, void* stream);
@@ -156,7 +171,7 @@ class ManagedHeap : public host::HostAllocated {
 
   // Frees the pages of `t` whose live count is zero, keeping the order of the others.
   void free_empty_pages(uint32_t tenant, PageTable& t);
-  host::vector<uint64_t> layer_budgets(const SequenceState& s);
+  host::vector<LayerBudget> layer_budgets(const SequenceState& s);
 
   std::mutex mu_;
   kvgc_model_desc model_{};
@@ -176,6 +191,7 @@ class ManagedHeap : public host::HostAllocated {
   Counters counters_;
   host::unordered_map<uint32_t, TenantState> tenants_;
   PolicyParams policy_;
+  Ladder ladder_;  // the classes demotion may store tokens in (gc/ladder.hpp)
   host::vector<float> layer_weights_;  // KVGC_LAYER_BUDGET_ENTROPY: one per layer
   uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   uint64_t pending_ = 0;   // segments with a GC not yet applied

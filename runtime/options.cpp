@@ -31,7 +31,10 @@ constexpr Choice kPolicies[] = {{"generational", KVGC_POLICY_GENERATIONAL},
                                 {"streaming", KVGC_POLICY_STREAMING},
                                 {"h2o", KVGC_POLICY_H2O},
                                 {"random", KVGC_POLICY_RANDOM}};
-constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF}, {"int4", KVGC_DEMOTE_INT4}};
+constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF},
+                               {"int4", KVGC_DEMOTE_INT4},
+                               {"int8", KVGC_DEMOTE_INT8},
+                               {"int8,int4", KVGC_DEMOTE_LADDER}};
 constexpr Choice kHarvests[] = {{"deferred", KVGC_HARVEST_DEFERRED},
                                 {"immediate", KVGC_HARVEST_IMMEDIATE}};
 constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
@@ -164,7 +167,29 @@ const Row kRows[] = {
        double v;
        return parse_double(s, &v) && v > 0 && v <= 1 && (o->compact_threshold = v, true);
      }},
-    {{"KVGC_DEMOTE", "off|int4", "off", "demote low-ranked tokens to int4 before evicting"},
+    {{"KVGC_BYTE_BUDGET",
+      "bytes with optional K|M|G suffix (65536, 64K), or a fraction (0.1) or percentage "
+      "(10%) of the full cache's raw K/V bytes for the sequence's length",
+      "none",
+      "bytes of pages each segment keeps, every class at what its pages really hold"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       uint64_t b = 0;
+       double f = 0;
+       if (s.empty()) return false;
+       if (s.back() == '%') {
+         if (!parse_percent(s, &f)) return false;
+       } else if (s.find_first_not_of("0123456789.eE-+") == std::string::npos &&
+                  s.find_first_of(".eE") != std::string::npos) {
+         if (!parse_double(s, &f) || !(f > 0 && f <= 1)) return false;
+       } else if (!parse_bytes_or_percent(s, &b, &f) || b == 0) {
+         return false;
+       }
+       o->byte_budget = b;
+       o->byte_budget_fraction = f;
+       return true;
+     }},
+    {{"KVGC_DEMOTE", "off|int4|int8|int8,int4", "off",
+      "storage ladder: re-store low-ranked tokens as int8 and/or int4 before evicting"},
      [](const std::string& s, kvgc_heap_options* o) {
        int v;
        return parse_choice(kDemotes, s, &v) && (o->demote = kvgc_demote(v), true);
@@ -193,6 +218,13 @@ const Row kRows[] = {
      [](const std::string& s, kvgc_heap_options* o) {
        if (s == "auto") return (o->cpu_threads = affinity_cpus(), true);
        return parse_u32_range(s, 1, kMaxThreads, &o->cpu_threads);
+     }},
+    {{"KVGC_RECENT_DECAY", "a number in (0, 1]", "1",
+      "per-query decay of the recent-attention score generational ranks its intermediate "
+      "tier by (1: the accumulated score)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       double v;
+       return parse_double(s, &v) && v > 0 && v <= 1 && (o->recent_decay = v, true);
      }},
     {{"KVGC_SCORE_NOISE", "a number >= 0 (0 = off)", "0",
       "Laplace noise scale on scores before ranking"},
@@ -234,6 +266,7 @@ void options_defaults(kvgc_heap_options* o) {
   o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
   o->harvest = KVGC_HARVEST_DEFERRED;
   o->cpu_threads = 1;
+  o->recent_decay = 1.0;
   o->seed = kDefaultSeed;
   o->slab_bytes = kDefaultSlab;
 }
@@ -260,8 +293,14 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("page_tokens", "must be in 1..256");
   if (!(o.compact_threshold > 0 && o.compact_threshold <= 1))
     return bad("compact_threshold", "must be in (0, 1]");
-  if (raw_enum(o.demote) != KVGC_DEMOTE_OFF && raw_enum(o.demote) != KVGC_DEMOTE_INT4)
-    return bad("demote", "must be KVGC_DEMOTE_OFF or _INT4");
+  if (raw_enum(o.demote) < KVGC_DEMOTE_OFF || raw_enum(o.demote) > KVGC_DEMOTE_LADDER)
+    return bad("demote", "must be KVGC_DEMOTE_OFF, _INT4, _INT8 or _LADDER");
+  if (!(o.byte_budget_fraction >= 0 && o.byte_budget_fraction <= 1))
+    return bad("byte_budget_fraction", "must be in [0, 1]");
+  if (o.byte_budget && o.byte_budget_fraction > 0)
+    return bad("byte_budget", "set byte_budget or byte_budget_fraction, not both");
+  if (!(o.recent_decay > 0 && o.recent_decay <= 1))
+    return bad("recent_decay", "must be in (0, 1]");
   if (raw_enum(o.layer_budget) < KVGC_LAYER_BUDGET_UNIFORM ||
       raw_enum(o.layer_budget) > KVGC_LAYER_BUDGET_ENTROPY)
     return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM, _PYRAMID or _ENTROPY");
@@ -327,17 +366,22 @@ std::string options_describe(const kvgc_heap_options& o) {
                        : o.token_budget_fraction > 0
                            ? std::to_string(o.token_budget_fraction) + " of length"
                            : "none";
+  std::string bytes = o.byte_budget ? std::to_string(o.byte_budget)
+                      : o.byte_budget_fraction > 0
+                          ? std::to_string(o.byte_budget_fraction) + " of the full cache"
+                          : "none";
   std::snprintf(buf, sizeof buf,
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
-                "KVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
+                "KVGC_BYTE_BUDGET=%s\nKVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
-                "KVGC_HARVEST=%s\nKVGC_THREADS=%u%s\nKVGC_SCORE_NOISE=%g\nKVGC_SEED=0x%llx\n"
-                "KVGC_VERBOSE=%d\nslab_bytes=%u\n",
+                "KVGC_HARVEST=%s\nKVGC_THREADS=%u%s\nKVGC_RECENT_DECAY=%g\nKVGC_SCORE_NOISE=%g\n"
+                "KVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
-                o.sinks, o.window, o.page_tokens, o.compact_threshold,
+                bytes.c_str(), o.sinks, o.window, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
                 choice_name(kHarvests, o.harvest), o.cpu_threads,
-                o.device == KVGC_DEVICE_CUDA ? " (ignored: cuda backend)" : "", o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
+                o.device == KVGC_DEVICE_CUDA ? " (ignored: cuda backend)" : "", o.recent_decay,
+                o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
   return buf;
 }
 
@@ -388,6 +432,7 @@ bool parse_count_or_fraction(const std::string& s, uint64_t* count, double* frac
 }
 
 const char* policy_name(kvgc_policy p) { return choice_name(kPolicies, p); }
+const char* demote_name(kvgc_demote d) { return choice_name(kDemotes, d); }
 const char* device_name(kvgc_device d) { return choice_name(kDevices, d); }
 const char* dtype_name(kvgc_dtype d) {
   return d == KVGC_DTYPE_F16 ? "f16" : d == KVGC_DTYPE_BF16 ? "bf16" : d == KVGC_DTYPE_F32 ? "f32" : "?";

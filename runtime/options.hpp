@@ -53,5 +53,6 @@ bool parse_count_or_fraction(const std::string& s, uint64_t* count, double* frac
 const char* policy_name(kvgc_policy p);
 const char* device_name(kvgc_device d);
 const char* dtype_name(kvgc_dtype d);
+const char* demote_name(kvgc_demote d);
 
 }  // namespace kvgc

@@ -1,6 +1,6 @@
 // kvgc_attend on the CPU backend against a naive float64 dense softmax over the live
-// slots (read back through kvgc_read, so int4 slots are compared dequantised), for random
-// shapes: GQA ratios 1/3/8, page boundaries, dead slots, int4 pages, causal prefill
+// slots (read back through kvgc_read, so int8/int4 slots are compared dequantised), for random
+// shapes: GQA ratios 1/3/8, page boundaries, dead slots, int8 and int4 pages, causal prefill
 // chunks, queries that see nothing. Scores must grow by exactly the reference's mass.
 #include <doctest/doctest.h>
 
@@ -80,7 +80,8 @@ struct Case {
   uint32_t kv_heads, gqa, head_dim, page_tokens;
   kvgc_dtype dtype;
   uint32_t tokens, n_q;
-  bool evict, demote;
+  bool evict;
+  kvgc_demote demote;
 };
 
 void run_case(const Case& c, std::mt19937& rng) {
@@ -99,7 +100,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   o.sinks = 2;
   o.window = 4;
   if (c.evict) o.token_budget = c.tokens / 2;
-  o.demote = c.demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+  o.demote = c.demote;
   kvgc_heap* h = nullptr;
   REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
   kvgc_seq s;
@@ -151,24 +152,32 @@ void run_case(const Case& c, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead and int4 slots") {
+TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead, int8 and int4 slots") {
   std::random_device rd;
   const uint32_t seed = rd();
   MESSAGE("test_attend seed " << seed);
   std::mt19937 rng(seed);
+  constexpr kvgc_demote kOff = KVGC_DEMOTE_OFF, kInt4 = KVGC_DEMOTE_INT4, kInt8 = KVGC_DEMOTE_INT8,
+                        kLadder = KVGC_DEMOTE_LADDER;
   const Case cases[] = {
-      {2, 1, 64, 16, KVGC_DTYPE_F32, 100, 1, false, false},   // MHA, decode
-      {1, 3, 64, 16, KVGC_DTYPE_F32, 257, 1, false, false},   // GQA 3, page boundary + 1
-      {2, 8, 128, 16, KVGC_DTYPE_F32, 300, 7, false, false},  // GQA 8, causal chunk
-      {2, 4, 128, 5, KVGC_DTYPE_F16, 333, 1, true, false},    // dead slots
-      {3, 3, 64, 16, KVGC_DTYPE_F16, 400, 16, true, true},    // int4 pages, chunk
-      {1, 8, 64, 16, KVGC_DTYPE_BF16, 200, 3, true, true},
-      {2, 4, 128, 16, KVGC_DTYPE_F16, 300, 1, true, true},    // int4, GQA 4 decode (grouped K)
-      {4, 3, 128, 8, KVGC_DTYPE_BF16, 250, 2, true, true},    // int4, 6 rows: groups + rest
-      {1, 2, 96, 16, KVGC_DTYPE_F32, 180, 1, true, true},     // int4, f32 model
-      {2, 1, 6, 7, KVGC_DTYPE_F32, 64, 64, false, false},     // prefill from empty, tiny head
-      {4, 2, 256, 32, KVGC_DTYPE_F16, 150, 2, false, false},  // head_dim 256
-      {1, 1, 64, 16, KVGC_DTYPE_F32, 1, 1, false, false},     // one token
+      {2, 1, 64, 16, KVGC_DTYPE_F32, 100, 1, false, kOff},   // MHA, decode
+      {1, 3, 64, 16, KVGC_DTYPE_F32, 257, 1, false, kOff},   // GQA 3, page boundary + 1
+      {2, 8, 128, 16, KVGC_DTYPE_F32, 300, 7, false, kOff},  // GQA 8, causal chunk
+      {2, 4, 128, 5, KVGC_DTYPE_F16, 333, 1, true, kOff},    // dead slots
+      {3, 3, 64, 16, KVGC_DTYPE_F16, 400, 16, true, kInt4},  // int4 pages, chunk
+      {1, 8, 64, 16, KVGC_DTYPE_BF16, 200, 3, true, kInt4},
+      {2, 4, 128, 16, KVGC_DTYPE_F16, 300, 1, true, kInt4},  // int4, GQA 4 decode (grouped K)
+      {4, 3, 128, 8, KVGC_DTYPE_BF16, 250, 2, true, kInt4},  // int4, 6 rows: groups + rest
+      {1, 2, 96, 16, KVGC_DTYPE_F32, 180, 1, true, kInt4},   // int4, f32 model
+      {3, 3, 64, 16, KVGC_DTYPE_F16, 400, 16, true, kInt8},  // int8 pages, chunk
+      {2, 4, 128, 16, KVGC_DTYPE_F16, 300, 1, true, kInt8},  // int8, GQA 4 decode (grouped K)
+      {4, 3, 128, 8, KVGC_DTYPE_BF16, 250, 2, true, kInt8},  // int8 bf16: element-wise path
+      {1, 2, 96, 16, KVGC_DTYPE_F32, 180, 3, true, kInt8},   // int8, f32 model
+      {2, 4, 64, 16, KVGC_DTYPE_F16, 500, 1, true, kLadder}, // all three classes
+      {1, 3, 128, 8, KVGC_DTYPE_BF16, 300, 5, true, kLadder},
+      {2, 1, 6, 7, KVGC_DTYPE_F32, 64, 64, false, kOff},     // prefill from empty, tiny head
+      {4, 2, 256, 32, KVGC_DTYPE_F16, 150, 2, false, kOff},  // head_dim 256
+      {1, 1, 64, 16, KVGC_DTYPE_F32, 1, 1, false, kOff},     // one token
   };
   for (int level : {2, 1, 0}) {  // AVX-512, AVX2, portable (clamped to what the CPU has)
     kvgc::cpu::set_simd_level(level);

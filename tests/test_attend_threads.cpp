@@ -28,12 +28,13 @@ struct Shape {
   kvgc_dtype dtype;
   uint32_t pages, n_q;
   double dead, int4;  // fractions of slots dead and of pages int4
+  double int8 = 0;    // fraction of pages int8
   bool early = false;  // queries from position -1: the first sees nothing, the rest little
 };
 
 // A segment's pages, built from random data, and everything an AttendOp needs.
 struct Segment {
-  PageLayout layout[2];
+  PageLayout layout[KVGC_CLASS_COUNT];
   std::vector<std::vector<uint8_t>> pages;  // 256-byte aligned storage per page
   std::vector<SegPage> seg;
   std::vector<int32_t> positions;           // live slots' positions in read order
@@ -48,7 +49,7 @@ struct Segment {
 
 Segment build(const Shape& s, std::mt19937& rng) {
   Segment g;
-  for (int c = 0; c < 2; ++c)
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     g.layout[c] = PageLayout::make(s.page_tokens, s.kv_heads, s.head_dim, s.dtype, kvgc_storage_class(c));
   std::normal_distribution<float> gauss(0.f, 1.f);
   std::uniform_real_distribution<double> u(0, 1);
@@ -56,7 +57,8 @@ Segment build(const Shape& s, std::mt19937& rng) {
   std::vector<uint8_t> row(s.head_dim * eb);
   int32_t pos = 0;
   for (uint32_t p = 0; p < s.pages; ++p) {
-    const auto cls = u(rng) < s.int4 ? KVGC_CLASS_INT4 : KVGC_CLASS_FP16;
+    const double pick = u(rng);
+    const auto cls = pick < s.int4 ? KVGC_CLASS_INT4 : pick < s.int4 + s.int8 ? KVGC_CLASS_INT8 : KVGC_CLASS_FP16;
     const PageLayout& L = g.layout[cls];
     g.pages.emplace_back(L.bytes + 256, 0);
     uint8_t* page = g.page_ptr(p);
@@ -69,17 +71,9 @@ Segment build(const Shape& s, std::mt19937& rng) {
       g.positions.push_back(pos);
       ++g.live;
       for (uint32_t h = 0; h < s.kv_heads; ++h)
-        for (size_t off : {L.k_off, L.v_off}) {
+        for (bool v : {false, true}) {
           for (uint32_t d = 0; d < s.head_dim; ++d) cpu::store(&row[d * eb], s.dtype, gauss(rng));
-          uint8_t* dst = page + off + h * L.head_stride + slot * L.slot_stride;
-          if (cls == KVGC_CLASS_FP16) {
-            std::memcpy(dst, row.data(), row.size());
-          } else {
-            const size_t qoff = off == L.k_off ? L.kq_off : L.vq_off;
-            auto* qp = reinterpret_cast<uint16_t*>(page + qoff) +
-                       (size_t(h) * s.page_tokens + slot) * (s.head_dim / L.group) * 2;
-            cpu::quantize_row(row.data(), s.dtype, s.head_dim, dst, qp);
-          }
+          cpu::store_row(L, page, h, slot, v, row.data());  // quantised for INT8 and INT4
         }
     }
   }
@@ -91,16 +85,10 @@ Segment build(const Shape& s, std::mt19937& rng) {
 std::vector<double> row_of(const Segment& g, const SegPage& sp, uint32_t slot, uint32_t h, bool v) {
   const PageLayout& L = g.layout[sp.cls];
   const uint32_t eb = dtype_bytes(L.dtype);
-  const uint8_t* src = sp.page + (v ? L.v_off : L.k_off) + h * L.head_stride + slot * L.slot_stride;
   std::vector<uint8_t> tmp(L.head_dim * eb);
-  if (sp.cls == KVGC_CLASS_INT4) {
-    const auto* qp = reinterpret_cast<const uint16_t*>(sp.page + (v ? L.vq_off : L.kq_off)) +
-                     (size_t(h) * L.page_tokens + slot) * (L.head_dim / L.group) * 2;
-    cpu::dequantize_row(src, qp, L.dtype, L.head_dim, tmp.data());
-    src = tmp.data();
-  }
+  cpu::load_row(L, sp.page, h, slot, v, tmp.data());
   std::vector<double> r(L.head_dim);
-  for (uint32_t d = 0; d < L.head_dim; ++d) r[d] = cpu::load(src + d * eb, L.dtype);
+  for (uint32_t d = 0; d < L.head_dim; ++d) r[d] = cpu::load(tmp.data() + d * eb, L.dtype);
   return r;
 }
 
@@ -115,7 +103,7 @@ Result run(Segment& g, const std::vector<uint8_t>& q, uint32_t n_q, uint32_t q_h
   std::vector<uint8_t> out(q.size(), 0xA5);  // poisoned
   for (const SegPage& sp : g.seg)  // scores from zero: what the op adds is the mass
     std::memset(sp.page + g.layout[sp.cls].score_off, 0, g.layout[sp.cls].page_tokens * 4);
-  const AttendOp op{{g.layout[0], g.layout[1]}, g.seg.data(), uint32_t(g.seg.size()), g.live,
+  const AttendOp op{{g.layout[0], g.layout[1], g.layout[2]}, g.seg.data(), uint32_t(g.seg.size()), g.live,
                     q.data(), n_q, q_heads, q_pos0, 1.f / std::sqrt(float(L0.head_dim)),
                     out.data(), true};
   cpu::attend(op, pool);
@@ -237,6 +225,10 @@ TEST_CASE("split-K attention equals one thread's, and a float64 reference") {
       {2, 1, 128, 32, KVGC_DTYPE_F16, 60, 1, 0.0, 1.0},     // int4 only
       {1, 8, 64, 16, KVGC_DTYPE_F32, 20, 1, 0.1, 0.5},      // too short to split
       {2, 3, 64, 16, KVGC_DTYPE_F16, 5, 2, 1.0, 0.5},       // no live slot at all
+      {2, 4, 128, 16, KVGC_DTYPE_F16, 100, 1, 0.1, 0.0, 1.0},  // int8 only, GQA 4
+      {1, 3, 64, 16, KVGC_DTYPE_F16, 120, 3, 0.2, 0.3, 0.4},   // all three classes
+      {2, 2, 64, 8, KVGC_DTYPE_BF16, 150, 1, 0.1, 0.2, 0.5},   // int8 bf16 element-wise
+      {1, 1, 64, 16, KVGC_DTYPE_F32, 120, 2, 0.0, 0.0, 0.6},   // int8 f32 model
   };
   for (int level : {2, 1}) {  // AVX-512, AVX2 (clamped to what the CPU has)
     cpu::set_simd_level(level);

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "../gc/compaction.hpp"
+#include "../gc/ladder.hpp"
 #include "../kernels/cpu/convert.hpp"
 #include "../kernels/cpu/gc.hpp"
 #include "../kernels/cuda/gc.cuh"
@@ -189,10 +190,12 @@ struct GcCase {
   kvgc_model_desc m;
   uint32_t page_tokens;
   kvgc_policy policy;
-  bool demote;
+  kvgc_demote demote;
   double noise;
   uint64_t budget;    // tokens per segment, or 0: a fraction of the length
   double fraction;
+  double byte_fraction = 0;  // a byte budget instead (a fraction of the full cache)
+  double recent_decay = 1;
 };
 
 // One workload on a CPU heap and a CUDA heap: random appends, random masses, a step
@@ -202,11 +205,13 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
   std::mt19937 rng(seed);
   kvgc_heap_options o = cpu_options(32 << 20, c.page_tokens);
   o.policy = c.policy;
-  o.token_budget = c.budget;
-  o.token_budget_fraction = c.fraction;
+  o.token_budget = c.byte_fraction > 0 ? 0 : c.budget;
+  o.token_budget_fraction = c.byte_fraction > 0 ? 0 : c.fraction;
+  o.byte_budget_fraction = c.byte_fraction;
+  o.recent_decay = c.recent_decay;
   o.sinks = 4;
   o.window = 8;
-  o.demote = c.demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+  o.demote = c.demote;
   o.compact_threshold = 0.2;
   o.score_noise = c.noise;
   o.seed = seed;
@@ -286,7 +291,7 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
 
 }  // namespace
 
-TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, int4 demotion, noise, compaction") {
+TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte budgets, noise, compaction") {
   std::random_device rd;
   const uint32_t seed = rd();
   std::printf("test_cuda gc: seed %u\n", seed);
@@ -300,12 +305,16 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, int4 demotion, noise,
   for (int mi = 0; mi < 2; ++mi)
     for (kvgc_policy policy : {KVGC_POLICY_H2O, KVGC_POLICY_GENERATIONAL, KVGC_POLICY_STREAMING,
                                KVGC_POLICY_RANDOM})
-      for (bool demote : {false, true})
+      for (kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER})
         for (double noise : {0.0, 0.05}) {
           const bool by_score = policy == KVGC_POLICY_H2O || policy == KVGC_POLICY_GENERATIONAL;
           if (noise > 0 && !by_score) continue;  // noise only perturbs score keys
+          if (demote == KVGC_DEMOTE_INT8 && (mi == 1 || noise > 0)) continue;  // the ladder covers it
           GcCase c{models[mi], mi == 0 ? 8u : 16u, policy, demote, noise,
                    mi == 0 ? 40u : 0u, mi == 0 ? 0.0 : 0.35};
+          // The full ladder under a byte budget; generational with recent scores.
+          if (demote == KVGC_DEMOTE_LADDER) c.byte_fraction = 0.25;
+          if (policy == KVGC_POLICY_GENERATIONAL && demote != KVGC_DEMOTE_OFF) c.recent_decay = 0.9;
           CAPTURE(mi);
           CAPTURE(policy);
           CAPTURE(demote);
@@ -314,6 +323,7 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, int4 demotion, noise,
           CHECK(st.gcs > 0);
           total.tokens_evicted += st.tokens_evicted;
           total.tokens_demoted += st.tokens_demoted;
+          for (int k = 0; k < KVGC_CLASS_COUNT; ++k) total.tokens_demoted_to[k] += st.tokens_demoted_to[k];
           total.tokens_promoted += st.tokens_promoted;
           total.compactions += st.compactions;
           total.major_gcs += st.major_gcs;
@@ -321,6 +331,8 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, int4 demotion, noise,
   // The workloads reached every path the comparison is meant to cover.
   CHECK(total.tokens_evicted > 0);
   CHECK(total.tokens_demoted > 0);
+  CHECK(total.tokens_demoted_to[KVGC_CLASS_INT8] > 0);
+  CHECK(total.tokens_demoted_to[KVGC_CLASS_INT4] > 0);
   CHECK(total.tokens_promoted > 0);
   CHECK(total.compactions > 0);
   CHECK(total.major_gcs > 0);
@@ -385,6 +397,8 @@ void fill_page(Images& im, size_t i, int cls, uint32_t used, double density, int
     reinterpret_cast<int32_t*>(p + L.pos_off)[s] = first_pos + int32_t(s);
     reinterpret_cast<float*>(p + L.score_off)[s] =
         rng() % 10 == 0 ? special[rng() % 8] : float(rng() % 64) / 16.f;  // ties on a grid
+    reinterpret_cast<float*>(p + L.recent_off)[s] =
+        rng() % 10 == 0 ? special[rng() % 8] : float(rng() % 64) / 16.f;
     const uint32_t g = int64_t(first_pos) + s < 4 ? uint32_t(kvgc::kGenSink) : 1 + rng() % 3;
     p[L.gen_off + s] = kvgc::make_gen(uint8_t(g), uint8_t(rng() % 5));
   }
@@ -406,56 +420,82 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     CAPTURE(iter);
     const kvgc_model_desc& m = models[iter % 3];
     const uint32_t pt = std::array<uint32_t, 4>{8, 16, 33, 64}[rng() % 4];
-    const uint32_t n16 = 1 + rng() % 24, n4 = rng() % 4, fresh = rng() % 3;
-    const size_t n_pages = n16 + n4 + fresh;
+    // The ladder first: a heap holds pages of its ladder's classes only. Pages per class
+    // (read order FP16, INT4, INT8) and fresh destination pages per class.
+    const kvgc_demote demote = kvgc_demote(rng() % 4);
+    const bool has8 = demote == KVGC_DEMOTE_INT8 || demote == KVGC_DEMOTE_LADDER;
+    const bool has4 = demote == KVGC_DEMOTE_INT4 || demote == KVGC_DEMOTE_LADDER;
+    const uint32_t n_cls[KVGC_CLASS_COUNT] = {1 + rng() % 24, has4 ? rng() % 4 : 0, has8 ? rng() % 4 : 0};
+    const uint32_t n_fresh[KVGC_CLASS_COUNT] = {0, has4 ? rng() % 3 : 0, has8 ? rng() % 3 : 0};
+    size_t n_pages = 0;
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) n_pages += n_cls[k] + n_fresh[k];
     Images im(m, pt, n_pages);
     std::vector<kvgc::SegPage> hp(n_pages), dp(n_pages);
+    std::vector<kvgc::AppendRun> hr[KVGC_CLASS_COUNT], dr[KVGC_CLASS_COUNT];
     int32_t pos = 0;
-    uint32_t tail_used = pt;
-    for (size_t i = 0; i < n_pages; ++i) {
-      const int cls = i < n16 ? KVGC_CLASS_FP16 : KVGC_CLASS_INT4;
-      const bool tail = i + 1 == n16 + n4 && n4 > 0;
-      const uint32_t used = tail ? (tail_used = 1 + rng() % pt) : pt;
-      fill_page(im, i, cls, i < n16 + n4 ? used : pt, 0.2 + 0.8 * double(rng() % 100) / 100, pos, m, rng);
-      pos += int32_t(pt);
-      hp[i] = {im.h(i), uint32_t(cls), 0};
-      dp[i] = {im.d(i), uint32_t(cls), 0};
-    }
-    // Demotion targets: the int4 tail's room, then the fresh pages (garbage, live bits
-    // included: the op zeroes them).
-    std::vector<kvgc::AppendRun> hr, dr;
-    if (n4 && tail_used < pt) {
-      hr.push_back({im.h(n16 + n4 - 1), tail_used, pt - tail_used, 0});
-      dr.push_back({im.d(n16 + n4 - 1), tail_used, pt - tail_used, 0});
-    }
-    for (uint32_t f = 0; f < fresh; ++f) {
-      const uint32_t count = f + 1 == fresh ? 1 + rng() % pt : pt;
-      hr.push_back({im.h(n16 + n4 + f), 0, count, 0});
-      dr.push_back({im.d(n16 + n4 + f), 0, count, 0});
+    size_t i = 0;
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) {
+      const size_t first = i;
+      uint32_t tail_used = pt;
+      for (uint32_t j = 0; j < n_cls[k] + n_fresh[k]; ++j, ++i) {
+        const bool fresh = j >= n_cls[k];
+        const bool tail = j + 1 == n_cls[k] && k != KVGC_CLASS_FP16;
+        const uint32_t used = tail ? (tail_used = 1 + rng() % pt) : pt;
+        fill_page(im, i, k, fresh ? pt : used, 0.2 + 0.8 * double(rng() % 100) / 100, pos, m, rng);
+        pos += int32_t(pt);
+        hp[i] = {im.h(i), uint32_t(k), 0};
+        dp[i] = {im.d(i), uint32_t(k), 0};
+      }
+      // Destination slots: the class's tail room, then its fresh pages (garbage, live
+      // bits included: the op clears them, and scrubs what it uses).
+      if (n_cls[k] && tail_used < pt && k != KVGC_CLASS_FP16) {
+        const size_t t = first + n_cls[k] - 1;
+        hr[k].push_back({im.h(t), tail_used, pt - tail_used, 0});
+        dr[k].push_back({im.d(t), tail_used, pt - tail_used, 0});
+      }
+      for (uint32_t f = 0; f < n_fresh[k]; ++f) {
+        const size_t t = first + n_cls[k] + f;
+        const uint32_t count = f + 1 == n_fresh[k] ? 1 + rng() % pt : pt;
+        hr[k].push_back({im.h(t), 0, count, 0});
+        dr[k].push_back({im.d(t), 0, count, 0});
+      }
     }
     im.upload();
     kvgc::SelectOp op{};
-    op.layout[0] = im.L[0];
-    op.layout[1] = im.L[1];
+    uint64_t bytes[KVGC_CLASS_COUNT];
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) {
+      op.layout[k] = im.L[k];
+      op.unit_cost[k] = bytes[k] = im.L[k].bytes;
+      op.n_demote_dst[k] = uint32_t(hr[k].size());
+    }
+    std::string note;
+    const kvgc::Ladder ladder = kvgc::make_ladder(demote, bytes, &note);
+    REQUIRE(note.empty());  // these head dims keep every rung
+    op.n_ladder = ladder.n;
+    for (int r = 0; r < 3; ++r) {
+      op.ladder[r] = ladder.cls[r];
+      op.slope[r] = ladder.slope[r];
+    }
     op.n_pages = uint32_t(n_pages);
     op.tenure_before = rng() % (pos + 1);
     op.candidates = uint8_t(kvgc::gen_bit(kvgc::kGenIntermediate) |
                             (rng() % 2 ? kvgc::gen_bit(kvgc::kGenLongTerm) : 0));
-    op.key = kvgc::KeyKind(rng() % 3);
-    op.noise = op.key == kvgc::KeyKind::Score && rng() % 3 == 0 ? 0.05 : 0.0;
+    op.key = kvgc::KeyKind(rng() % 4);
+    op.noise = kvgc::key_is_score(op.key) && rng() % 3 == 0 ? 0.05 : 0.0;
     op.seed = rng();
     op.segment_salt = rng();
     op.epoch = rng() % 100;
-    const double reclaims[] = {0.0, 1.0, 7.5, double(pos) / 3, double(pos) * 2};
+    const uint64_t fp16 = bytes[KVGC_CLASS_FP16];
+    const uint64_t reclaims[] = {0, 1, fp16 * 7 + fp16 / 2, fp16 * uint64_t(pos) / 3, fp16 * uint64_t(pos) * 2};
     op.reclaim = reclaims[rng() % 5];
-    op.int4_cost = double(im.L[1].bytes) / double(im.L[0].bytes);
-    op.demote_ratio = rng() % 3 ? 0.5 : (rng() % 2 ? -1.0 : 0.0);
-    op.n_demote_dst = uint32_t(hr.size());
+    op.budget_bytes = rng() % 3 == 0 ? 1 + rng() % (n_pages * fp16) : 0;
     op.promote = rng() % 2 ? 0 : rng() % 40;
     op.promote_age = 2;
     op.retier = rng() % 4 == 0;
     op.retier_top = rng() % (pos + 1);
     op.age_intermediate = rng() % 2;
+    CAPTURE(op.budget_bytes);
+    CAPTURE(int(op.n_ladder));
     CAPTURE(op.reclaim);
     CAPTURE(int(op.key));
     CAPTURE(op.retier);
@@ -464,11 +504,13 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     kvgc::SelectResult r_cpu, r_gpu;
     std::memset(static_cast<void*>(&r_gpu), 0xAB, sizeof r_gpu);  // poison
     op.pages = hp.data();
-    op.demote_dst = hr.data();
+    gop.pages = dp.data();
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) {
+      op.demote_dst[k] = hr[k].data();
+      gop.demote_dst[k] = dr[k].data();
+    }
     op.page_live = live_cpu.data();
     op.result = &r_cpu;
-    gop.pages = dp.data();
-    gop.demote_dst = dr.data();
     gop.page_live = live_gpu.data();
     gop.result = &r_gpu;
     const size_t scratch = kvgc::cuda::gc_scratch_bytes(n_pages * pt, pt);
@@ -484,7 +526,8 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     CHECK(r_gpu.demoted == r_cpu.demoted);
     CHECK(r_gpu.promoted == r_cpu.promoted);
     CHECK(r_gpu.promote_eligible == r_cpu.promote_eligible);
-    CHECK(std::memcmp(&r_gpu.reclaimed, &r_cpu.reclaimed, sizeof(double)) == 0);
+    CHECK(r_gpu.reclaimed == r_cpu.reclaimed);
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) CHECK(r_gpu.demoted_to[k] == r_cpu.demoted_to[k]);
     for (int t = 0; t < 4; ++t) CHECK(r_gpu.tier[t] == r_cpu.tier[t]);
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c) CHECK(r_gpu.live[c] == r_cpu.live[c]);
     CHECK(live_gpu == live_cpu);
@@ -494,18 +537,21 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     total.tenured += r_cpu.tenured;
     total.evicted += r_cpu.evicted;
     total.demoted += r_cpu.demoted;
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) total.demoted_to[k] += r_cpu.demoted_to[k];
     total.promoted += r_cpu.promoted;
     total.promote_eligible += r_cpu.promote_eligible;
   }
   CHECK(total.tenured > 0);  // every decision path was taken
   CHECK(total.evicted > 0);
   CHECK(total.demoted > 0);
+  CHECK(total.demoted_to[KVGC_CLASS_INT8] > 0);
+  CHECK(total.demoted_to[KVGC_CLASS_INT4] > 0);
   CHECK(total.promoted > 0);
   CHECK(total.promote_eligible > 0);
   cudaStreamDestroy(stream);
 }
 
-TEST_CASE("compact on CUDA equals the CPU op on random page images (both classes, planner moves)") {
+TEST_CASE("compact on CUDA equals the CPU op on random page images (every class, planner moves)") {
   std::random_device rd;
   const uint32_t seed = rd();
   std::printf("test_cuda compact: seed %u\n", seed);
@@ -518,7 +564,7 @@ TEST_CASE("compact on CUDA equals the CPU op on random page images (both classes
     CAPTURE(iter);
     const kvgc_model_desc& m = models[iter % 3];
     const uint32_t pt = std::array<uint32_t, 4>{1, 8, 37, 256}[rng() % 4];
-    const int cls = int(rng() % 2);
+    const int cls = int(rng() % KVGC_CLASS_COUNT);
     const size_t n_pages = 2 + rng() % 40;
     Images im(m, pt, n_pages);
     kvgc::host::vector<kvgc::PageCounts> counts(n_pages);

@@ -125,15 +125,18 @@ TEST_CASE("generational keeps heavy hitters through many minor GCs and ranks far
 TEST_CASE("data survives evictions, demotions and compactions (randomised, checked every step)") {
   for (kvgc_policy policy : {KVGC_POLICY_GENERATIONAL, KVGC_POLICY_H2O, KVGC_POLICY_STREAMING,
                              KVGC_POLICY_RANDOM}) {
-    for (bool demote : {false, true}) {
+    for (kvgc_demote ladder : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER}) {
+      const bool demote = ladder != KVGC_DEMOTE_OFF;
       CAPTURE(policy);
-      CAPTURE(demote);
+      CAPTURE(ladder);
       kvgc_heap_options o = gc_options(policy, 0, 4, 8, 8);
-      o.token_budget_fraction = 0.3;
-      o.demote = demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+      // Token budgets, and byte budgets with the ladder (which compact whenever a page frees).
+      if (ladder == KVGC_DEMOTE_LADDER) o.byte_budget_fraction = 0.2;
+      else o.token_budget_fraction = 0.3;
+      o.demote = ladder;
       o.compact_threshold = 0.2;
       Heap H(o, model(3, 2, 64, KVGC_DTYPE_F16));
-      std::mt19937 rng(unsigned(policy * 2 + demote));
+      std::mt19937 rng(unsigned(policy * 4 + ladder));
       std::vector<kvgc_seq> seqs(3);
       std::vector<int64_t> len(3, 0);
       for (auto& s : seqs) REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
@@ -157,16 +160,18 @@ TEST_CASE("data survives evictions, demotions and compactions (randomised, check
       CHECK(st.tokens_evicted > 0);
       CHECK(st.compactions > 0);
       if (demote) CHECK(st.tokens_demoted > 0);
-      if (demote) CHECK(st.cls[KVGC_CLASS_INT4].pages_used > 0);
+      if (ladder == KVGC_DEMOTE_INT4) CHECK(st.tokens_demoted_to[KVGC_CLASS_INT4] > 0);
+      if (ladder == KVGC_DEMOTE_INT8) CHECK(st.tokens_demoted_to[KVGC_CLASS_INT8] > 0);
+      if (ladder == KVGC_DEMOTE_INT8) CHECK(st.tokens_demoted_to[KVGC_CLASS_INT4] == 0);
       if (!demote) CHECK(st.tokens_demoted == 0);
     }
   }
 }
 
-TEST_CASE("int4 demotion keeps more tokens in the same budget, and reads back dequantized") {
-  auto kept = [](bool demote) {
+TEST_CASE("demotion keeps more tokens in the same budget, and reads back dequantized") {
+  auto kept = [](kvgc_demote demote) {
     kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 64, 4, 8, 16);
-    o.demote = demote ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+    o.demote = demote;
     Heap H(o, model(1, 4, 64));
     kvgc_seq s;
     REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
@@ -181,11 +186,184 @@ TEST_CASE("int4 demotion keeps more tokens in the same budget, and reads back de
     CHECK(bad.empty());
     return H.stats();
   };
-  const kvgc_stats plain = kept(false), demoted = kept(true);
+  const kvgc_stats plain = kept(KVGC_DEMOTE_OFF), demoted = kept(KVGC_DEMOTE_INT4);
   CHECK(plain.live_tokens == 64);
   CHECK(demoted.live_tokens > 100);  // int4 tokens cost ~0.3 of an fp16 token
   CHECK(demoted.tokens_demoted > 0);
   CHECK(demoted.cls[KVGC_CLASS_INT4].used_bytes > 0);
+  const kvgc_stats int8 = kept(KVGC_DEMOTE_INT8), ladder = kept(KVGC_DEMOTE_LADDER);
+  CHECK(int8.live_tokens > 100);  // int8 tokens cost ~0.55
+  CHECK(int8.cls_int8.used_bytes > 0);
+  CHECK(int8.cls[KVGC_CLASS_INT4].used_bytes == 0);
+  CHECK(ladder.live_tokens >= int8.live_tokens);
+  CHECK(ladder.tokens_demoted_to[KVGC_CLASS_INT8] > 0);
+  CHECK(ladder.tokens_demoted_to[KVGC_CLASS_INT4] > 0);
+}
+
+namespace {
+
+// One segment's live tokens as the GC sees them: position, score, class (read order).
+struct Token {
+  int32_t pos;
+  float score;
+  uint8_t cls, gen;
+};
+std::vector<Token> tokens_of(Heap& H, kvgc_seq s, uint32_t layer = 0) {
+  const auto pos = H.positions(s, layer);
+  std::vector<float> score(pos.size());
+  std::vector<uint8_t> cls(pos.size()), gen(pos.size());
+  uint64_t n = 0;
+  REQUIRE(kvgc_read_scores(H.h, s, layer, score.data(), gen.data(), pos.size(), &n, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_read_classes(H.h, s, layer, cls.data(), pos.size(), &n, nullptr) == KVGC_OK);
+  REQUIRE(n == pos.size());
+  std::vector<Token> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = {pos[i], score[i], cls[i], gen[i]};
+  return t;
+}
+
+int ladder_rank(uint8_t cls) {
+  return cls == KVGC_CLASS_FP16 ? 0 : cls == KVGC_CLASS_INT8 ? 1 : 2;
+}
+
+}  // namespace
+
+TEST_CASE("the ladder keeps the heavy hitter at full precision (the demotion repro)") {
+  // h2o, budget 16, sinks 4, window 4, 40 tokens; token 10 has mass 100, the others
+  // 0.01 * (t + 1). The old threshold rule (demote what scores >= 0.5 x the mean) sat
+  // above every token but the pillar and stored it int4 while tokens scoring 0.30 stayed
+  // fp16.
+  for (kvgc_demote demote : {KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER}) {
+    CAPTURE(demote);
+    kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 16, 4, 4, 16);
+    o.demote = demote;
+    o.harvest = KVGC_HARVEST_IMMEDIATE;
+    Heap H(o, model(1, 2, 64));
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    H.append(s, 0, 0, 40);
+    H.observe(s, 0, [](int32_t t) { return t == 10 ? 100.0 : 0.01 * (t + 1); });
+    REQUIRE(H.step(s) == KVGC_OK);
+    H.check();
+    const auto toks = tokens_of(H, s);
+    const auto it = std::find_if(toks.begin(), toks.end(), [](const Token& t) { return t.pos == 10; });
+    REQUIRE(it != toks.end());
+    CHECK(it->cls == KVGC_CLASS_FP16);
+    for (const Token& t : toks)  // everything demoted scores below the pillar
+      if (t.cls != KVGC_CLASS_FP16) CHECK(t.score < it->score);
+    CHECK(H.stats().tokens_demoted > 0);
+  }
+}
+
+TEST_CASE("the ladder is monotone on random score streams: no cheaper token outranks a dearer one") {
+  // After every collection (immediate harvest; a flat policy ranks every unprotected
+  // token), for any two candidates a and b: if a is stored cheaper than b, a's score (or
+  // for streaming its position) is no higher than b's; and what was evicted ranked below
+  // every surviving candidate. Heavy-tailed masses, as attention's are.
+  for (kvgc_policy policy : {KVGC_POLICY_H2O, KVGC_POLICY_STREAMING})
+    for (kvgc_demote demote : {KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER})
+      for (bool bytes : {false, true}) {
+        CAPTURE(policy);
+        CAPTURE(demote);
+        CAPTURE(bytes);
+        kvgc_heap_options o = gc_options(policy, bytes ? 0 : 48, 4, 8, 8);
+        if (bytes) o.byte_budget = 24 << 10;
+        o.demote = demote;
+        o.harvest = KVGC_HARVEST_IMMEDIATE;
+        Heap H(o, model(1, 2, 64));
+        kvgc_seq s;
+        REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+        std::mt19937 rng(unsigned(policy * 8 + demote * 2 + bytes));
+        std::lognormal_distribution<double> heavy(-3.0, 2.0);
+        int64_t len = 0;
+        uint64_t checked = 0, mixed = 0;
+        for (int step = 0; step < 200; ++step) {
+          const uint32_t n = step == 0 ? 60 : 1 + rng() % 3;
+          H.append(s, 0, len, n);
+          len += n;
+          H.observe(s, 0, [&](int32_t) { return heavy(rng); });
+          const auto before = tokens_of(H, s);
+          const uint64_t gcs = H.stats().gcs;
+          const kvgc_status st = H.step(s);
+          REQUIRE((st == KVGC_OK || st == KVGC_EBUDGET));
+          if (H.stats().gcs == gcs) continue;  // no decision this step: scores only drifted
+          const auto after = tokens_of(H, s);
+          const int64_t window_start = len - 8;
+          auto key = [&](const Token& t) { return policy == KVGC_POLICY_STREAMING ? double(t.pos) : double(t.score); };
+          std::vector<Token> cand;
+          for (const Token& t : after)
+            if (t.pos >= 4 && t.pos < window_start) cand.push_back(t);
+          std::sort(cand.begin(), cand.end(), [&](const Token& a, const Token& b) { return key(a) < key(b); });
+          // Along ascending keys the ladder rank never increases (cheaper below dearer).
+          for (size_t i = 1; i < cand.size(); ++i) {
+            INFO("pos " << cand[i - 1].pos << " (class " << int(cand[i - 1].cls) << ", key "
+                        << key(cand[i - 1]) << ") below pos " << cand[i].pos << " (class "
+                        << int(cand[i].cls) << ", key " << key(cand[i]) << ")");
+            REQUIRE(ladder_rank(cand[i - 1].cls) >= ladder_rank(cand[i].cls));
+          }
+          for (const Token& t : cand) mixed += t.cls != KVGC_CLASS_FP16;
+          std::set<int32_t> alive;
+          for (const Token& t : after) alive.insert(t.pos);
+          const double lowest_kept = cand.empty() ? INFINITY : key(cand.front());
+          for (const Token& t : before)
+            if (!alive.count(t.pos)) {
+              REQUIRE(t.pos >= 4);
+              REQUIRE(t.pos < window_start);
+              REQUIRE(key(t) <= lowest_kept);
+            }
+          checked += cand.size();
+        }
+        H.check();
+        CHECK(checked > 1000);
+        CHECK(mixed > 0);  // the ladder was in use, not only eviction
+      }
+}
+
+TEST_CASE("a byte budget is met exactly: pages held after each step, page slack included") {
+  // One segment, h2o with every ladder: after each step (immediate harvest: the results
+  // and compaction are applied within it) the pages the segment holds fit its byte
+  // budget, and use it (within the slack of one page per class in use).
+  for (kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER})
+    for (double fraction : {0.1, 0.2, 0.5}) {
+      CAPTURE(demote);
+      CAPTURE(fraction);
+      kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 0, 4, 8, 16);
+      o.byte_budget_fraction = fraction;
+      o.demote = demote;
+      o.harvest = KVGC_HARVEST_IMMEDIATE;
+      Heap H(o, model(1, 2, 64));
+      kvgc_seq s;
+      REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+      const uint64_t raw_token = 2 * 64 * 2 * 2;  // heads x dims x (K, V) x f16
+      const kvgc_stats st0 = H.stats();
+      uint64_t page_max = st0.cls[KVGC_CLASS_FP16].page_bytes;
+      int64_t len = 0;
+      double use_sum = 0;
+      int use_n = 0;
+      for (int step = 0; step < 120; ++step) {
+        const uint32_t n = step == 0 ? 256 : 1 + step % 5;
+        H.append(s, 0, len, n);
+        len += n;
+        H.observe(s, 0, weight);
+        const kvgc_status rc = H.step(s);
+        REQUIRE((rc == KVGC_OK || rc == KVGC_EBUDGET));
+        const kvgc_stats st = H.stats();
+        const uint64_t held = st.cls[0].used_bytes + st.cls[1].used_bytes + st.cls_int8.used_bytes;
+        const uint64_t budget = uint64_t(std::ceil(fraction * double(len) * raw_token));
+        // Protected tokens (4 sinks + 8 young, fp16) need one page: below that, EBUDGET.
+        if (budget < page_max) continue;
+        INFO("step " << step << " length " << len << " held " << held << " budget " << budget);
+        REQUIRE(held <= budget);
+        // Without a ladder nothing but eviction frees bytes: the budget is used to within
+        // a page per class. With one, tokens the monotone rule moves down free bytes that
+        // new tokens fill later: used on average.
+        if (demote == KVGC_DEMOTE_OFF) CHECK(held + 3 * page_max >= budget);
+        use_sum += double(held) / double(budget);
+        ++use_n;
+      }
+      H.check();
+      MESSAGE("byte budget " << fraction << ", demote " << demote << ": mean use " << use_sum / use_n);
+      CHECK(use_sum / use_n >= 0.75);
+    }
 }
 
 TEST_CASE("a full arena: append is ENOMEM, the GC evicts and compacts in place, the same append succeeds") {

@@ -1,12 +1,14 @@
 // The GC's host-side planning (gc/) and the data-plane's numeric helpers, without a heap.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "../gc/compaction.hpp"
+#include "../gc/ladder.hpp"
 #include "../gc/plan.hpp"
 #include "../kernels/cpu/convert.hpp"
 #include "../kernels/cpu/quant.hpp"
@@ -27,7 +29,7 @@ PolicyParams params(kvgc_policy p) {
 SegmentView view(uint64_t length, uint64_t budget) {
   SegmentView v;
   v.length = length;
-  v.live_fp16 = length;
+  v.live[KVGC_CLASS_FP16] = length;
   v.tier[kGenSink] = std::min<uint64_t>(4, length);
   v.tier[kGenYoung] = length - v.tier[kGenSink];
   v.budget = budget;
@@ -48,7 +50,7 @@ TEST_CASE("flat policies collect exactly when over budget, ranking every unprote
     CHECK_FALSE(plan_gc(params(p), view(100, kNoBudget)).run);
     const GcPlan g = plan_gc(params(p), view(101, 100));
     CHECK(g.run);
-    CHECK(g.reclaim == doctest::Approx(1.0));
+    CHECK(g.reclaim == 1);
     CHECK(g.candidates == (gen_bit(kGenIntermediate) | gen_bit(kGenLongTerm)));
     CHECK(g.tenure_before == 101 - 16);
     CHECK(g.promote == 0);
@@ -63,23 +65,23 @@ TEST_CASE("generational: a minor GC per page of new tokens, ranking the intermed
   SegmentView v = view(200, 100);
   v.tier[kGenYoung] = 16;
   v.tier[kGenIntermediate] = 80;
-  v.live_fp16 = 100;
+  v.live[KVGC_CLASS_FP16] = 100;
   v.since_minor = 7;
   CHECK_FALSE(plan_gc(p, v).run);  // not a page of new tokens yet
   v.since_minor = 8;
-  v.live_fp16 = 101;
+  v.live[KVGC_CLASS_FP16] = 101;
   GcPlan g = plan_gc(p, v);
   CHECK(g.run);
   CHECK_FALSE(g.major);
   CHECK(g.candidates == gen_bit(kGenIntermediate));
   CHECK(g.age_intermediate);
-  CHECK(g.reclaim == doctest::Approx(1.0));
+  CHECK(g.reclaim == 1);
   // Long-term has room (cap = budget - protected - intermediate share): promote into it.
   CHECK(g.promote == 100 - 20 - intermediate_target(p, 100));
   // The intermediate tier cannot absorb the reclaim: a major GC ranks long-term too.
   v.tier[kGenIntermediate] = 0;
   v.tier[kGenLongTerm] = 80;
-  v.live_fp16 = 150;
+  v.live[KVGC_CLASS_FP16] = 150;
   g = plan_gc(p, v);
   CHECK(g.major);
   CHECK(g.candidates == (gen_bit(kGenIntermediate) | gen_bit(kGenLongTerm)));
@@ -89,7 +91,7 @@ TEST_CASE("generational: a minor GC per page of new tokens, ranking the intermed
   v.since_minor = 8;
   v.tier[kGenLongTerm] = 60;
   v.tier[kGenIntermediate] = 20;
-  v.live_fp16 = 100;
+  v.live[KVGC_CLASS_FP16] = 100;
   v.promote_blocked = true;
   v.minors_since_major = 3;
   CHECK_FALSE(plan_gc(p, v).major);
@@ -97,14 +99,27 @@ TEST_CASE("generational: a minor GC per page of new tokens, ranking the intermed
   CHECK(plan_gc(p, v).major);
 }
 
-TEST_CASE("budgets count int4 tokens at their byte share") {
+TEST_CASE("budgets count int8 and int4 tokens at their byte share") {
   PolicyParams p = params(KVGC_POLICY_H2O);
-  p.int4_cost = 0.25;
-  SegmentView v = view(100, 100);
-  v.live_fp16 = 80;
-  v.live_int4 = 40;  // 80 + 10 = 90 units
-  CHECK(segment_cost(p, v) == doctest::Approx(90));
+  p.unit_cost[KVGC_CLASS_FP16] = 8;  // an int8 token costs half an fp16 one, int4 a quarter
+  p.unit_cost[KVGC_CLASS_INT8] = 4;
+  p.unit_cost[KVGC_CLASS_INT4] = 2;
+  SegmentView v = view(100, 100 * 8);
+  v.live[KVGC_CLASS_FP16] = 70;
+  v.live[KVGC_CLASS_INT8] = 10;
+  v.live[KVGC_CLASS_INT4] = 40;  // 560 + 40 + 80 = 680 units
+  CHECK(segment_cost(p, v) == 680);
   CHECK_FALSE(plan_gc(p, v).run);
+  v.live[KVGC_CLASS_INT4] = 100;  // 800 units: at the budget
+  CHECK_FALSE(plan_gc(p, v).run);
+  v.live[KVGC_CLASS_INT4] = 101;
+  CHECK(plan_gc(p, v).reclaim == 2);
+  // Within its units, a segment whose pages exceed its byte budget still collects.
+  v.live[KVGC_CLASS_INT4] = 40;
+  v.bytes_over = true;
+  const GcPlan g = plan_gc(p, v);
+  CHECK(g.run);
+  CHECK(g.reclaim == 0);
 }
 
 TEST_CASE("compaction plan: tail pages empty into the front pages' holes") {
@@ -206,4 +221,143 @@ TEST_CASE("int4 quantisation edge cases: constant, extreme and non-finite values
   cpu::dequantize_row(nib.data(), qp.data(), KVGC_DTYPE_F16, hd, back.data());
   for (uint32_t i = 2; i < hd; ++i)
     CHECK(cpu::load(&back[i * 2], KVGC_DTYPE_F16) == doctest::Approx(float(i) / 8).epsilon(0.1).scale(1));
+}
+
+namespace {
+
+// Mean and worst relative RMS error per head row over Gaussian rows of varied magnitude.
+template <class Quant>
+std::pair<double, double> row_error(kvgc_dtype dt, uint32_t hd, Quant&& roundtrip) {
+  std::mt19937 rng(17 + hd);
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  const uint32_t eb = dt == KVGC_DTYPE_F32 ? 4 : 2;
+  double worst = 0, sum = 0;
+  const int vectors = 2000;
+  std::vector<uint8_t> src(hd * eb), back(hd * eb);
+  for (int n = 0; n < vectors; ++n) {
+    const float scale = std::exp(gauss(rng));
+    for (uint32_t i = 0; i < hd; ++i) cpu::store(&src[i * eb], dt, gauss(rng) * scale);
+    roundtrip(src.data(), back.data());
+    double err = 0, ref = 0;
+    for (uint32_t i = 0; i < hd; ++i) {
+      const double x = cpu::load(&src[i * eb], dt), y = cpu::load(&back[i * eb], dt);
+      err += (x - y) * (x - y);
+      ref += x * x;
+    }
+    worst = std::max(worst, std::sqrt(err / ref));
+    sum += std::sqrt(err / ref);
+  }
+  return {sum / vectors, worst};
+}
+
+}  // namespace
+
+TEST_CASE("int8 quantisation: per-row error bound, and the ladder's error constants match") {
+  for (kvgc_dtype dt : {KVGC_DTYPE_F16, KVGC_DTYPE_BF16, KVGC_DTYPE_F32})
+    for (uint32_t hd : {64u, 128u, 96u, 6u}) {
+      CAPTURE(dt);
+      CAPTURE(hd);
+      const uint32_t eb = dt == KVGC_DTYPE_F32 ? 4 : 2;
+      std::vector<int8_t> q(hd);
+      uint16_t scale = 0;
+      // Every element within half a step (plus the model dtype's rounding of x').
+      auto roundtrip = [&](const uint8_t* src, uint8_t* back) {
+        cpu::quantize_row_int8(src, dt, hd, q.data(), &scale);
+        cpu::dequantize_row_int8(q.data(), &scale, dt, hd, back);
+        const float step = cpu::int8_scale_f32(scale, dt);
+        float amax = 0;
+        for (uint32_t i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(cpu::load(src + i * eb, dt)));
+        REQUIRE(step * 127 >= amax);  // the scale was rounded up: nothing clipped
+        REQUIRE(step <= amax / 127 * 1.01f + 1e-30f);
+        for (uint32_t i = 0; i < hd; ++i) {
+          const float x = cpu::load(src + i * eb, dt), y = cpu::load(back + i * eb, dt);
+          REQUIRE(std::fabs(x - y) <= step / 2 + std::fabs(x) * (dt == KVGC_DTYPE_BF16 ? 8e-3f : 1e-3f));
+        }
+      };
+      const auto [mean, worst] = row_error(dt, hd, roundtrip);
+      MESSAGE("int8 relative RMSE, dtype " << dt << " head_dim " << hd << ": mean " << mean
+                                           << ", worst " << worst);
+      if (hd >= 32 && dt != KVGC_DTYPE_BF16) {  // bf16's own rounding (2^-9) dominates int8's
+        CHECK(mean == doctest::Approx(kInt8Error).epsilon(0.3));
+        CHECK(worst <= 2.5 * kInt8Error);
+      }
+    }
+  // The int4 constant too (the ladder's exchange rates come from these two).
+  std::vector<uint8_t> nib(32);
+  std::vector<uint16_t> qp(8);
+  const auto [mean4, worst4] = row_error(KVGC_DTYPE_F16, 64, [&](const uint8_t* src, uint8_t* back) {
+    cpu::quantize_row(src, KVGC_DTYPE_F16, 64, nib.data(), qp.data());
+    cpu::dequantize_row(nib.data(), qp.data(), KVGC_DTYPE_F16, 64, back);
+  });
+  CHECK(mean4 == doctest::Approx(kInt4Error).epsilon(0.3));
+  CHECK(worst4 < 0.2);
+}
+
+TEST_CASE("int8 quantisation edge cases: zeros, constants, bf16 range, non-finite values") {
+  const uint32_t hd = 16;
+  std::vector<uint8_t> src(hd * 2), back(hd * 2);
+  std::vector<int8_t> q(hd);
+  uint16_t scale = 0xffff;
+  cpu::quantize_row_int8(src.data(), KVGC_DTYPE_F16, hd, q.data(), &scale);  // all zeros
+  cpu::dequantize_row_int8(q.data(), &scale, KVGC_DTYPE_F16, hd, back.data());
+  CHECK(back == src);
+  for (uint32_t i = 0; i < hd; ++i) cpu::store(&src[i * 2], KVGC_DTYPE_F16, -2.5f);
+  cpu::quantize_row_int8(src.data(), KVGC_DTYPE_F16, hd, q.data(), &scale);
+  cpu::dequantize_row_int8(q.data(), &scale, KVGC_DTYPE_F16, hd, back.data());
+  for (uint32_t i = 0; i < hd; ++i)
+    CHECK(cpu::load(&back[i * 2], KVGC_DTYPE_F16) == doctest::Approx(-2.5).epsilon(0.005));
+  for (uint32_t i = 0; i < hd; ++i) cpu::store(&src[i * 2], KVGC_DTYPE_BF16, i % 2 ? 3e35f : -1e35f);
+  cpu::quantize_row_int8(src.data(), KVGC_DTYPE_BF16, hd, q.data(), &scale);
+  cpu::dequantize_row_int8(q.data(), &scale, KVGC_DTYPE_BF16, hd, back.data());
+  for (uint32_t i = 0; i < hd; ++i)
+    CHECK(cpu::load(&back[i * 2], KVGC_DTYPE_BF16) == doctest::Approx(i % 2 ? 3e35 : -1e35).epsilon(0.02));
+  for (uint32_t i = 0; i < hd; ++i) cpu::store(&src[i * 2], KVGC_DTYPE_F16, float(i) - 8);
+  cpu::store(&src[0], KVGC_DTYPE_F16, NAN);
+  cpu::store(&src[2], KVGC_DTYPE_F16, INFINITY);
+  cpu::store(&src[4], KVGC_DTYPE_F16, -INFINITY);
+  cpu::quantize_row_int8(src.data(), KVGC_DTYPE_F16, hd, q.data(), &scale);
+  cpu::dequantize_row_int8(q.data(), &scale, KVGC_DTYPE_F16, hd, back.data());
+  CHECK(q[0] == 0);     // NaN reads as 0 (elements 0, 1, 2 at bytes 0, 2, 4)
+  CHECK(q[1] == 127);   // infinities saturate
+  CHECK(q[2] == -127);
+  for (uint32_t i = 3; i < hd; ++i)  // the finite values keep their own scale
+    CHECK(cpu::load(&back[i * 2], KVGC_DTYPE_F16) == doctest::Approx(float(i) - 8).epsilon(0.01).scale(1));
+}
+
+TEST_CASE("the storage ladder: classes by demote option, convex slopes, tiny heads drop rungs") {
+  auto pages = [](uint32_t hd, uint32_t heads) {
+    std::array<uint64_t, KVGC_CLASS_COUNT> b{};
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+      b[c] = PageLayout::make(16, heads, hd, KVGC_DTYPE_F16, kvgc_storage_class(c)).bytes;
+    return b;
+  };
+  std::string note;
+  const auto big = pages(128, 8);
+  Ladder L = make_ladder(KVGC_DEMOTE_LADDER, big.data(), &note);
+  CHECK(note.empty());
+  REQUIRE(L.n == 3);
+  CHECK(L.cls[0] == KVGC_CLASS_FP16);
+  CHECK(L.cls[1] == KVGC_CLASS_INT8);
+  CHECK(L.cls[2] == KVGC_CLASS_INT4);
+  CHECK(L.slope[0] < L.slope[1]);
+  CHECK(L.slope[1] < L.slope[2]);
+  // slope = error gained / cost saved, with cost = page bytes / fp16 page bytes.
+  const double c8 = double(big[KVGC_CLASS_INT8]) / big[KVGC_CLASS_FP16];
+  const double c4 = double(big[KVGC_CLASS_INT4]) / big[KVGC_CLASS_FP16];
+  CHECK(L.slope[0] == doctest::Approx(kInt8Error / (1 - c8)));
+  CHECK(L.slope[1] == doctest::Approx((kInt4Error - kInt8Error) / (c8 - c4)));
+  CHECK(L.slope[2] == doctest::Approx((1 - kInt4Error) / c4));
+  L = make_ladder(KVGC_DEMOTE_INT4, big.data(), &note);
+  CHECK((L.n == 2 && L.cls[1] == KVGC_CLASS_INT4));
+  L = make_ladder(KVGC_DEMOTE_INT8, big.data(), &note);
+  CHECK((L.n == 2 && L.cls[1] == KVGC_CLASS_INT8));
+  L = make_ladder(KVGC_DEMOTE_OFF, big.data(), &note);
+  CHECK(L.n == 1);
+  CHECK(L.slope[0] == doctest::Approx(1.0));  // fp16 -> evicted
+  // A head of 2 dims: scale words cost what the bytes save; both rungs are left out.
+  const auto tiny = pages(2, 1);
+  L = make_ladder(KVGC_DEMOTE_LADDER, tiny.data(), &note);
+  CHECK(L.n == 1);
+  CHECK(note.find("int4 left out") != std::string::npos);
+  CHECK(note.find("int8 left out") != std::string::npos);
 }

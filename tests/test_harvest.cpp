@@ -43,11 +43,11 @@ double mass(int32_t pos, int step) { return double(mix(uint64_t(pos) * 131 + uin
 
 }  // namespace
 
-TEST_CASE("deferred and immediate harvest make the same decisions: every policy, with and without int4") {
+TEST_CASE("deferred and immediate harvest make the same decisions: every policy, every ladder") {
   const kvgc_model_desc m = model(2, 2, 32);
   for (const kvgc_policy policy : {KVGC_POLICY_H2O, KVGC_POLICY_GENERATIONAL, KVGC_POLICY_STREAMING,
                                    KVGC_POLICY_RANDOM})
-    for (const kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4}) {
+    for (const kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER}) {
       CAPTURE(policy);
       CAPTURE(demote);
       // A window of 24 > two appends: every token is observed before it can be ranked.

@@ -228,6 +228,10 @@ TEST_CASE("kvgc.hpp: RAII handles and exceptions") {
     CHECK(s.live(0) == 20);
     CHECK(s.length(1) == 0);
     CHECK(s.read(0, nullptr, nullptr, nullptr, 0) == 20);
+    std::vector<uint8_t> cls(20, 0xff);
+    CHECK(s.read_classes(0, cls.data(), cls.size()) == 20);
+    CHECK(cls == std::vector<uint8_t>(20, KVGC_CLASS_FP16));  // new tokens are stored fp16
+    CHECK_THROWS_AS(s.read_classes(0, cls.data(), 19), kvgc::Error);  // capacity too small
     CHECK(heap.stats().live_tokens == 20);
     try {
       s.append(9, k.data(), v.data(), 1);

@@ -42,7 +42,10 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.sinks == 4);
   CHECK(o.harvest == KVGC_HARVEST_DEFERRED);
   CHECK(o.cpu_threads == 1);
-  CHECK(option_docs().size() == 15);
+  CHECK(o.recent_decay == 1.0);
+  CHECK(o.byte_budget == 0);
+  CHECK(o.byte_budget_fraction == 0);
+  CHECK(option_docs().size() == 17);
   for (const OptionDoc& d : option_docs()) {
     CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
     CHECK(std::string(d.doc).size() > 10);
@@ -93,6 +96,28 @@ TEST_CASE("every variable accepts its documented forms") {
     CHECK(st.ok());
     CHECK(o.policy == p);
   }
+  for (auto [v, d] : std::map<std::string, kvgc_demote>{{"off", KVGC_DEMOTE_OFF},
+                                                        {"int8", KVGC_DEMOTE_INT8},
+                                                        {"int8,int4", KVGC_DEMOTE_LADDER}}) {
+    o = apply({{"KVGC_DEMOTE", v}}, &st);
+    CHECK(st.ok());
+    CHECK(o.demote == d);
+  }
+  o = apply({{"KVGC_BYTE_BUDGET", "64K"}, {"KVGC_RECENT_DECAY", "0.9"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.byte_budget == 64u << 10);
+  CHECK(o.byte_budget_fraction == 0);
+  CHECK(o.recent_decay == doctest::Approx(0.9));
+  o = apply({{"KVGC_BYTE_BUDGET", "0.125"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.byte_budget == 0);
+  CHECK(o.byte_budget_fraction == doctest::Approx(0.125));
+  o = apply({{"KVGC_BYTE_BUDGET", "20%"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.byte_budget_fraction == doctest::Approx(0.2));
+  o = apply({{"KVGC_BYTE_BUDGET", "1000000"}}, &st);
+  CHECK(st.ok());
+  CHECK(o.byte_budget == 1000000);
   o = apply({{"KVGC_BUDGET", "40%"}}, &st);
   CHECK(st.ok());
   CHECK(o.budget_bytes == 0);
@@ -130,7 +155,8 @@ TEST_CASE("a malformed variable fails, names itself and its forms, and changes n
       {"KVGC_WINDOW", "99999999999"},  {"KVGC_PAGE_TOKENS", "abc"},
       {"KVGC_PAGE_TOKENS", "0"},       {"KVGC_PAGE_TOKENS", "257"},
       {"KVGC_COMPACT_THRESHOLD", "0"}, {"KVGC_COMPACT_THRESHOLD", "nan"},
-      {"KVGC_DEMOTE", "int8"},         {"KVGC_LAYER_BUDGET", "triangle"},
+      {"KVGC_DEMOTE", "int2"},         {"KVGC_LAYER_BUDGET", "triangle"},
+      {"KVGC_BYTE_BUDGET", "1.5"},     {"KVGC_RECENT_DECAY", "0"},
       {"KVGC_HARVEST", "later"},
       {"KVGC_SCORE_NOISE", "-0.1"},    {"KVGC_SCORE_NOISE", "inf"},
       {"KVGC_SEED", "0xZZ"},           {"KVGC_VERBOSE", "yes"},
@@ -141,7 +167,11 @@ TEST_CASE("a malformed variable fails, names itself and its forms, and changes n
       {"KVGC_BUDGET", "0"}, {"KVGC_BUDGET", "150%"}, {"KVGC_PAGE_TOKENS", "257"},
       {"KVGC_TOKEN_BUDGET", "0"}, {"KVGC_SCORE_NOISE", "inf"}, {"KVGC_BUDGET", "1.5"},
       {"KVGC_THREADS", "257"}, {"KVGC_THREADS", "x"}, {"KVGC_THREADS", ""},
-      {"KVGC_THREADS", "-1"}, {"KVGC_THREADS", "Auto"}};
+      {"KVGC_THREADS", "-1"}, {"KVGC_THREADS", "Auto"},
+      {"KVGC_DEMOTE", "int4,int8"}, {"KVGC_DEMOTE", "int8, int4"}, {"KVGC_DEMOTE", ""},
+      {"KVGC_BYTE_BUDGET", "0"}, {"KVGC_BYTE_BUDGET", "0%"}, {"KVGC_BYTE_BUDGET", "150%"},
+      {"KVGC_BYTE_BUDGET", "-64K"}, {"KVGC_BYTE_BUDGET", "abc"}, {"KVGC_BYTE_BUDGET", "0.0"},
+      {"KVGC_RECENT_DECAY", "1.5"}, {"KVGC_RECENT_DECAY", "-0.5"}, {"KVGC_RECENT_DECAY", "nan"}};
   auto expect_bad = [](const std::string& var, const std::string& val) {
     Status st;
     // A good variable applied alongside must not survive the failure either.

@@ -129,7 +129,10 @@ TEST_CASE("scrubbing: a canary planted by tenant A is never found in tenant B's 
       REQUIRE(kvgc_observe(h, b, layer, mass.data(), live, nullptr) == KVGC_OK);
     }
     REQUIRE(kvgc_step(h, b, nullptr) == KVGC_OK);  // demotion pages for B
-    // Scan every byte of every page B holds.
+    // Apply the step's results: destination pages the GC reserved but did not use go back
+    // to the pool unwritten (their live masks cleared, never readable), used ones were
+    // scrubbed whole before their first write. Then scan every byte of every page B holds.
+    stats(h);
     size_t pages = 0, hits = 0;
     REQUIRE(kvgc::internal_heap(h)->for_each_page(b, [&](const uint8_t* page, size_t bytes) {
       ++pages;

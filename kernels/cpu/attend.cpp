@@ -46,21 +46,13 @@ void axpy(float a, const float* x, float* y, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// One head's K or V row of a slot as f32 (int4 rows dequantised through the model dtype,
-// exactly as kvgc_read returns them).
+// One head's K or V row of a slot as f32 (int8 and int4 rows dequantised through the
+// model dtype, exactly as kvgc_read returns them).
 void row_f32(const AttendOp& op, const LiveSlot& s, uint32_t h, bool v, float* dst,
              host::vector<uint8_t>& tmp) {
   const PageLayout& L = op.layout[s.cls];
-  const size_t at = h * L.head_stride + s.slot * L.slot_stride;
-  if (s.cls == KVGC_CLASS_FP16) {
-    to_f32(s.page + (v ? L.v_off : L.k_off) + at, L.dtype, L.head_dim, dst);
-    return;
-  }
-  const size_t qp = (size_t(h) * L.page_tokens + s.slot) * (L.head_dim / L.group) * 2;
   tmp.resize(size_t(L.head_dim) * dtype_bytes(L.dtype));
-  dequantize_row(s.page + (v ? L.v_off : L.k_off) + at,
-                 reinterpret_cast<const uint16_t*>(s.page + (v ? L.vq_off : L.kq_off)) + qp,
-                 L.dtype, L.head_dim, tmp.data());
+  load_row(L, s.page, h, s.slot, v, tmp.data());
   to_f32(tmp.data(), L.dtype, L.head_dim, dst);
 }
 
@@ -183,6 +175,8 @@ void attend(const AttendOp& op, ThreadPool* pool) {
     for (size_t j = 0; j < n; ++j) {
       const PageLayout& L = op.layout[slots[j].cls];
       reinterpret_cast<float*>(slots[j].page + L.score_off)[slots[j].slot] += mass[j];
+      float& recent = reinterpret_cast<float*>(slots[j].page + L.recent_off)[slots[j].slot];
+      recent = recent * op.recent_decay + mass[j];
     }
 }
 

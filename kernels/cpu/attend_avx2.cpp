@@ -32,6 +32,7 @@ KVGC_AVX2 inline VEC vbcast(const float* p) { return _mm256_broadcast_ss(p); }
 KVGC_AVX2 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c); }
 KVGC_AVX2 inline VEC vadd(VEC a, VEC b) { return _mm256_add_ps(a, b); }
 KVGC_AVX2 inline VEC vsub(VEC a, VEC b) { return _mm256_sub_ps(a, b); }
+KVGC_AVX2 inline VEC vmul(VEC a, VEC b) { return _mm256_mul_ps(a, b); }
 
 KVGC_AVX2 inline void vstore_first(float* p, VEC v, uint32_t n) {  // lanes [0, n)
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -77,11 +78,27 @@ KVGC_AVX2 inline float load16(const uint16_t* p, kvgc_dtype t) {
   }();
 }
 
-// 8 elements [d, d + 8) of a row, as f32; int4 elements go through the model dtype, as
-// kvgc_read returns them (the specification).
-template <kvgc_dtype D, bool INT4>
+// x rounded to the model dtype D and back (how kvgc_read returns a dequantised value).
+template <kvgc_dtype D>
+KVGC_AVX2 inline __m256 round_to(__m256 x) {
+  if constexpr (D == KVGC_DTYPE_F16) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else if constexpr (D == KVGC_DTYPE_BF16) {
+    const __m256i b = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(int(0xffff0000u))));
+  } else {
+    return x;
+  }
+}
+
+// 8 elements [d, d + 8) of a row of class C, as f32; int8 and int4 elements go through
+// the model dtype, as kvgc_read returns them (the specification).
+template <kvgc_dtype D, int C>
 KVGC_AVX2 inline __m256 vload_row(const uint8_t* row, const uint16_t* qp, uint32_t group, uint32_t d) {
-  if constexpr (!INT4) {
+  constexpr kvgc_dtype qt = qparam_dtype(D);
+  if constexpr (C == KVGC_CLASS_FP16) {
     if constexpr (D == KVGC_DTYPE_F16)
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
     else if constexpr (D == KVGC_DTYPE_BF16)
@@ -89,6 +106,13 @@ KVGC_AVX2 inline __m256 vload_row(const uint8_t* row, const uint16_t* qp, uint32
           _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d))), 16));
     else
       return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  } else if constexpr (C == KVGC_CLASS_INT8 && int8_factored(D)) {
+    // The row's scale is applied per slot by the caller (attend_simd.inc).
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
+  } else if constexpr (C == KVGC_CLASS_INT8) {
+    // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
+    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d)));
+    return round_to<D>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(load16(qp, qt))));
   } else {
     uint32_t w;
     std::memcpy(&w, row + d / 2, 4);  // 8 nibbles, low first
@@ -96,19 +120,8 @@ KVGC_AVX2 inline __m256 vload_row(const uint8_t* row, const uint16_t* qp, uint32
         _mm256_srlv_epi32(_mm256_set1_epi32(int(w)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
         _mm256_set1_epi32(15));
     const uint32_t g = d / group;
-    constexpr kvgc_dtype qt = qparam_dtype(D);
-    const __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(load16(qp + 2 * g, qt)),
-                                     _mm256_set1_ps(load16(qp + 2 * g + 1, qt)));
-    if constexpr (D == KVGC_DTYPE_F16) {
-      return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    } else if constexpr (D == KVGC_DTYPE_BF16) {
-      const __m256i b = _mm256_castps_si256(x);
-      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-      const __m256i rounded = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-      return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(int(0xffff0000u))));
-    } else {
-      return x;
-    }
+    return round_to<D>(_mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(load16(qp + 2 * g, qt)),
+                                       _mm256_set1_ps(load16(qp + 2 * g + 1, qt))));
   }
 }
 

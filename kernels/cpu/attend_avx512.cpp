@@ -36,6 +36,7 @@ KVGC_AVX512 inline VEC vbcast(const float* p) { return _mm512_set1_ps(*p); }
 KVGC_AVX512 inline VEC vfma(VEC a, VEC b, VEC c) { return _mm512_fmadd_ps(a, b, c); }
 KVGC_AVX512 inline VEC vadd(VEC a, VEC b) { return _mm512_add_ps(a, b); }
 KVGC_AVX512 inline VEC vsub(VEC a, VEC b) { return _mm512_sub_ps(a, b); }
+KVGC_AVX512 inline VEC vmul(VEC a, VEC b) { return _mm512_mul_ps(a, b); }
 KVGC_AVX512 inline float vhsum(VEC v) { return _mm512_reduce_add_ps(v); }
 KVGC_AVX512 inline void vstore_first(float* p, VEC v, uint32_t n) {  // lanes [0, n)
   _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v);
@@ -91,10 +92,12 @@ KVGC_AVX512 inline VEC round_to(VEC x) {
   }
 }
 
-// 16 elements [d, d + 16) of a row as f32; int4 through the model dtype.
-template <kvgc_dtype D, bool INT4>
+// 16 elements [d, d + 16) of a row of class C as f32; int8 and int4 through the model
+// dtype.
+template <kvgc_dtype D, int C>
 KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_t group, uint32_t d) {
-  if constexpr (!INT4) {
+  constexpr kvgc_dtype qt = qparam_dtype(D);
+  if constexpr (C == KVGC_CLASS_FP16) {
     if constexpr (D == KVGC_DTYPE_F16)
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * d)));
     else if constexpr (D == KVGC_DTYPE_BF16)
@@ -102,6 +105,13 @@ KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_
           _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * d))), 16));
     else
       return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  } else if constexpr (C == KVGC_CLASS_INT8 && int8_factored(D)) {
+    // The row's scale is applied per slot by the caller (attend_simd.inc).
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
+  } else if constexpr (C == KVGC_CLASS_INT8) {
+    // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
+    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+    return round_to<D>(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(load16(qp, qt))));
   } else {
     uint32_t lo, hi;  // 16 nibbles, low first
     std::memcpy(&lo, row + d / 2, 4);
@@ -111,7 +121,6 @@ KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_
     const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(15));
     const uint32_t g = d / group;
-    constexpr kvgc_dtype qt = qparam_dtype(D);
     return round_to<D>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(load16(qp + 2 * g, qt)),
                                        _mm512_set1_ps(load16(qp + 2 * g + 1, qt))));
   }

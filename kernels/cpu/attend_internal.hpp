@@ -20,6 +20,14 @@ struct LiveSlot {
 
 class ThreadPool;
 
+// The vector paths read INT8 rows of f16 and f32 models unscaled and apply each row's
+// scale once per slot (on the logit, and on the probability that weighs its V row):
+// one multiply a slot instead of a multiply and an f16 round trip per element, at the
+// cost of the f16 rounding kvgc_read's values carry (2^-11 relative, inside attention's
+// f16 tolerance). bf16 rows keep the element-wise path: bf16's rounding (2^-8) is cheap
+// to reproduce and has no such margin.
+constexpr bool int8_factored(kvgc_dtype d) { return d != KVGC_DTYPE_BF16; }
+
 // Split-K over slots (attend_split.cpp): at most `max_workers` contiguous ranges of the
 // live slots, cut at page boundaries, balanced by slot count, none shorter than
 // split_min_slots() (so a short segment gets fewer workers, down to one). Range w is

@@ -19,6 +19,7 @@ void append(const AppendOp& op) {
     auto* live = reinterpret_cast<uint32_t*>(page + L.live_off);
     auto* pos = reinterpret_cast<int32_t*>(page + L.pos_off);
     auto* score = reinterpret_cast<float*>(page + L.score_off);
+    auto* recent = reinterpret_cast<float*>(page + L.recent_off);
     auto* gen = page + L.gen_off;
     if (run.first_slot == 0) {  // a fresh page: scrub what this run does not write
       std::memset(live, 0, 4 * size_t(PageLayout::live_words(L.page_tokens)));
@@ -30,6 +31,7 @@ void append(const AppendOp& op) {
       }
       std::memset(pos + run.count, 0, 4 * size_t(rest));
       std::memset(score + run.count, 0, 4 * size_t(rest));
+      std::memset(recent + run.count, 0, 4 * size_t(rest));
       std::memset(gen + run.count, 0, rest);
     }
     for (uint32_t t = 0; t < run.count; ++t) {
@@ -43,6 +45,7 @@ void append(const AppendOp& op) {
       const int64_t p = op.first_pos + int64_t(src);
       pos[slot] = int32_t(p);
       score[slot] = 0.f;
+      recent[slot] = 0.f;
       gen[slot] = p < int64_t(op.sinks) ? kGenSink : kGenYoung;
       live[slot / 32] |= 1u << (slot % 32);
     }
@@ -57,7 +60,6 @@ void gather(const GatherOp& op) {
     const PageLayout& L = op.layout[sp.cls];
     const size_t row = size_t(L.head_dim) * dtype_bytes(L.dtype);  // one head, model dtype
     const size_t token_bytes = row * L.n_kv_heads;
-    const size_t qp = (L.head_dim / L.group) * 2;  // 16-bit values per (head, slot)
     const uint8_t* page = sp.page;
     const auto* live = reinterpret_cast<const uint32_t*>(page + L.live_off);
     const auto* pos = reinterpret_cast<const int32_t*>(page + L.pos_off);
@@ -66,19 +68,8 @@ void gather(const GatherOp& op) {
       for (uint32_t bits = live[w]; bits; bits &= bits - 1) {
         const uint32_t slot = w * 32 + uint32_t(std::countr_zero(bits));
         for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
-          const size_t src = h * L.head_stride + slot * L.slot_stride;
-          uint8_t* kd = k_out ? k_out + out * token_bytes + h * row : nullptr;
-          uint8_t* vd = v_out ? v_out + out * token_bytes + h * row : nullptr;
-          if (L.cls == KVGC_CLASS_FP16) {
-            if (kd) std::memcpy(kd, page + L.k_off + src, row);
-            if (vd) std::memcpy(vd, page + L.v_off + src, row);
-          } else {
-            const size_t q = (size_t(h) * L.page_tokens + slot) * qp;
-            const auto* kq = reinterpret_cast<const uint16_t*>(page + L.kq_off) + q;
-            const auto* vq = reinterpret_cast<const uint16_t*>(page + L.vq_off) + q;
-            if (kd) dequantize_row(page + L.k_off + src, kq, L.dtype, L.head_dim, kd);
-            if (vd) dequantize_row(page + L.v_off + src, vq, L.dtype, L.head_dim, vd);
-          }
+          if (k_out) load_row(L, page, h, slot, false, k_out + out * token_bytes + h * row);
+          if (v_out) load_row(L, page, h, slot, true, v_out + out * token_bytes + h * row);
         }
         if (op.pos_out) op.pos_out[out] = pos[slot];
         if (op.score_out) op.score_out[out] = reinterpret_cast<const float*>(page + L.score_off)[slot];

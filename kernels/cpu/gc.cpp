@@ -56,6 +56,10 @@ double laplace(double b, uint64_t h) {
 // is what the selection needs, and a token with no usable score is the first to go.
 double rankable(double k) { return std::isnan(k) ? -INFINITY : k; }
 
+float& recent_at(uint8_t* page, const PageLayout& L, uint32_t slot) {
+  return reinterpret_cast<float*>(page + L.recent_off)[slot];
+}
+
 double key_of(const SelectOp& op, uint8_t* page, const PageLayout& L, uint32_t slot) {
   const int32_t pos = pos_at(page, L, slot);
   switch (op.key) {
@@ -63,8 +67,9 @@ double key_of(const SelectOp& op, uint8_t* page, const PageLayout& L, uint32_t s
     case KeyKind::Random:
       return double(splitmix(op.seed ^ splitmix(op.segment_salt ^ uint64_t(uint32_t(pos)))) >> 11);
     case KeyKind::Score:
+    case KeyKind::Recent:
     default: {
-      double k = score_at(page, L, slot);
+      double k = op.key == KeyKind::Recent ? recent_at(page, L, slot) : score_at(page, L, slot);
       if (op.noise > 0)
         k += laplace(op.noise, splitmix(op.seed ^ splitmix(op.segment_salt ^ splitmix(op.epoch ^ (uint64_t(uint32_t(pos)) << 20)))));
       return rankable(k);
@@ -72,21 +77,28 @@ double key_of(const SelectOp& op, uint8_t* page, const PageLayout& L, uint32_t s
   }
 }
 
-// Re-stores an fp16 slot into an int4 slot: K and V quantised per head, metadata copied.
-void demote_slot(const PageLayout& Lf, uint8_t* src, uint32_t s, const PageLayout& Lq,
-                 uint8_t* dst, uint32_t d) {
-  for (uint32_t h = 0; h < Lf.n_kv_heads; ++h) {
-    const size_t from = h * Lf.head_stride + s * Lf.slot_stride;
-    const size_t to = h * Lq.head_stride + d * Lq.slot_stride;
-    const size_t qp = (size_t(h) * Lq.page_tokens + d) * (Lq.head_dim / Lq.group) * 2;
-    quantize_row(src + Lf.k_off + from, Lf.dtype, Lf.head_dim, dst + Lq.k_off + to,
-                 reinterpret_cast<uint16_t*>(dst + Lq.kq_off) + qp);
-    quantize_row(src + Lf.v_off + from, Lf.dtype, Lf.head_dim, dst + Lq.v_off + to,
-                 reinterpret_cast<uint16_t*>(dst + Lq.vq_off) + qp);
-  }
-  pos_at(dst, Lq, d) = pos_at(src, Lf, s);
-  score_at(dst, Lq, d) = score_at(src, Lf, s);
-  gen_at(dst, Lq, d) = gen_at(src, Lf, s);
+// Re-stores a slot of page `src` (layout Ls) into slot d of page `dst` (layout Ld, a
+// cheaper class): K and V of every head through the model dtype, metadata copied.
+void move_slot(const PageLayout& Ls, uint8_t* src, uint32_t s, const PageLayout& Ld,
+               uint8_t* dst, uint32_t d, host::vector<uint8_t>& row) {
+  row.resize(size_t(Ls.head_dim) * dtype_bytes(Ls.dtype));
+  for (uint32_t h = 0; h < Ls.n_kv_heads; ++h)
+    for (bool v : {false, true}) {
+      load_row(Ls, src, h, s, v, row.data());
+      store_row(Ld, dst, h, d, v, row.data());
+    }
+  pos_at(dst, Ld, d) = pos_at(src, Ls, s);
+  score_at(dst, Ld, d) = score_at(src, Ls, s);
+  recent_at(dst, Ld, d) = recent_at(src, Ls, s);
+  gen_at(dst, Ld, d) = gen_at(src, Ls, s);
+}
+
+// Pages a class needs for `live` tokens once compacted, and what they hold in bytes.
+uint64_t held_bytes(const SelectOp& op, const uint64_t live[KVGC_CLASS_COUNT]) {
+  const uint32_t pt = op.layout[KVGC_CLASS_FP16].page_tokens;
+  uint64_t bytes = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += (live[c] + pt - 1) / pt * op.layout[c].bytes;
+  return bytes;
 }
 
 }  // namespace
@@ -96,21 +108,53 @@ void observe(const ObserveOp& op) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
     uint64_t row = sp.out_row;
-    for_live(sp.page, L, [&](uint32_t s) { score_at(sp.page, L, s) += op.mass[row++]; });
+    for_live(sp.page, L, [&](uint32_t s) {
+      const float m = op.mass[row++];
+      score_at(sp.page, L, s) += m;
+      recent_at(sp.page, L, s) = recent_at(sp.page, L, s) * op.decay + m;
+    });
   }
+}
+
+// The walk of select's step 2 over candidates sorted by ascending key: the rungs taken in
+// increasing order of (weight x slope, rung, rank) until `reclaim` units are given back.
+// at[i] is candidate i's ladder position (0 .. n_ladder - 1, n_ladder = evicted); on
+// return, where the walk leaves it. Returns the units the walk gave back.
+uint64_t ladder_walk(const SelectOp& op, const double* weight, uint8_t* at, size_t n) {
+  const uint32_t rungs = op.n_ladder;
+  uint64_t saving[3] = {0, 0, 0};
+  for (uint32_t r = 0; r < rungs; ++r)
+    saving[r] = op.unit_cost[op.ladder[r]] - (r + 1 < rungs ? op.unit_cost[op.ladder[r + 1]] : 0);
+  size_t next[3] = {0, 0, 0};  // rung r's next candidate (ascending rank)
+  uint64_t reclaimed = 0;
+  while (reclaimed < op.reclaim) {
+    int best = -1;
+    double best_ratio = 0;
+    for (uint32_t r = 0; r < rungs; ++r) {
+      // Candidates below rung r's start take no step r: they are past it already.
+      while (next[r] < n && at[next[r]] > r) ++next[r];
+      if (next[r] == n) continue;
+      const double ratio = weight[next[r]] * op.slope[r];
+      if (best < 0 || ratio < best_ratio) best = int(r), best_ratio = ratio;  // ties: lower rung
+    }
+    if (best < 0) break;  // every candidate evicted
+    const size_t i = next[best]++;
+    at[i] = uint8_t(best + 1);  // its earlier steps came first (lower ratio or rung)
+    reclaimed += saving[best];
+  }
+  return reclaimed;
 }
 
 void select(const SelectOp& op) {
   SelectResult r;
-  // Demotion targets starting at slot 0 are fresh pages: the op owns their live masks
-  // (a recycled page must not show its previous owner's bits), as append does.
-  // Fresh pages are scrubbed whole (they are small): no byte of a previous owner stays.
-  for (uint32_t i = 0; i < op.n_demote_dst; ++i)
-    if (op.demote_dst[i].first_slot == 0)
-      std::memset(op.demote_dst[i].page, 0, op.layout[KVGC_CLASS_INT4].bytes);
   struct Cand {
     double key;
     uint32_t page_index, slot;
+  };
+  struct Dest {
+    uint8_t* page;
+    uint32_t slot;
+    bool fresh;  // slot 0 of a fresh page: scrub the page before its first use
   };
   // Every container is sized before the first metadata write, so running out of host
   // memory (an exception) can only happen before the op has changed anything.
@@ -122,27 +166,47 @@ void select(const SelectOp& op) {
       n_live += std::popcount(reinterpret_cast<const uint32_t*>(sp.page + L.live_off)[w]);
   }
   host::vector<Cand> cands, rest, eligible;
-  host::vector<uint8_t> victim;
-  cands.reserve(n_live);
-  rest.reserve(n_live);
-  eligible.reserve(n_live);
-  victim.reserve(n_live);
-  double key_sum = 0;
+  host::vector<uint8_t> victim, at, from;
+  host::vector<double> weight;
+  host::vector<Dest> dest, slots[KVGC_CLASS_COUNT];
+  host::vector<uint8_t> row;
+  for (auto* v : {&cands, &rest, &eligible}) v->reserve(n_live);
+  for (auto* v : {&victim, &at, &from}) v->reserve(n_live);
+  weight.reserve(n_live);
+  dest.reserve(n_live);
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    size_t room = 0;
+    for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i) room += op.demote_dst[c][i].count;
+    slots[c].reserve(room);
+    for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i)
+      for (uint32_t k = 0; k < op.demote_dst[c][i].count; ++k) {
+        const uint32_t slot = op.demote_dst[c][i].first_slot + k;
+        slots[c].push_back({op.demote_dst[c][i].page, slot, slot == 0});
+      }
+  }
+  row.resize(size_t(op.layout[0].head_dim) * dtype_bytes(op.layout[0].dtype));
+  // Fresh destination pages are in the page list: their live masks (a previous owner's
+  // bits) are cleared before anything reads them; the rest is scrubbed at first use.
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i)
+      if (op.demote_dst[c][i].first_slot == 0)
+        std::memset(op.demote_dst[c][i].page + op.layout[c].live_off, 0,
+                    4 * size_t(PageLayout::live_words(op.layout[c].page_tokens)));
+  uint64_t live_cls[KVGC_CLASS_COUNT] = {0, 0, 0};
+  int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1};  // a class's place on the ladder
+  for (uint32_t i = 0; i < op.n_ladder; ++i) position_of[op.ladder[i]] = int(i);
   // 1. Tenure tokens that left the young window; collect the ranked tiers.
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
     for_live(sp.page, L, [&](uint32_t s) {
+      ++live_cls[sp.cls];
       uint8_t& g = gen_at(sp.page, L, s);
       if (gen_of(g) == kGenYoung && pos_at(sp.page, L, s) < op.tenure_before) {
         g = make_gen(kGenIntermediate, 0);
         ++r.tenured;
       }
-      if (op.candidates & gen_bit(gen_of(g))) {
-        const double k = key_of(op, sp.page, L, s);
-        cands.push_back({k, p, s});
-        if (std::isfinite(k)) key_sum += k;
-      }
+      if (op.candidates & gen_bit(gen_of(g))) cands.push_back({key_of(op, sp.page, L, s), p, s});
     });
   }
   r.ranked = cands.size();
@@ -150,52 +214,95 @@ void select(const SelectOp& op) {
     return a.key < b.key || (a.key == b.key && (a.page_index < b.page_index ||
                                                 (a.page_index == b.page_index && a.slot < b.slot)));
   };
-  // 2. Victims, until `reclaim` fp16-token units are given back. With demotion, first
-  //    (before any eviction) fp16 tokens ranked at or above the threshold are re-stored
-  //    as int4, lowest first, while int4 slots last; then the lowest-ranked are evicted.
-  //    Without demotion each victim saves at least min(1, int4_cost), which bounds how
-  //    many must be ordered.
-  victim.assign(cands.size(), 0);
-  if (op.reclaim > 0 && !cands.empty()) {
-    const bool demote_on = op.demote_ratio >= 0 && op.n_demote_dst > 0;
-    size_t order = cands.size();
-    if (!demote_on) {
-      const double need = std::ceil(op.reclaim / std::min(op.int4_cost, 1.0)) + 1;
-      order = need >= double(cands.size()) ? cands.size() : size_t(need);
+  const size_t n = cands.size();
+  victim.assign(n, 0);
+  // Only a collection that gives something back decides classes: then every candidate's
+  // rung is set (and the ladder made monotone) by this one decision.
+  const bool reclaims =
+      op.reclaim > 0 || (op.budget_bytes > 0 && held_bytes(op, live_cls) > op.budget_bytes);
+  if (reclaims && n > 0) {
+    // 2. Order, then the ladder walk. Without a ladder or a byte budget, and with every
+    //    candidate fp16 (as a heap without a ladder holds), only the lowest need an
+    //    order: each eviction gives back a whole fp16 token. A class off the ladder
+    //    (which no heap holds: its ladder is fixed) is left as it is.
+    size_t order = n;
+    const bool all_fp16 = std::all_of(cands.begin(), cands.end(), [&](const Cand& c) {
+      return op.pages[c.page_index].cls == KVGC_CLASS_FP16;
+    });
+    if (op.n_ladder == 1 && op.budget_bytes == 0 && all_fp16) {
+      const uint64_t per = op.unit_cost[KVGC_CLASS_FP16];
+      const uint64_t need = (op.reclaim + per - 1) / per + 1;
+      order = need >= n ? n : size_t(need);
       std::nth_element(cands.begin(), cands.begin() + (order - 1), cands.end(), by_key);
     }
     std::sort(cands.begin(), cands.begin() + order, by_key);
-    if (demote_on) {
-      const double threshold = op.demote_ratio * key_sum / double(cands.size());
-      uint32_t run = 0, in_run = 0;
-      const size_t first = size_t(std::lower_bound(cands.begin(), cands.end(), threshold,
-                                                   [](const Cand& c, double t) { return c.key < t; }) -
-                                  cands.begin());
-      for (size_t j = first; j < order && r.reclaimed < op.reclaim && run < op.n_demote_dst; ++j) {
-        const SegPage& sp = op.pages[cands[j].page_index];
-        if (sp.cls != KVGC_CLASS_FP16) continue;
-        const AppendRun& dst = op.demote_dst[run];
-        const uint32_t d = dst.first_slot + in_run;
-        demote_slot(op.layout[KVGC_CLASS_FP16], sp.page, cands[j].slot,
-                    op.layout[KVGC_CLASS_INT4], dst.page, d);
-        set_live(dst.page, op.layout[KVGC_CLASS_INT4], d, true);
-        set_live(sp.page, op.layout[KVGC_CLASS_FP16], cands[j].slot, false);
-        if (++in_run == dst.count) ++run, in_run = 0;
-        ++r.demoted;
-        r.reclaimed += 1.0 - op.int4_cost;
-        victim[j] = 2;
-      }
+    weight.resize(order);
+    at.resize(order);
+    from.resize(order);
+    for (size_t i = 0; i < order; ++i) {
+      weight[i] = key_is_score(op.key) ? std::max(cands[i].key, 0.0) : 1.0;
+      const int pos = position_of[op.pages[cands[i].page_index].cls];
+      from[i] = at[i] = uint8_t(pos < 0 ? op.n_ladder : pos);  // off the ladder: untouched
     }
-    for (size_t i = 0; i < order && r.reclaimed < op.reclaim; ++i) {
-      if (victim[i]) continue;
+    ladder_walk(op, weight.data(), at.data(), order);
+    // 3. Assignment from the top: no candidate may be dearer than one ranked above it
+    //    (floor), nor take a slot its class has no room for (then the next rung down;
+    //    eviction always has room).
+    const uint32_t evicted = op.n_ladder;
+    size_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};
+    uint32_t floor = 0;
+    for (size_t i = order; i-- > 0;) {
+      uint32_t to = std::max<uint32_t>(at[i], floor);
+      while (to < evicted && to != from[i] && taken[op.ladder[to]] == slots[op.ladder[to]].size()) ++to;
+      if (to < evicted && to != from[i]) ++taken[op.ladder[to]];
+      at[i] = uint8_t(floor = to);
+      --live_cls[op.pages[cands[i].page_index].cls];
+      if (to < evicted) ++live_cls[op.ladder[to]];
+    }
+    // 4. The byte budget: while the pages the segment would keep after compaction exceed
+    //    it, the lowest-ranked survivor goes (from the bottom, so the ladder stays
+    //    monotone), and a slot it would have taken stays free.
+    for (size_t i = 0; op.budget_bytes > 0 && i < order && held_bytes(op, live_cls) > op.budget_bytes; ++i) {
+      if (at[i] == evicted) continue;
+      const int cls = op.ladder[at[i]];
+      if (at[i] != from[i]) --taken[cls];
+      --live_cls[cls];
+      at[i] = uint8_t(evicted);
+    }
+    // 5. Destinations, from the top: each class's slots in order. Fresh pages that will be
+    //    used are scrubbed whole first (no byte of a previous owner stays, padding
+    //    included); unused ones stay untouched and go back to the pool.
+    dest.assign(order, Dest{nullptr, 0, false});
+    size_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0};
+    for (size_t i = order; i-- > 0;)
+      if (at[i] != from[i] && at[i] != evicted) dest[i] = slots[op.ladder[at[i]]][next_slot[op.ladder[at[i]]]++];
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+      for (size_t k = 0; k < taken[c]; ++k)
+        if (slots[c][k].fresh) std::memset(slots[c][k].page, 0, op.layout[c].bytes);
+    // 6. Apply: evictions clear live bits; demotions re-store the token one or more rungs
+    //    down (through the model dtype) and move its metadata.
+    for (size_t i = 0; i < order; ++i) {
+      if (at[i] == from[i]) continue;
       const SegPage& sp = op.pages[cands[i].page_index];
-      set_live(sp.page, op.layout[sp.cls], cands[i].slot, false);
-      r.reclaimed += sp.cls == KVGC_CLASS_FP16 ? 1.0 : op.int4_cost;
-      ++r.evicted;
-      victim[i] = 1;
+      const uint32_t s = cands[i].slot;
+      if (at[i] == evicted) {
+        set_live(sp.page, op.layout[sp.cls], s, false);
+        r.reclaimed += op.unit_cost[sp.cls];
+        ++r.evicted;
+        victim[i] = 1;
+        continue;
+      }
+      const int cls = op.ladder[at[i]];
+      move_slot(op.layout[sp.cls], sp.page, s, op.layout[cls], dest[i].page, dest[i].slot, row);
+      set_live(dest[i].page, op.layout[cls], dest[i].slot, true);
+      set_live(sp.page, op.layout[sp.cls], s, false);
+      r.reclaimed += op.unit_cost[sp.cls] - op.unit_cost[cls];
+      ++r.demoted;
+      victim[i] = 2;
     }
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) r.demoted_to[c] = taken[c];
   }
-  // 3. Survivors: promotion (minor GC) or a re-split of the tiers (major GC), then aging.
+  // 7. Survivors: promotion (minor GC) or a re-split of the tiers (major GC), then aging.
   for (size_t i = 0; i < cands.size(); ++i)
     if (!victim[i]) rest.push_back(cands[i]);
   auto desc = [&](const Cand& a, const Cand& b) { return by_key(b, a); };
@@ -217,35 +324,35 @@ void select(const SelectOp& op) {
       const uint8_t g = gen_ref(c);
       if (gen_of(g) == kGenIntermediate && age_of(g) >= op.promote_age) eligible.push_back(c);
     }
-    const size_t n = std::min<size_t>(eligible.size(), op.promote);
-    if (n < eligible.size()) std::nth_element(eligible.begin(), eligible.begin() + n, eligible.end(), desc);
-    for (size_t i = 0; i < n; ++i) gen_ref(eligible[i]) = make_gen(kGenLongTerm, 0);
-    r.promoted = n;
-    r.promote_eligible = eligible.size() - n;
+    const size_t k = std::min<size_t>(eligible.size(), op.promote);
+    if (k < eligible.size()) std::nth_element(eligible.begin(), eligible.begin() + k, eligible.end(), desc);
+    for (size_t i = 0; i < k; ++i) gen_ref(eligible[i]) = make_gen(kGenLongTerm, 0);
+    r.promoted = k;
+    r.promote_eligible = eligible.size() - k;
   }
   if (op.age_intermediate)
     for (const Cand& c : rest) {
       uint8_t& g = gen_ref(c);
       if (gen_of(g) == kGenIntermediate) g = make_gen(kGenIntermediate, uint8_t(age_of(g) + 1));
     }
-  // 4. Page-granular results.
+  // 8. Page-granular results.
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
-    uint32_t n = 0;
+    uint32_t k = 0;
     for_live(sp.page, L, [&](uint32_t s) {
-      ++n;
+      ++k;
       ++r.tier[gen_of(gen_at(sp.page, L, s))];
     });
-    op.page_live[p] = uint16_t(n);
-    r.live[sp.cls] += n;
+    op.page_live[p] = uint16_t(k);
+    r.live[sp.cls] += k;
   }
   *op.result = r;
 }
 
 void compact(const CompactOp& op) {
   const PageLayout& L = op.layout;
-  const size_t qp_bytes = L.cls == KVGC_CLASS_INT4 ? (L.head_dim / L.group) * 4 : 0;
+  const size_t qp_bytes = size_t(L.qwords) * 2;  // quantisation words of one (head, slot)
   host::vector<std::pair<uint32_t, uint32_t>> pairs;  // (hole in dst, live slot of src)
   pairs.reserve(L.page_tokens);  // before any move: a move never pairs more slots than this
   for (uint32_t m = 0; m < op.n_moves; ++m) {
@@ -275,6 +382,7 @@ void compact(const CompactOp& op) {
     for (const auto& [d, s] : pairs) {
       pos_at(mv.dst, L, d) = pos_at(mv.src, L, s);
       score_at(mv.dst, L, d) = score_at(mv.src, L, s);
+      recent_at(mv.dst, L, d) = recent_at(mv.src, L, s);
       gen_at(mv.dst, L, d) = gen_at(mv.src, L, s);
       set_live(mv.dst, L, d, true);
       set_live(mv.src, L, s, false);

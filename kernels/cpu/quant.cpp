@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "convert.hpp"
 
@@ -69,6 +70,63 @@ void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype 
     const float scale = from16(qparams[2 * g], qt), zero = from16(qparams[2 * g + 1], qt);
     const uint8_t n = (nibbles[i / 2] >> (4 * (i % 2))) & 0xfu;
     store(dst + i * eb, dtype, float(n) * scale + zero);
+  }
+}
+
+void quantize_row_int8(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, int8_t* q,
+                       uint16_t* scale_out) {
+  const kvgc_dtype qt = qparam_dtype(dtype);
+  const uint32_t eb = dtype_bytes(dtype);
+  float amax = 0;
+  for (uint32_t i = 0; i < head_dim; ++i) {
+    const float x = load(src + i * eb, dtype);
+    if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+  }
+  const uint16_t scale_h = to16_directed(amax / 127.0f, qt, true);
+  const float scale = from16(scale_h, qt);
+  *scale_out = scale_h;
+  for (uint32_t i = 0; i < head_dim; ++i) {
+    const float x = load(src + i * eb, dtype);
+    float v = scale > 0 ? std::nearbyint(x / scale) : 0.f;
+    // Infinities saturate; NaN (and anything non-finite the division made) reads as 0.
+    v = std::isfinite(v) ? std::clamp(v, -127.f, 127.f) : std::isinf(x) ? (x > 0 ? 127.f : -127.f) : 0.f;
+    q[i] = int8_t(v);
+  }
+}
+
+float int8_scale_f32(uint16_t scale, kvgc_dtype dtype) { return from16(scale, qparam_dtype(dtype)); }
+
+void dequantize_row_int8(const int8_t* q, const uint16_t* scale_h, kvgc_dtype dtype,
+                         uint32_t head_dim, uint8_t* dst) {
+  const float scale = int8_scale_f32(*scale_h, dtype);
+  const uint32_t eb = dtype_bytes(dtype);
+  for (uint32_t i = 0; i < head_dim; ++i) store(dst + i * eb, dtype, float(q[i]) * scale);
+}
+
+void load_row(const PageLayout& L, const uint8_t* page, uint32_t head, uint32_t slot, bool v,
+              uint8_t* dst) {
+  const uint8_t* row = page + (v ? L.v_off : L.k_off) + head * L.head_stride + slot * L.slot_stride;
+  const auto* qp = reinterpret_cast<const uint16_t*>(page + (v ? L.vq_off : L.kq_off)) +
+                   L.qparam_index(head, slot);
+  switch (L.cls) {
+    case KVGC_CLASS_INT8:
+      dequantize_row_int8(reinterpret_cast<const int8_t*>(row), qp, L.dtype, L.head_dim, dst);
+      break;
+    case KVGC_CLASS_INT4: dequantize_row(row, qp, L.dtype, L.head_dim, dst); break;
+    default: std::memcpy(dst, row, size_t(L.head_dim) * dtype_bytes(L.dtype)); break;
+  }
+}
+
+void store_row(const PageLayout& L, uint8_t* page, uint32_t head, uint32_t slot, bool v,
+               const uint8_t* src) {
+  uint8_t* row = page + (v ? L.v_off : L.k_off) + head * L.head_stride + slot * L.slot_stride;
+  auto* qp = reinterpret_cast<uint16_t*>(page + (v ? L.vq_off : L.kq_off)) + L.qparam_index(head, slot);
+  switch (L.cls) {
+    case KVGC_CLASS_INT8:
+      quantize_row_int8(src, L.dtype, L.head_dim, reinterpret_cast<int8_t*>(row), qp);
+      break;
+    case KVGC_CLASS_INT4: quantize_row(src, L.dtype, L.head_dim, row, qp); break;
+    default: std::memcpy(row, src, size_t(L.head_dim) * dtype_bytes(L.dtype)); break;
   }
 }
 

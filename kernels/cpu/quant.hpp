@@ -1,3 +1,9 @@
+// Quantisation of one head row (head_dim values) for the INT8 and INT4 classes.
+//
+// int8: symmetric, one 16-bit scale (qparam_dtype) per row: q = round(x / scale) in
+// -127..127, x' = q * scale (exact in f32), with scale = max|x| / 127 rounded up when
+// stored, so every finite x stays in range and the error is at most scale / 2.
+//
 // int4 quantisation of one head row (head_dim values), asymmetric per group of 32 (or
 // the whole row): q = round((x - zero) / scale) in 0..15, x' = q * scale + zero, with
 // scale and zero stored as a 16-bit pair (qparam_dtype). zero is rounded down and scale
@@ -17,5 +23,21 @@ void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8
                   uint16_t* qparams);
 void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype dtype,
                     uint32_t head_dim, uint8_t* dst);
+
+// src: head_dim values in `dtype`; q: head_dim signed bytes; scale: one 16-bit word.
+void quantize_row_int8(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, int8_t* q,
+                       uint16_t* scale);
+void dequantize_row_int8(const int8_t* q, const uint16_t* scale, kvgc_dtype dtype,
+                         uint32_t head_dim, uint8_t* dst);
+// x' = q * scale as f32 (before rounding to the model dtype): what attention reads.
+float int8_scale_f32(uint16_t scale, kvgc_dtype dtype);
+
+// One head row of a slot, K (v = false) or V, as the model dtype into dst (head_dim
+// values): FP16 copied, INT8 and INT4 dequantised (what kvgc_read returns).
+void load_row(const PageLayout& L, const uint8_t* page, uint32_t head, uint32_t slot, bool v,
+              uint8_t* dst);
+// Stores a row given in the model dtype into (head, slot) of a page of class L.cls.
+void store_row(const PageLayout& L, uint8_t* page, uint32_t head, uint32_t slot, bool v,
+               const uint8_t* src);
 
 }  // namespace kvgc::cpu

@@ -27,7 +27,7 @@ namespace {
 constexpr int kWarps = 4, kThreads = kWarps * 32, kGMax = 8;
 
 struct Params {
-  PageLayout L[2];
+  PageLayout L[KVGC_CLASS_COUNT];
   const SegPage* pages;  // device copy (scratch)
   uint32_t n_pages, pages_per_split;
   const uint8_t* q;      // model dtype [n_q][q_heads][hd]
@@ -35,6 +35,7 @@ struct Params {
   uint32_t q0, nq, q_heads, kv_heads, group, hd;  // queries [q0, q0 + nq) of the op
   int64_t q_pos0;
   float scale;
+  float recent_decay;  // the op's (already raised to n_q)
   uint64_t n_live;
   float* logits;   // [nq * q_heads][n_live]
   float* part;     // [nq][q_heads][splits][hd + 2]
@@ -61,15 +62,17 @@ __device__ __forceinline__ float ldq(const uint16_t* p, uint32_t i) {
   else return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
 }
 
-// Element d of one head's K (v = false) or V row of `slot`, as f32.
+// Element d of one head's K (v = false) or V row of `slot`, as f32 (int8 and int4
+// dequantised in f32, without the model dtype's rounding: within attention's tolerance).
 template <kvgc_dtype D>
 __device__ __forceinline__ float elem(const uint8_t* page, const PageLayout& L, uint32_t cls,
                                       uint32_t h, uint32_t slot, bool v, uint32_t d) {
   const uint8_t* row = page + (v ? L.v_off : L.k_off) + h * L.head_stride + slot * L.slot_stride;
   if (cls == KVGC_CLASS_FP16) return ld<D>(row, d);
-  const uint32_t groups = L.head_dim / L.group, g = d / L.group;
   const uint16_t* qp = reinterpret_cast<const uint16_t*>(page + (v ? L.vq_off : L.kq_off)) +
-                       (size_t(h) * L.page_tokens + slot) * groups * 2;
+                       L.qparam_index(h, slot);
+  if (cls == KVGC_CLASS_INT8) return float(reinterpret_cast<const int8_t*>(row)[d]) * ldq<D>(qp, 0);
+  const uint32_t g = d / L.group;
   const uint32_t n = (row[d / 2] >> (4 * (d % 2))) & 0xfu;
   return float(n) * ldq<D>(qp, 2 * g) + ldq<D>(qp, 2 * g + 1);
 }
@@ -249,6 +252,8 @@ __global__ void mass_kernel(const __grid_constant__ Params p) {
       if (x > -INFINITY && Ls > 0.f) mass += expf(x - M) / Ls;
     }
     reinterpret_cast<float*>(sp.page + L.score_off)[slot] += mass;
+    float& recent = reinterpret_cast<float*>(sp.page + L.recent_off)[slot];
+    recent = __fadd_rn(__fmul_rn(recent, p.recent_decay), mass);
   }
 }
 
@@ -310,8 +315,8 @@ cudaError_t attend(const AttendOp& op, void* scratch, size_t scratch_bytes, int 
         e != cudaSuccess)
       return e;
   Params p{};
-  p.L[0] = op.layout[0];
-  p.L[1] = op.layout[1];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) p.L[c] = op.layout[c];
+  p.recent_decay = op.recent_decay;
   p.pages = dev_pages;
   p.n_pages = op.n_pages;
   p.q = static_cast<const uint8_t*>(op.q);

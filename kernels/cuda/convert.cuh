@@ -1,5 +1,5 @@
 // Device twins of kernels/cpu/convert.hpp and quant.cpp: conversions between the model
-// dtypes and float, and int4 quantisation of one head row, written to give the CPU
+// dtypes and float, and int8 / int4 quantisation of one head row, written to give the CPU
 // specification's bits exactly (same rounding, same NaN patterns, same operation
 // order, no fused multiply-add: every product that meets a sum goes through __fmul_rn /
 // __fadd_rn so nvcc cannot contract it). Included by the .cu files only.
@@ -90,16 +90,21 @@ __device__ __forceinline__ uint16_t to16_directed(float x, kvgc_dtype t, bool up
   return h;
 }
 
-// quant.cpp's quantize_row for one group [g * group, (g + 1) * group) of a head row:
-// min/max with the same comparisons in the same order (so -0/+0 come out the same),
-// zero rounded down, scale up, q = rint((x - zero) / scale) clamped to 0..15.
-__device__ inline void quantize_group(const uint8_t* src, kvgc_dtype dtype, uint32_t group,
+// x rounded to the model dtype and back: what a model-dtype row holds of a value.
+__device__ __forceinline__ float model_round(float x, kvgc_dtype t) {
+  return t == KVGC_DTYPE_F32 ? x : from16(to16(x, t), t);
+}
+
+// quant.cpp's quantize_row for one group [g * group, (g + 1) * group) of a head row given
+// as floats (model-dtype values): min/max with the same comparisons in the same order (so
+// -0/+0 come out the same), zero rounded down, scale up, q = rint((x - zero) / scale)
+// clamped to 0..15.
+__device__ inline void quantize_group(const float* src, kvgc_dtype dtype, uint32_t group,
                                       uint32_t g, uint8_t* nibbles, uint16_t* qparams) {
   const kvgc_dtype qt = qtype(dtype);
-  const uint32_t eb = elem_bytes(dtype);
   float lo = INFINITY, hi = -INFINITY;
   for (uint32_t i = g * group; i < (g + 1) * group; ++i) {
-    const float x = load(src + i * eb, dtype);
+    const float x = src[i];
     if (isfinite(x)) {
       if (x < lo) lo = x;  // std::min(lo, x)
       if (hi < x) hi = x;  // std::max(hi, x)
@@ -116,7 +121,7 @@ __device__ inline void quantize_group(const uint8_t* src, kvgc_dtype dtype, uint
   for (uint32_t i = g * group; i < (g + 1) * group; i += 2) {
     uint8_t byte = 0;
     for (uint32_t j = 0; j < 2; ++j) {
-      const float x = load(src + (i + j) * eb, dtype);
+      const float x = src[i + j];
       float q = scale > 0 ? rintf(__fdiv_rn(__fsub_rn(x, zero), scale)) : 0.f;
       q = isfinite(q) ? (q < 0.f ? 0.f : 15.f < q ? 15.f : q) : (x > zero ? 15.f : 0.f);
       byte = uint8_t(byte | (uint8_t(q) << (4 * j)));
@@ -133,6 +138,41 @@ __device__ __forceinline__ float dequantize(const uint8_t* nibbles, const uint16
   const float scale = from16(qparams[2 * g], qt), zero = from16(qparams[2 * g + 1], qt);
   const uint32_t n = (nibbles[i / 2] >> (4 * (i % 2))) & 0xfu;
   return __fadd_rn(__fmul_rn(float(n), scale), zero);
+}
+
+// quant.cpp's int8 scale of a row given as floats: max |x| over finite x (order does not
+// matter to a maximum), / 127, rounded up to the 16-bit type.
+__device__ inline uint16_t int8_scale(const float* src, kvgc_dtype dtype, uint32_t hd) {
+  float amax = 0;
+  for (uint32_t i = 0; i < hd; ++i)
+    if (isfinite(src[i]) && amax < fabsf(src[i])) amax = fabsf(src[i]);
+  return to16_directed(__fdiv_rn(amax, 127.0f), qtype(dtype), true);
+}
+// quant.cpp's quantize_row_int8 for element i, given the row's scale.
+__device__ __forceinline__ int8_t int8_quantize(float x, uint16_t scale_h, kvgc_dtype dtype) {
+  const float scale = from16(scale_h, qtype(dtype));
+  float v = scale > 0 ? rintf(__fdiv_rn(x, scale)) : 0.f;
+  v = isfinite(v) ? (v < -127.f ? -127.f : 127.f < v ? 127.f : v) : isinf(x) ? (x > 0 ? 127.f : -127.f) : 0.f;
+  return int8_t(v);
+}
+// quant.cpp's dequantize_row_int8 for element i: q * scale, exact in f32.
+__device__ __forceinline__ float dequantize_int8(const int8_t* q, const uint16_t* scale,
+                                                 kvgc_dtype dtype, uint32_t i) {
+  return __fmul_rn(float(q[i]), from16(*scale, qtype(dtype)));
+}
+
+// Element d of (head h, slot s)'s K (v = false) or V row on a page of layout L, as the
+// model dtype holds it (quant.cpp's load_row): FP16 as stored, INT8 and INT4 dequantised
+// and rounded to the model dtype.
+__device__ inline float row_element(const uint8_t* page, const PageLayout& L, uint32_t h,
+                                    uint32_t s, bool v, uint32_t d) {
+  const uint8_t* row = page + (v ? L.v_off : L.k_off) + h * L.head_stride + s * L.slot_stride;
+  const uint16_t* qp = reinterpret_cast<const uint16_t*>(page + (v ? L.vq_off : L.kq_off)) +
+                       L.qparam_index(h, s);
+  if (L.cls == KVGC_CLASS_INT8)
+    return model_round(dequantize_int8(reinterpret_cast<const int8_t*>(row), qp, L.dtype, d), L.dtype);
+  if (L.cls == KVGC_CLASS_INT4) return model_round(dequantize(row, qp, L.dtype, L.group, d), L.dtype);
+  return load(row + d * elem_bytes(L.dtype), L.dtype);
 }
 
 }  // namespace kvgc::cuda::dev

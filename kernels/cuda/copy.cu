@@ -75,6 +75,7 @@ __global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
     const bool filled = t < run.count;
     reinterpret_cast<int32_t*>(run.page + L.pos_off)[slot] = filled ? int32_t(pos) : 0;
     reinterpret_cast<float*>(run.page + L.score_off)[slot] = 0.f;
+    reinterpret_cast<float*>(run.page + L.recent_off)[slot] = 0.f;
     run.page[L.gen_off + slot] = !filled ? 0 : pos < int64_t(p.sinks) ? kGenSink : kGenYoung;
   }
   // One thread per live word: a fresh page's run owns the whole mask.
@@ -140,33 +141,22 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams<N> p) {
   }
 }
 
-// INT4 pages (after demotion): each element dequantised to the model dtype exactly as
-// the CPU's gather does (quant.cpp's dequantize_row: n * scale + zero, then the model
-// dtype's round-to-nearest-even). A thread per (slot, head, dim); the writes coalesce.
+// INT8 and INT4 pages (after demotion): each element dequantised to the model dtype
+// exactly as the CPU's gather does (quant.cpp's load_row: q * scale, or n * scale + zero,
+// then the model dtype's round-to-nearest-even). A thread per (slot, head, dim); the
+// writes coalesce.
 template <uint32_t N>
-__global__ void gather_int4_kernel(const __grid_constant__ GatherParams<N> p) {
+__global__ void gather_quant_kernel(const __grid_constant__ GatherParams<N> p) {
   const GatherPage& gp = p.pages[blockIdx.y];
   const PageLayout& L = p.L;
-  const uint32_t hd = L.head_dim, eb = dev::elem_bytes(L.dtype), groups = hd / L.group;
+  const uint32_t hd = L.head_dim, eb = dev::elem_bytes(L.dtype);
   const uint32_t total = L.page_tokens * L.n_kv_heads * hd;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
     PageElement x;
     if (!live_element(gp, L, e, hd, &x)) continue;
-    const uint32_t d = x.u, h = x.h, slot = x.slot;
-    const uint64_t out = x.out;
-    const size_t row = h * L.head_stride + slot * L.slot_stride;
-    const size_t q = (size_t(h) * L.page_tokens + slot) * groups * 2;
-    const uint64_t dst = ((out * L.n_kv_heads + h) * hd + d) * eb;
-    if (p.k_out)
-      dev::store(p.k_out + dst, L.dtype,
-                 dev::dequantize(gp.page + L.k_off + row,
-                                 reinterpret_cast<const uint16_t*>(gp.page + L.kq_off) + q, L.dtype,
-                                 L.group, d));
-    if (p.v_out)
-      dev::store(p.v_out + dst, L.dtype,
-                 dev::dequantize(gp.page + L.v_off + row,
-                                 reinterpret_cast<const uint16_t*>(gp.page + L.vq_off) + q, L.dtype,
-                                 L.group, d));
+    const uint64_t dst = ((x.out * L.n_kv_heads + x.h) * hd + x.u) * eb;
+    if (p.k_out) dev::store(p.k_out + dst, L.dtype, dev::row_element(gp.page, L, x.h, x.slot, false, x.u));
+    if (p.v_out) dev::store(p.v_out + dst, L.dtype, dev::row_element(gp.page, L, x.h, x.slot, true, x.u));
     gather_meta(p, gp, x);
   }
 }
@@ -224,7 +214,7 @@ cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
 }
 
 // Launches over the pages of class `cls` only (read order puts the FP16 pages first,
-// but nothing here relies on it): FP16 pages are copied, INT4 pages dequantised.
+// but nothing here relies on it): FP16 pages are copied, INT8 and INT4 pages dequantised.
 template <uint32_t N>
 cudaError_t gather_chunks(const GatherOp& op, kvgc_storage_class cls, int unit,
                           cudaStream_t stream) {
@@ -249,7 +239,7 @@ cudaError_t gather_chunks(const GatherOp& op, kvgc_storage_class cls, int unit,
         gather_kernel<decltype(t), N><<<grid, kThreads, 0, stream>>>(p);
       });
     else
-      gather_int4_kernel<N><<<grid, kThreads, 0, stream>>>(p);
+      gather_quant_kernel<N><<<grid, kThreads, 0, stream>>>(p);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -268,20 +258,18 @@ cudaError_t append(const AppendOp& op, cudaStream_t stream) {
 
 cudaError_t gather(const GatherOp& op, cudaStream_t stream) {
   if (op.n_pages == 0) return cudaSuccess;
-  uint32_t n_int4 = 0;
-  for (uint32_t i = 0; i < op.n_pages; ++i) n_int4 += op.pages[i].cls == KVGC_CLASS_INT4;
-  const uint32_t n_fp16 = op.n_pages - n_int4;
+  uint32_t n_cls[KVGC_CLASS_COUNT] = {0, 0, 0};
+  for (uint32_t i = 0; i < op.n_pages; ++i) ++n_cls[op.pages[i].cls];
   const int unit =
       unit_bytes(op.layout[KVGC_CLASS_FP16].slot_stride, {uintptr_t(op.k_out), uintptr_t(op.v_out)});
-  if (n_fp16)
-    if (cudaError_t e = n_fp16 <= kSmallChunk
-                            ? gather_chunks<kSmallChunk>(op, KVGC_CLASS_FP16, unit, stream)
-                            : gather_chunks<kChunk>(op, KVGC_CLASS_FP16, unit, stream);
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    if (!n_cls[c]) continue;
+    const auto cls = kvgc_storage_class(c);
+    if (cudaError_t e = n_cls[c] <= kSmallChunk ? gather_chunks<kSmallChunk>(op, cls, unit, stream)
+                                                : gather_chunks<kChunk>(op, cls, unit, stream);
         e != cudaSuccess)
       return e;
-  if (n_int4)
-    return n_int4 <= kSmallChunk ? gather_chunks<kSmallChunk>(op, KVGC_CLASS_INT4, unit, stream)
-                                 : gather_chunks<kChunk>(op, KVGC_CLASS_INT4, unit, stream);
+  }
   return cudaSuccess;
 }
 

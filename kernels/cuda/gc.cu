@@ -34,20 +34,26 @@ template <uint32_t N>
 struct ObserveParams {
   PageLayout L[KVGC_CLASS_COUNT];
   const float* mass;
+  float decay;
   uint32_t n_pages;
   SegPage pages[N];
 };
 
-// A block per page, a thread per slot: score += mass[out_row + rank] (one float add,
-// as on the CPU).
+// A block per page, a thread per slot: score += m and recent = recent * decay + m, with
+// m = mass[out_row + rank] (one rounding each, as on the CPU: no contraction).
 template <uint32_t N>
 __global__ void observe_kernel(const __grid_constant__ ObserveParams<N> p) {
   const SegPage& sp = p.pages[blockIdx.x];
   const PageLayout& L = p.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
   float* score = reinterpret_cast<float*>(sp.page + L.score_off);
+  float* recent = reinterpret_cast<float*>(sp.page + L.recent_off);
   for (uint32_t s = threadIdx.x; s < L.page_tokens; s += blockDim.x)
-    if (live_bit(live, s)) score[s] += p.mass[sp.out_row + live_below(live, s)];
+    if (live_bit(live, s)) {
+      const float m = p.mass[sp.out_row + live_below(live, s)];
+      score[s] = __fadd_rn(score[s], m);
+      recent[s] = __fadd_rn(__fmul_rn(recent[s], p.decay), m);
+    }
 }
 
 // ---- compact ----------------------------------------------------------------------
@@ -126,8 +132,8 @@ __global__ void move_kernel(const __grid_constant__ MoveParams<N> p) {
     reinterpret_cast<T*>(mv.dst + base + to[i] * L.slot_stride)[u] =
         reinterpret_cast<const T*>(mv.src + base + from[i] * L.slot_stride)[u];
   }
-  if (L.cls == KVGC_CLASS_INT4) {  // scale/zero pairs: (head_dim / group) x 4 bytes a row
-    const uint32_t qunits = L.head_dim / L.group;
+  if (L.qwords) {  // quantisation words (int8 scale, int4 scale/zero pairs) of each row
+    const uint32_t qunits = L.qwords;
     const uint32_t qtotal = 2 * L.n_kv_heads * mv.count * qunits;
     for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < qtotal; e += gridDim.x * blockDim.x) {
       const uint32_t u = e % qunits;
@@ -137,8 +143,8 @@ __global__ void move_kernel(const __grid_constant__ MoveParams<N> p) {
       const uint32_t h = rest % L.n_kv_heads;
       const size_t off = rest / L.n_kv_heads ? L.vq_off : L.kq_off;
       if (to[i] == kNoSlot || from[i] == kNoSlot) continue;
-      reinterpret_cast<uint32_t*>(mv.dst + off)[(size_t(h) * L.page_tokens + to[i]) * qunits + u] =
-          reinterpret_cast<const uint32_t*>(mv.src + off)[(size_t(h) * L.page_tokens + from[i]) * qunits + u];
+      reinterpret_cast<uint16_t*>(mv.dst + off)[L.qparam_index(h, to[i]) + u] =
+          reinterpret_cast<const uint16_t*>(mv.src + off)[L.qparam_index(h, from[i]) + u];
     }
   }
   if (blockIdx.x == 0)
@@ -147,6 +153,7 @@ __global__ void move_kernel(const __grid_constant__ MoveParams<N> p) {
       if (d == kNoSlot || s == kNoSlot) continue;
       reinterpret_cast<int32_t*>(mv.dst + L.pos_off)[d] = reinterpret_cast<const int32_t*>(mv.src + L.pos_off)[s];
       reinterpret_cast<float*>(mv.dst + L.score_off)[d] = reinterpret_cast<const float*>(mv.src + L.score_off)[s];
+      reinterpret_cast<float*>(mv.dst + L.recent_off)[d] = reinterpret_cast<const float*>(mv.src + L.recent_off)[s];
       mv.dst[L.gen_off + d] = mv.src[L.gen_off + s];
     }
 }
@@ -190,9 +197,9 @@ void with_row_unit(size_t row, F&& f) {
 template <uint32_t N>
 cudaError_t observe_chunks(const ObserveOp& op, cudaStream_t stream) {
   ObserveParams<N> p;
-  p.L[0] = op.layout[0];
-  p.L[1] = op.layout[1];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) p.L[c] = op.layout[c];
   p.mass = op.mass;
+  p.decay = op.decay;
   for (uint32_t base = 0; base < op.n_pages; base += N) {
     p.n_pages = std::min(N, op.n_pages - base);
     for (uint32_t i = 0; i < p.n_pages; ++i) p.pages[i] = op.pages[base + i];

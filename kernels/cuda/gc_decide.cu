@@ -1,17 +1,17 @@
-// Step 5 of the CUDA select: the decisions gc.cpp's select takes in sequential loops,
-// taken in the same order by one thread so that every floating-point sum (reclaimed)
-// and every stopping point are the CPU's. One block of kChunk threads: each round, all
-// threads load a chunk of the sorted candidates (index, class, what the loop needs) into
-// shared memory, then thread 0 walks it.
+// Steps 5 and 6 of the CUDA select: the decisions gc.cpp's select takes in sequential
+// loops, taken in the same order so that every stopping point is the CPU's (the sums
+// are integers: units and counts).
 //
-//   demotion:  from the first key >= threshold (ratio x key_sum / candidates) upward,
-//              fp16 slots only, while reclaimed < reclaim and int4 slots remain
-//   eviction:  from the lowest upward, skipping the demoted, while reclaimed < reclaim
-//              (and within `order` candidates when not demoting, as the CPU's partial
-//              sort)
-//   top:       from the highest downward among survivors: a major GC's top retier_top
-//              (long-term), or a minor GC's first `promote` eligible (intermediate, age
-//              >= promote_age) — the sets gc.cpp's nth_element calls pick
+//   walk (one thread): over the sorted candidates (prep_kernel's weights and ladder
+//     positions), the rungs in increasing (weight x slope, rung, rank) until the reclaim
+//     is met; then from the top, each candidate's final rung (no dearer than any above
+//     it, within its class's reserved slots); then from the bottom, evictions while the
+//     pages kept after compaction exceed the byte budget; then from the top again, each
+//     mover's destination slot, listed in dem[] and its fate set.
+//   top (one block): from the highest downward among survivors: a major GC's top
+//     retier_top (long-term), or a minor GC's first `promote` eligible (intermediate, age
+//     >= promote_age): the sets gc.cpp's nth_element calls pick. Chunks of the sorted
+//     candidates are loaded by all threads, the decisions taken by thread 0.
 // Decisions land in fate[] (by slot) and the demotion list; apply/demote kernels act.
 #include <cstdint>
 
@@ -20,107 +20,90 @@
 namespace kvgc::cuda::select_detail {
 namespace {
 
-__global__ void __launch_bounds__(kChunk) decide_kernel(const Params p) {
+__device__ __forceinline__ uint32_t class_of_g(const Params& p, uint32_t g) { return p.pages[g / p.pt].cls; }
+
+__global__ void walk_kernel(const Params p) {
+  State& st = *p.st;
+  const uint64_t n = st.n_cand;
+  unsigned long long live[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) live[c] = st.live_cls[c];
+  const bool reclaims = p.reclaim > 0 || (p.budget_bytes > 0 && held_bytes(p, live) > p.budget_bytes);
+  if (!reclaims || n == 0) return;
+  const uint32_t rungs = p.n_ladder, evicted = p.n_ladder;
+  uint64_t saving[3] = {0, 0, 0};
+  for (uint32_t r = 0; r < rungs; ++r)
+    saving[r] = p.unit_cost[p.ladder[r]] - (r + 1 < rungs ? p.unit_cost[p.ladder[r + 1]] : 0);
+  // The ladder walk (gc.cpp's ladder_walk).
+  uint64_t next[3] = {0, 0, 0}, reclaimed = 0;
+  while (reclaimed < p.reclaim) {
+    int best = -1;
+    double best_ratio = 0;
+    for (uint32_t r = 0; r < rungs; ++r) {
+      while (next[r] < n && p.at[next[r]] > r) ++next[r];
+      if (next[r] == n) continue;
+      const double ratio = __dmul_rn(p.weight[next[r]], p.slope[r]);
+      if (best < 0 || ratio < best_ratio) best = int(r), best_ratio = ratio;
+    }
+    if (best < 0) break;
+    p.at[next[best]++] = uint8_t(best + 1);
+    reclaimed += saving[best];
+  }
+  // Assignment from the top: monotone, within capacity.
+  uint64_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint32_t floor = 0;
+  for (uint64_t i = n; i-- > 0;) {
+    const uint32_t from = p.from[i];
+    uint32_t to = p.at[i] > floor ? p.at[i] : floor;
+    while (to < evicted && to != from && taken[p.ladder[to]] == p.slot_count[p.ladder[to]]) ++to;
+    if (to < evicted && to != from) ++taken[p.ladder[to]];
+    p.at[i] = uint8_t(floor = to);
+    --live[class_of_g(p, p.svals[i])];
+    if (to < evicted) ++live[p.ladder[to]];
+  }
+  // The byte budget, from the bottom.
+  for (uint64_t i = 0; p.budget_bytes > 0 && i < n && held_bytes(p, live) > p.budget_bytes; ++i) {
+    if (p.at[i] == evicted) continue;
+    const int cls = p.ladder[p.at[i]];
+    if (p.at[i] != p.from[i]) --taken[cls];
+    --live[cls];
+    p.at[i] = uint8_t(evicted);
+  }
+  // Destinations from the top, fates, counts.
+  uint64_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0}, n_dem = 0, n_evicted = 0, got = 0;
+  for (uint64_t i = n; i-- > 0;) {
+    if (p.at[i] == p.from[i]) continue;
+    const uint32_t g = p.svals[i];
+    const uint32_t c0 = class_of_g(p, g);
+    if (p.at[i] == evicted) {
+      p.fate[g] = kEvicted;
+      got += p.unit_cost[c0];
+      ++n_evicted;
+      continue;
+    }
+    const uint8_t cls = p.ladder[p.at[i]];
+    p.dem[n_dem++] = Demotion{g, uint32_t(p.slot_base[cls] + next_slot[cls]++), cls};
+    p.fate[g] = kDemoted;
+    got += p.unit_cost[c0] - p.unit_cost[cls];
+  }
+  st.n_dem = n_dem;
+  st.r.demoted = n_dem;
+  st.r.evicted = n_evicted;
+  st.r.reclaimed = got;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) st.r.demoted_to[c] = taken[c];
+}
+
+__global__ void __launch_bounds__(kChunk) top_kernel(const Params p) {
   __shared__ uint32_t g_of[kChunk];
   __shared__ uint8_t info[kChunk];
   __shared__ bool done;
-  __shared__ uint64_t first, need;
+  __shared__ uint64_t need;
   const bool lead = threadIdx.x == 0;
   const uint64_t n = p.st->n_cand;
-  double reclaimed = 0;  // thread 0's, as are the counts
-  uint64_t demoted = 0, evicted = 0;
-  constexpr uint8_t kFp16 = 1, kVictim = 2;
-
-  if (p.reclaim > 0 && n > 0) {
-    uint64_t order = n;  // the CPU sorts only the `order` lowest when not demoting
-    if (!p.demote_on) {
-      const double floor_cost = 1.0 < p.int4_cost ? 1.0 : p.int4_cost;  // std::min
-      const double want = ceil(p.reclaim / floor_cost) + 1;
-      order = want >= double(n) ? n : uint64_t(want);
-    }
-    if (p.demote_on) {
-      if (lead) {
-        const double threshold = p.demote_ratio * p.st->key_sum / double(n);
-        uint64_t lo = 0, hi = n;  // std::lower_bound with key < threshold
-        while (lo < hi) {
-          const uint64_t mid = lo + (hi - lo) / 2;
-          if (key_value(p.skeys[mid]) < threshold) lo = mid + 1;
-          else hi = mid;
-        }
-        first = lo;
-        done = false;
-      }
-      __syncthreads();
-      uint32_t run = 0, in_run = 0, run_count = p.n_runs ? p.runs[0].count : 0;
-      for (uint64_t base = first; base < order; base += kChunk) {
-        const uint64_t i = base + threadIdx.x;
-        if (i < order) {
-          const uint32_t g = p.svals[i];
-          g_of[threadIdx.x] = g;
-          info[threadIdx.x] = slot_cls(p, g) == KVGC_CLASS_FP16 ? kFp16 : 0;
-        }
-        __syncthreads();
-        if (lead) {
-          const uint64_t len = order - base < kChunk ? order - base : kChunk;
-          for (uint64_t j = 0; j < len; ++j) {
-            if (!(reclaimed < p.reclaim && run < p.n_runs)) {
-              done = true;
-              break;
-            }
-            if (!(info[j] & kFp16)) continue;
-            const uint32_t g = g_of[j];
-            p.dem_src[demoted] = g;
-            p.dem_dst[demoted] = uint64_t(run) << 16 | (p.runs[run].first_slot + in_run);
-            p.fate[g] = kDemoted;
-            if (++in_run == run_count) {
-              ++run;
-              in_run = 0;
-              run_count = run < p.n_runs ? p.runs[run].count : 0;
-            }
-            ++demoted;
-            reclaimed += 1.0 - p.int4_cost;
-          }
-        }
-        __syncthreads();
-        if (done) break;
-      }
-      __syncthreads();
-    }
-    if (lead) done = false;
-    __syncthreads();
-    for (uint64_t base = 0; base < order; base += kChunk) {
-      const uint64_t i = base + threadIdx.x;
-      if (i < order) {
-        const uint32_t g = p.svals[i];
-        g_of[threadIdx.x] = g;
-        info[threadIdx.x] = uint8_t((slot_cls(p, g) == KVGC_CLASS_FP16 ? kFp16 : 0) |
-                                    (p.fate[g] == kSurvivor ? 0 : kVictim));
-      }
-      __syncthreads();
-      if (lead) {
-        const uint64_t len = order - base < kChunk ? order - base : kChunk;
-        for (uint64_t j = 0; j < len; ++j) {
-          if (!(reclaimed < p.reclaim)) {
-            done = true;
-            break;
-          }
-          if (info[j] & kVictim) continue;
-          p.fate[g_of[j]] = kEvicted;
-          reclaimed += (info[j] & kFp16) ? 1.0 : p.int4_cost;
-          ++evicted;
-        }
-      }
-      __syncthreads();
-      if (done) break;
-    }
-    __syncthreads();
-  }
-
   // Survivors ranked from the top: a major GC re-splits, a minor GC promotes.
   if (lead) {
     need = 0;
     if (p.retier) {
-      const uint64_t rest = n - demoted - evicted;
+      const uint64_t rest = n - p.st->r.demoted - p.st->r.evicted;
       need = rest < p.retier_top ? rest : p.retier_top;
     } else if (p.promote > 0) {
       need = p.promote;
@@ -156,18 +139,15 @@ __global__ void __launch_bounds__(kChunk) decide_kernel(const Params p) {
     if (done) break;
     top = lo;
   }
-  if (lead) {
-    p.st->r.ranked = n;
-    p.st->r.demoted = demoted;
-    p.st->r.evicted = evicted;
-    p.st->r.reclaimed = reclaimed;
-  }
+  if (lead) p.st->r.ranked = n;
 }
 
 }  // namespace
 
 cudaError_t launch_decide(const Params& p, cudaStream_t stream) {
-  decide_kernel<<<1, kChunk, 0, stream>>>(p);
+  walk_kernel<<<1, 1, 0, stream>>>(p);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  top_kernel<<<1, kChunk, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

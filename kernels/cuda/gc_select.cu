@@ -1,20 +1,23 @@
 // CUDA select: the GC's decision op (kernels/cpu/gc.cpp's select is the specification,
 // reproduced bit for bit). Over the segment's slots g = page_index * page_tokens + slot
 // (read order, dead slots included), on the engine's stream:
-//   1. zero_fresh: fresh demotion pages (runs from slot 0) are zeroed whole.
-//   2. keys: a block per page tenures young slots that left the window and writes each
-//      candidate's key as an order-preserving 64-bit integer (dead slots and other tiers:
-//      all ones, so they sort last), its index g, and its fate (survivor / not ranked).
-//   3. sum (demotion only): one block sums the finite keys in read order, one thread
-//      adding, so the threshold is the CPU's to the bit.
-//   4. CUB's stable radix sort of (key, g): the CPU's total order (key, page, slot).
-//   5. decide (gc_decide.cu): one block walks the sorted candidates where the CPU loop
-//      is sequential (demotions from the threshold up, evictions from the bottom, then
-//      the top survivors for promotion or a major GC's re-split), chunks loaded by all
-//      threads, decisions taken by thread 0, recorded as fates and a demotion list.
+//   1. fresh_live: fresh destination pages (runs from slot 0) get their live masks
+//      cleared (the rest of a page is scrubbed only if the op uses it: step 7).
+//   2. keys: a block per page tenures young slots that left the window, counts live slots
+//      per class, and writes each candidate's key as an order-preserving 64-bit integer
+//      (dead slots and other tiers: all ones, so they sort last), its index g, and its
+//      fate (survivor / not ranked).
+//   3. CUB's stable radix sort of (key, g): the CPU's total order (key, page, slot).
+//   4. prep: per sorted candidate, the ladder walk's weight and ladder position; per
+//      reserved destination slot, its run and page slot.
+//   5. decide (gc_decide.cu): one thread walks the ladder, assigns rungs from the top
+//      (monotone, within capacity), meets the byte budget from the bottom and lists the
+//      demotions; one block picks the top survivors for promotion or a re-split.
 //   6. apply: per slot, clears evicted live bits and sets generations and ages.
-//   7. demote: a block per demotion quantises K and V into its int4 slot.
-//   8. count: per page, live slots and tiers; then page_live and the result are copied
+//   7. scrub: fresh destination pages the op uses are zeroed whole.
+//   8. demote: a block per demotion re-stores K and V (through the model dtype) into its
+//      slot one or more rungs down, and moves the metadata and the live bit.
+//   9. count: per page, live slots and tiers; then page_live and the result are copied
 //      into the op's host memory.
 // Nothing here waits: the runtime reads the results after an event (runtime/harvest.cpp).
 #include <cub/device/device_radix_sort.cuh>
@@ -30,12 +33,19 @@ namespace kvgc::cuda {
 using namespace select_detail;
 namespace {
 
-__global__ void zero_fresh_kernel(const Params p) {
+// The class of concatenated destination run r.
+__device__ __forceinline__ int run_class(const Params& p, uint32_t r) {
+  int c = 0;
+  while (c + 1 < KVGC_CLASS_COUNT && r >= p.run_first[c] + p.class_runs[c]) ++c;
+  return c;
+}
+
+__global__ void fresh_live_kernel(const Params p) {
   const AppendRun& r = p.runs[blockIdx.x];
   if (r.first_slot != 0) return;
-  uint4* w = reinterpret_cast<uint4*>(r.page);
-  for (size_t i = threadIdx.x; i < p.L[KVGC_CLASS_INT4].bytes / 16; i += blockDim.x)
-    w[i] = make_uint4(0, 0, 0, 0);
+  const PageLayout& L = p.L[run_class(p, blockIdx.x)];
+  uint32_t* live = reinterpret_cast<uint32_t*>(r.page + L.live_off);
+  for (uint32_t w = threadIdx.x; w < PageLayout::live_words(L.page_tokens); w += blockDim.x) live[w] = 0;
 }
 
 __global__ void keys_kernel(const Params p) {
@@ -44,15 +54,17 @@ __global__ void keys_kernel(const Params p) {
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
   const int32_t* pos = reinterpret_cast<const int32_t*>(sp.page + L.pos_off);
   const float* score = reinterpret_cast<const float*>(sp.page + L.score_off);
+  const float* recent = reinterpret_cast<const float*>(sp.page + L.recent_off);
   uint8_t* gen = sp.page + L.gen_off;
-  __shared__ unsigned int tenured, cands;
-  if (threadIdx.x == 0) tenured = cands = 0;
+  __shared__ unsigned int tenured, cands, n_live;
+  if (threadIdx.x == 0) tenured = cands = n_live = 0;
   __syncthreads();
   for (uint32_t s = threadIdx.x; s < p.pt; s += blockDim.x) {
     const uint32_t g = blockIdx.x * p.pt + s;
     uint64_t key = kNotRanked;
     uint8_t fate = kNone;
     if (live[s / 32] >> (s % 32) & 1u) {
+      atomicAdd(&n_live, 1u);
       uint8_t b = gen[s];
       if (gen_of(b) == kGenYoung && pos[s] < p.tenure_before) {
         b = make_gen(kGenIntermediate, 0);
@@ -60,7 +72,7 @@ __global__ void keys_kernel(const Params p) {
         atomicAdd(&tenured, 1u);
       }
       if (p.candidates & gen_bit(gen_of(b))) {
-        key = sort_key(key_of(p, pos[s], score[s]));
+        key = sort_key(key_of(p, pos[s], score[s], recent[s]));
         fate = kSurvivor;
         atomicAdd(&cands, 1u);
       }
@@ -73,26 +85,33 @@ __global__ void keys_kernel(const Params p) {
   if (threadIdx.x == 0) {
     if (tenured) atomicAdd(u64(&p.st->r.tenured), tenured);
     if (cands) atomicAdd(&p.st->n_cand, cands);
+    if (n_live) atomicAdd(&p.st->live_cls[sp.cls], n_live);
   }
 }
 
-// The candidates' finite keys summed in read order by one thread (gc.cpp's key_sum).
-__global__ void __launch_bounds__(kChunk) sum_kernel(const Params p) {
-  __shared__ double val[kChunk];
-  __shared__ bool use[kChunk];
-  double sum = 0;
-  for (uint64_t base = 0; base < p.n_slots; base += kChunk) {
-    const uint64_t i = base + threadIdx.x;
-    const double k = i < p.n_slots && p.keys[i] != kNotRanked ? key_value(p.keys[i]) : 0.0;
-    val[threadIdx.x] = k;
-    use[threadIdx.x] = i < p.n_slots && p.keys[i] != kNotRanked && isfinite(k);
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int j = 0; j < kChunk; ++j)
-        if (use[j]) sum += val[j];
-    __syncthreads();
+// Per sorted candidate: the walk's weight (the key for score keys, at least 0; 1 for
+// position and random keys) and its ladder position; a class off the ladder reads as
+// evicted (gc.cpp's step 2).
+__global__ void prep_kernel(const Params p) {
+  const uint64_t n = p.st->n_cand;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+    const double key = key_value(p.skeys[i]);
+    p.weight[i] = (p.key == KeyKind::Score || p.key == KeyKind::Recent) ? (key < 0.0 ? 0.0 : key) : 1.0;
+    const int pos = p.position_of[slot_cls(p, p.svals[i])];
+    p.at[i] = p.from[i] = uint8_t(pos < 0 ? p.n_ladder : pos);
   }
-  if (threadIdx.x == 0) p.st->key_sum = sum;
+}
+
+// Per destination run: its slots' places in the class's flat slot list.
+__global__ void slots_kernel(const Params p) {
+  const uint32_t r = blockIdx.x;
+  const int c = run_class(p, r);
+  uint32_t flat = p.slot_base[c];
+  for (uint32_t q = p.run_first[c]; q < r; ++q) flat += p.runs[q].count;
+  for (uint32_t k = threadIdx.x; k < p.runs[r].count; k += blockDim.x) {
+    p.slot_run[flat + k] = r;
+    p.slot_in[flat + k] = uint16_t(p.runs[r].first_slot + k);
+  }
 }
 
 // Per slot, after decide: evictions clear live bits; survivors get their new
@@ -136,35 +155,62 @@ __global__ void apply_kernel(const Params p) {
   }
 }
 
-// A block per possible demotion (those past the decided count return): K and V of every
-// head quantised per group (a thread per (K|V, head, group)), metadata copied, the
-// live bits moved.
+// Fresh destination pages the op uses (a run from slot 0 whose first slot was taken) are
+// zeroed whole before any demotion writes into them.
+__global__ void scrub_kernel(const Params p) {
+  const uint32_t r = blockIdx.x;
+  const AppendRun& run = p.runs[r];
+  if (run.first_slot != 0) return;
+  const int c = run_class(p, r);
+  uint32_t flat = 0;
+  for (uint32_t q = p.run_first[c]; q < r; ++q) flat += p.runs[q].count;
+  if (flat >= p.st->r.demoted_to[c]) return;  // unused: back to the pool untouched
+  uint4* w = reinterpret_cast<uint4*>(run.page);
+  for (size_t i = threadIdx.x; i < p.L[c].bytes / 16; i += blockDim.x) w[i] = make_uint4(0, 0, 0, 0);
+}
+
+// A block per possible demotion (those past the decided count return): each K and V row
+// of every head staged in shared memory as the model dtype holds it (the CPU's load_row),
+// then quantised into the destination class (int8: the row's scale, then a thread per
+// element; int4: a thread per group), metadata copied, the live bits moved.
 __global__ void demote_kernel(const Params p) {
   const uint32_t i = blockIdx.x;
-  if (i >= p.st->r.demoted) return;
-  const PageLayout& Lf = p.L[KVGC_CLASS_FP16];
-  const PageLayout& Lq = p.L[KVGC_CLASS_INT4];
-  const uint32_t g = p.dem_src[i], s = g % p.pt;
+  if (i >= p.st->n_dem) return;
+  const Demotion dm = p.dem[i];
+  const uint32_t g = dm.g, s = g % p.pt;
   uint8_t* src = slot_page(p, g);
-  const uint64_t dd = p.dem_dst[i];
-  uint8_t* dst = p.runs[dd >> 16].page;
-  const uint32_t d = uint32_t(dd & 0xffffu);
-  const uint32_t groups = Lq.head_dim / Lq.group, n = 2 * Lf.n_kv_heads * groups;
-  for (uint32_t t = threadIdx.x; t < n; t += blockDim.x) {
-    const uint32_t grp = t % groups, h = (t / groups) % Lf.n_kv_heads;
-    const bool v = t >= Lf.n_kv_heads * groups;
-    const uint8_t* row = src + (v ? Lf.v_off : Lf.k_off) + h * Lf.head_stride + s * Lf.slot_stride;
-    uint8_t* nib = dst + (v ? Lq.v_off : Lq.k_off) + h * Lq.head_stride + d * Lq.slot_stride;
-    uint16_t* qp = reinterpret_cast<uint16_t*>(dst + (v ? Lq.vq_off : Lq.kq_off)) +
-                   (size_t(h) * Lq.page_tokens + d) * groups * 2;
-    dev::quantize_group(row, Lf.dtype, Lq.group, grp, nib, qp);
+  const PageLayout& Ls = p.L[slot_cls(p, g)];
+  const PageLayout& Ld = p.L[dm.cls];
+  uint8_t* dst = p.runs[p.slot_run[dm.flat]].page;
+  const uint32_t d = p.slot_in[dm.flat];
+  const uint32_t hd = Ls.head_dim;
+  __shared__ float row[kMaxHeadDim];
+  __shared__ uint16_t scale;
+  for (uint32_t t = 0; t < 2 * Ls.n_kv_heads; ++t) {
+    const bool v = t >= Ls.n_kv_heads;
+    const uint32_t h = t % Ls.n_kv_heads;
+    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) row[e] = dev::row_element(src, Ls, h, s, v, e);
+    __syncthreads();
+    uint8_t* out = dst + (v ? Ld.v_off : Ld.k_off) + h * Ld.head_stride + d * Ld.slot_stride;
+    uint16_t* qp = reinterpret_cast<uint16_t*>(dst + (v ? Ld.vq_off : Ld.kq_off)) + Ld.qparam_index(h, d);
+    if (Ld.cls == KVGC_CLASS_INT8) {
+      if (threadIdx.x == 0) scale = *qp = dev::int8_scale(row, Ld.dtype, hd);
+      __syncthreads();
+      for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
+        reinterpret_cast<int8_t*>(out)[e] = dev::int8_quantize(row[e], scale, Ld.dtype);
+    } else {
+      for (uint32_t grp = threadIdx.x; grp < hd / Ld.group; grp += blockDim.x)
+        dev::quantize_group(row, Ld.dtype, Ld.group, grp, out, qp);
+    }
+    __syncthreads();
   }
   if (threadIdx.x == 0) {
-    reinterpret_cast<int32_t*>(dst + Lq.pos_off)[d] = reinterpret_cast<const int32_t*>(src + Lf.pos_off)[s];
-    reinterpret_cast<float*>(dst + Lq.score_off)[d] = reinterpret_cast<const float*>(src + Lf.score_off)[s];
-    dst[Lq.gen_off + d] = src[Lf.gen_off + s];
-    atomicOr(reinterpret_cast<uint32_t*>(dst + Lq.live_off) + d / 32, 1u << (d % 32));
-    atomicAnd(reinterpret_cast<uint32_t*>(src + Lf.live_off) + s / 32, ~(1u << (s % 32)));
+    reinterpret_cast<int32_t*>(dst + Ld.pos_off)[d] = reinterpret_cast<const int32_t*>(src + Ls.pos_off)[s];
+    reinterpret_cast<float*>(dst + Ld.score_off)[d] = reinterpret_cast<const float*>(src + Ls.score_off)[s];
+    reinterpret_cast<float*>(dst + Ld.recent_off)[d] = reinterpret_cast<const float*>(src + Ls.recent_off)[s];
+    dst[Ld.gen_off + d] = src[Ls.gen_off + s];
+    atomicOr(reinterpret_cast<uint32_t*>(dst + Ld.live_off) + d / 32, 1u << (d % 32));
+    atomicAnd(reinterpret_cast<uint32_t*>(src + Ls.live_off) + s / 32, ~(1u << (s % 32)));
   }
 }
 
@@ -190,8 +236,8 @@ __global__ void count_kernel(const Params p) {
 
 // Scratch carving, in the order select uses it; every piece 256-byte aligned.
 struct Layout {
-  size_t pages, runs, state, page_live, keys0, keys1, vals0, vals1, fate, dem_src, dem_dst,
-      cub, end;
+  size_t pages, runs, state, page_live, keys0, keys1, vals0, vals1, fate, weight, at, from,
+      dem, slot_run, slot_in, cub, end;
 };
 Layout carve(uint64_t n_pages, uint64_t n_runs, uint64_t slots, uint64_t dem, size_t cub_bytes) {
   Layout c{};
@@ -210,8 +256,12 @@ Layout carve(uint64_t n_pages, uint64_t n_runs, uint64_t slots, uint64_t dem, si
   c.vals0 = take(slots * 4);
   c.vals1 = take(slots * 4);
   c.fate = take(slots);
-  c.dem_src = take(dem * 4);
-  c.dem_dst = take(dem * 8);
+  c.weight = take(slots * 8);
+  c.at = take(slots);
+  c.from = take(slots);
+  c.dem = take(dem * sizeof(Demotion));
+  c.slot_run = take(dem * 4);
+  c.slot_in = take(dem * 2);
   c.cub = take(cub_bytes);
   c.end = off;
   return c;
@@ -244,22 +294,42 @@ cudaError_t select(const SelectOp& op, cudaStream_t stream) {
   const uint32_t pt = op.layout[KVGC_CLASS_FP16].page_tokens;
   const uint64_t slots = uint64_t(op.n_pages) * pt;
   if (slots > UINT32_MAX) return cudaErrorNotSupported;
-  uint64_t dem = 0;  // int4 slots the runs offer: at most that many demotions
-  for (uint32_t i = 0; i < op.n_demote_dst; ++i) dem += op.demote_dst[i].count;
+  uint64_t dem = 0;  // slots the runs offer: at most that many demotions
+  uint32_t n_runs = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    n_runs += op.n_demote_dst[c];
+    for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i) dem += op.demote_dst[c][i].count;
+  }
   size_t cub_bytes = 0;
   if (cudaError_t e = sort_bytes(slots, &cub_bytes); e != cudaSuccess) return e;
-  const Layout c = carve(op.n_pages, op.n_demote_dst, slots, dem, cub_bytes);
+  const Layout c = carve(op.n_pages, n_runs, slots, dem, cub_bytes);
   if (!op.scratch || c.end > op.scratch_bytes) return cudaErrorMemoryAllocation;
   uint8_t* base = static_cast<uint8_t*>(op.scratch);
 
   Params p{};
-  p.L[0] = op.layout[0];
-  p.L[1] = op.layout[1];
+  uint32_t run_at = 0, slot_at = 0;
+  for (int k = 0; k < KVGC_CLASS_COUNT; ++k) {
+    p.L[k] = op.layout[k];
+    p.unit_cost[k] = op.unit_cost[k];
+    p.position_of[k] = -1;
+    p.run_first[k] = run_at;
+    p.class_runs[k] = op.n_demote_dst[k];
+    run_at += op.n_demote_dst[k];
+    p.slot_base[k] = slot_at;
+    for (uint32_t i = 0; i < op.n_demote_dst[k]; ++i) slot_at += op.demote_dst[k][i].count;
+    p.slot_count[k] = slot_at - p.slot_base[k];
+  }
+  p.n_ladder = op.n_ladder;
+  for (int i = 0; i < 3; ++i) {
+    p.ladder[i] = op.ladder[i];
+    p.slope[i] = op.slope[i];
+  }
+  for (uint32_t i = 0; i < op.n_ladder; ++i) p.position_of[op.ladder[i]] = int8_t(i);
   p.pages = reinterpret_cast<const SegPage*>(base + c.pages);
   p.runs = reinterpret_cast<const AppendRun*>(base + c.runs);
   p.n_pages = op.n_pages;
   p.pt = pt;
-  p.n_runs = op.n_demote_dst;
+  p.n_runs = n_runs;
   p.n_slots = slots;
   p.tenure_before = op.tenure_before;
   p.candidates = op.candidates;
@@ -269,19 +339,21 @@ cudaError_t select(const SelectOp& op, cudaStream_t stream) {
   p.salt = op.segment_salt;
   p.epoch = op.epoch;
   p.reclaim = op.reclaim;
-  p.int4_cost = op.int4_cost;
-  p.demote_ratio = op.demote_ratio;
+  p.budget_bytes = op.budget_bytes;
   p.promote = op.promote;
   p.promote_age = op.promote_age;
   p.retier = op.retier;
   p.retier_top = op.retier_top;
   p.age_intermediate = op.age_intermediate;
-  p.demote_on = op.demote_ratio >= 0 && op.n_demote_dst > 0;
   p.keys = reinterpret_cast<uint64_t*>(base + c.keys0);
   p.vals = reinterpret_cast<uint32_t*>(base + c.vals0);
   p.fate = base + c.fate;
-  p.dem_src = reinterpret_cast<uint32_t*>(base + c.dem_src);
-  p.dem_dst = reinterpret_cast<uint64_t*>(base + c.dem_dst);
+  p.weight = reinterpret_cast<double*>(base + c.weight);
+  p.at = base + c.at;
+  p.from = base + c.from;
+  p.dem = reinterpret_cast<Demotion*>(base + c.dem);
+  p.slot_run = reinterpret_cast<uint32_t*>(base + c.slot_run);
+  p.slot_in = reinterpret_cast<uint16_t*>(base + c.slot_in);
   p.page_live = reinterpret_cast<uint16_t*>(base + c.page_live);
   p.st = reinterpret_cast<State*>(base + c.state);
 
@@ -292,21 +364,21 @@ cudaError_t select(const SelectOp& op, cudaStream_t stream) {
 #define KVGC_LAUNCHED() KVGC_STEP(cudaGetLastError())
   KVGC_STEP(cudaMemcpyAsync(base + c.pages, op.pages, op.n_pages * sizeof(SegPage),
                             cudaMemcpyHostToDevice, stream));
-  if (op.n_demote_dst)
-    KVGC_STEP(cudaMemcpyAsync(base + c.runs, op.demote_dst, op.n_demote_dst * sizeof(AppendRun),
-                              cudaMemcpyHostToDevice, stream));
+  // The runs of every class, one after the other (they are contiguous in the op's block).
+  for (int k = 0, at = 0; k < KVGC_CLASS_COUNT; at += op.n_demote_dst[k++])
+    if (op.n_demote_dst[k])
+      KVGC_STEP(cudaMemcpyAsync(base + c.runs + at * sizeof(AppendRun), op.demote_dst[k],
+                                op.n_demote_dst[k] * sizeof(AppendRun), cudaMemcpyHostToDevice, stream));
   KVGC_STEP(cudaMemsetAsync(p.st, 0, sizeof(State), stream));
-  if (op.n_demote_dst) {
-    zero_fresh_kernel<<<op.n_demote_dst, 256, 0, stream>>>(p);
+  if (n_runs) {
+    fresh_live_kernel<<<n_runs, 32, 0, stream>>>(p);
+    KVGC_LAUNCHED();
+    slots_kernel<<<n_runs, 128, 0, stream>>>(p);
     KVGC_LAUNCHED();
   }
   keys_kernel<<<op.n_pages, 128, 0, stream>>>(p);
   KVGC_LAUNCHED();
-  const bool ordered = op.reclaim > 0 || op.retier || op.promote > 0;
-  if (ordered && p.demote_on && op.reclaim > 0) {
-    sum_kernel<<<1, kChunk, 0, stream>>>(p);
-    KVGC_LAUNCHED();
-  }
+  const bool ordered = op.reclaim > 0 || op.budget_bytes > 0 || op.retier || op.promote > 0;
   cub::DoubleBuffer<uint64_t> keys(p.keys, reinterpret_cast<uint64_t*>(base + c.keys1));
   cub::DoubleBuffer<uint32_t> vals(p.vals, reinterpret_cast<uint32_t*>(base + c.vals1));
   if (ordered) {
@@ -316,10 +388,16 @@ cudaError_t select(const SelectOp& op, cudaStream_t stream) {
   }
   p.skeys = keys.Current();
   p.svals = vals.Current();
+  if (ordered) {
+    prep_kernel<<<uint32_t(std::min<uint64_t>((slots + 255) / 256, 1024)), 256, 0, stream>>>(p);
+    KVGC_LAUNCHED();
+  }
   KVGC_STEP(launch_decide(p, stream));
   apply_kernel<<<op.n_pages, 128, 0, stream>>>(p);
   KVGC_LAUNCHED();
-  if (p.demote_on && op.reclaim > 0 && dem > 0) {
+  if (dem > 0) {
+    scrub_kernel<<<n_runs, 256, 0, stream>>>(p);
+    KVGC_LAUNCHED();
     demote_kernel<<<uint32_t(dem), 128, 0, stream>>>(p);
     KVGC_LAUNCHED();
   }

@@ -12,37 +12,55 @@ namespace kvgc::cuda::select_detail {
 
 constexpr uint64_t kNotRanked = ~0ull;  // sort key of slots that are not candidates
 enum Fate : uint8_t { kSurvivor = 0, kEvicted = 1, kDemoted = 2, kTop = 3, kNone = 0xff };
-constexpr int kChunk = 1024;  // decide/sum: entries loaded per round (one per thread)
+constexpr int kChunk = 1024;  // decide: entries loaded per round (one per thread)
 
 struct State {
   SelectResult r;  // accumulated on the device, copied back as the op's result
-  double key_sum;
   unsigned long long n_cand;
+  unsigned long long live_cls[KVGC_CLASS_COUNT];  // live slots per class before the op
+  unsigned long long n_dem;                        // demotions listed in dem[]
+};
+
+// One demotion: the candidate's slot g, and its destination: flat slot `flat` of class
+// `cls`'s reserved slots (slot_run / slot_in give the run and the page slot).
+struct Demotion {
+  uint32_t g, flat;
+  uint8_t cls;
 };
 
 struct Params {
   PageLayout L[KVGC_CLASS_COUNT];
   const SegPage* pages;  // device copies (scratch)
-  const AppendRun* runs;
+  const AppendRun* runs;  // every class's destination runs, class 0's first
   uint32_t n_pages, pt, n_runs;
+  uint32_t run_first[KVGC_CLASS_COUNT], class_runs[KVGC_CLASS_COUNT];
+  uint32_t slot_base[KVGC_CLASS_COUNT], slot_count[KVGC_CLASS_COUNT];  // flat reserved slots
   uint64_t n_slots;
   int64_t tenure_before;
   uint8_t candidates;
   KeyKind key;
   double noise;
   uint64_t seed, salt, epoch;
-  double reclaim, int4_cost, demote_ratio;
+  uint64_t reclaim, budget_bytes;
+  uint64_t unit_cost[KVGC_CLASS_COUNT];
+  uint8_t n_ladder, ladder[3];
+  int8_t position_of[KVGC_CLASS_COUNT];  // a class's place on the ladder, -1 off it
+  double slope[3];
   uint32_t promote;
   uint8_t promote_age;
-  bool retier, age_intermediate, demote_on;
+  bool retier, age_intermediate;
   uint64_t retier_top;
   uint64_t* keys;         // read order (g), before the sort
   uint32_t* vals;
   const uint64_t* skeys;  // sorted
   const uint32_t* svals;
   uint8_t* fate;          // by g
-  uint32_t* dem_src;      // g of the i-th demotion
-  uint64_t* dem_dst;      // (run << 16) | int4 slot of the i-th demotion
+  double* weight;         // by sorted index: the ladder walk's weight
+  uint8_t* at;            // by sorted index: ladder position (n_ladder: evicted)
+  uint8_t* from;          // by sorted index: ladder position before the op
+  Demotion* dem;          // demotions, at most sum(slot_count)
+  uint32_t* slot_run;     // flat reserved slot -> run index
+  uint16_t* slot_in;      // flat reserved slot -> slot in that run's page
   uint16_t* page_live;
   State* st;
 };
@@ -65,14 +83,15 @@ __device__ __forceinline__ double laplace(double b, uint64_t h) {
   return __dmul_rn(__dmul_rn(-b, u < 0 ? -1.0 : 1.0), log(__dsub_rn(1.0, __dmul_rn(2.0, fabs(u)))));
 }
 
-__device__ __forceinline__ double key_of(const Params& p, int32_t pos, float score) {
+__device__ __forceinline__ double key_of(const Params& p, int32_t pos, float score, float recent) {
   switch (p.key) {
     case KeyKind::Position: return double(pos);
     case KeyKind::Random:
       return double(splitmix(p.seed ^ splitmix(p.salt ^ uint64_t(uint32_t(pos)))) >> 11);
     case KeyKind::Score:
+    case KeyKind::Recent:
     default: {
-      double k = score;
+      double k = p.key == KeyKind::Recent ? recent : score;
       if (p.noise > 0)
         k = __dadd_rn(k, laplace(p.noise, splitmix(p.seed ^ splitmix(p.salt ^ splitmix(
                                                       p.epoch ^ (uint64_t(uint32_t(pos)) << 20))))));
@@ -98,7 +117,15 @@ __device__ __forceinline__ uint32_t slot_cls(const Params& p, uint32_t g) {
   return p.pages[g / p.pt].cls;
 }
 
-// Step 5 of select (gc_decide.cu): one block, the CPU's sequential loops.
+// The pages a class needs for `live` tokens once compacted, in bytes (gc.cpp's held_bytes).
+__device__ __forceinline__ uint64_t held_bytes(const Params& p, const unsigned long long live[KVGC_CLASS_COUNT]) {
+  uint64_t bytes = 0;
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += (live[c] + p.pt - 1) / p.pt * p.L[c].bytes;
+  return bytes;
+}
+
+// Steps 5 and 6 of select (gc_decide.cu): the ladder walk and the assignment (one
+// thread: the CPU's sequential loops), then the top survivors (one block).
 cudaError_t launch_decide(const Params& p, cudaStream_t stream);
 
 }  // namespace kvgc::cuda::select_detail

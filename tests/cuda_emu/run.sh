@@ -47,7 +47,7 @@ done
 python3 "$here/transform.py" "$here/shim_test.cu" shim_test.emu.cpp
 cxx=(${CXX:-g++} -std=c++20 -O1 -g -I "$here/shim" -I c_api -I . -DKVGC_ASSERT_LEVEL=2
      -fno-strict-aliasing -w)
-srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/plan.cpp
+srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/plan.cpp gc/ladder.cpp
       gc/compaction.cpp kernels/cpu/copy.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp
       kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp
       kernels/cpu/attend_split.cpp kernels/cpu/thread_pool.cpp

@@ -45,6 +45,7 @@
 
 using std::isfinite;
 using std::isnan;
+using std::isinf;
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;

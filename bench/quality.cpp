@@ -1,21 +1,19 @@
-// kvgc-bench-quality: how much each kvgc cache policy costs in model quality, measured
-// on the real model (SmolLM2-135M-Instruct through the reference engine).
+// kvgc-bench-quality: how much each kvgc cache configuration costs in model quality per
+// byte of KV memory, measured on the real model (SmolLM2-135M-Instruct through the
+// reference engine), on the same token ids the anchors (bench/anchors/) read.
 //
-//   1. Passkey retrieval (bench/quality_retrieval.cpp): a 5-digit key hidden at several
-//      depths in filler; the model must repeat it after the cache was squeezed to
-//      10/20/50% of the prompt, under both prefill modes (observe: SnapKV-style, the
-//      engine's default; stream: eviction after every chunk).
-//   2. Needle in prose (same file): a sentence hidden in the Jargon File, asked for in a
-//      chat prompt.
-//   3. Streaming perplexity (bench/quality_perplexity.cpp): teacher-forced perplexity of
-//      the same prose with the cache bounded to 256 and 512 tokens: window with and
-//      without sinks, h2o, random, generational (+int4, + pyramid / entropy layer splits).
+//   Retrieval (bench/quality_retrieval.cpp, prompts in bench/quality_tasks.cpp): passkey
+//   (5 digits; also with stream prefill), passkey-word, multikey (three keys, one asked),
+//   needle (Jargon File), needle2 (Debian Policy Manual). One observe prefill per prompt,
+//   replayed into every configuration's heap (bench/quality_replay.hpp).
+//   Perplexity (bench/quality_perplexity.cpp): streaming, cache bounded to 256 / 512
+//   tokens; and prefix perplexity (a compressed prefix, then its continuation scored), the
+//   protocol the anchors share.
+//   Privacy (bench/quality_privacy.cpp): score noise against a cache-timing attacker.
 //
 // Every configuration gets its own heap, created with explicit options (ignoring the
-// KVGC_* environment) on the CPU. Quick mode (default) fits in a few minutes on two
-// cores; --full runs 1K/2K/4K contexts and 4K scored tokens (docs/QUALITY.md has the
-// grids and records). Tables go to stdout, per-run lines to stderr, data files and plots
-// (gnuplot, bench/quality_plots.gp) to --out.
+// KVGC_* environment) on the CPU. Tables go to stdout, per-run lines to stderr, every run
+// as a JSON line to --results, data files and plots to --out.
 #include <cblas.h>
 
 #include <cmath>
@@ -29,6 +27,8 @@
 
 #include "gguf.hpp"
 #include "quality_common.hpp"
+#include "quality_report.hpp"
+#include "quality_tasks.hpp"
 
 namespace {
 
@@ -37,83 +37,148 @@ using namespace quality;
 struct Args {
   std::string model;
   std::string text = std::string(KVGC_QUALITY_DATA_DIR) + "/jargon-intro.txt";
+  std::string text2 = std::string(KVGC_QUALITY_DATA_DIR) + "/debian-policy.txt";
   std::string out = KVGC_QUALITY_OUT_DIR;
-  bool full = false;
+  std::string results, export_path;
+  bool full = false, plots = true, observe_only = false, check_replay = false;
   unsigned jobs = 2;
-  bool plots = true;
   std::vector<uint32_t> contexts;
-  std::vector<double> depths;
-  bool passkey = true, needle = true, perplexity = true;
+  std::vector<double> depths, fractions;
+  std::vector<std::string> configs;
+  std::vector<std::string> parts;  // retrieval task names, perplexity, ppl-prefix, privacy
 };
 
+const std::vector<std::string>& known_parts() {
+  static const std::vector<std::string> parts = [] {
+    std::vector<std::string> p = retrieval_task_names();
+    for (const char* x : {"perplexity", "ppl-prefix", "privacy"}) p.push_back(x);
+    return p;
+  }();
+  return parts;
+}
+
 void usage(FILE* out) {
+  std::string parts;
+  for (const std::string& p : known_parts()) parts += " " + p;
   std::fprintf(out,
-               "usage: kvgc-bench-quality [--full] [--model PATH] [--text FILE] [--out DIR]\n"
-               "                          [--jobs N] [--only passkey|needle|perplexity]...\n"
-               "                          [--contexts N,N...] [--depths D,D...] [--no-plots]\n"
-               "  --full         passkey at 1K/2K/4K tokens (9/5/3 depths), needle at 1K/4K,\n"
-               "                 4096 scored tokens (~45 minutes on two cores; the default\n"
-               "                 quick mode takes ~4)\n"
-               "  --model PATH   GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
-               "  --text FILE    prose for the needle and perplexity parts\n"
-               "                 (default: %s/jargon-intro.txt)\n"
-               "  --out DIR      data files, entropy profile and PNG plots (default:\n"
-               "                 %s); names start with quick- or full-\n"
-               "  --jobs N       engines run side by side, one BLAS thread each (default 2;\n"
-               "                 1 = one engine with two BLAS threads)\n"
-               "  --contexts N,N passkey/needle prompt lengths in tokens (replace the mode's)\n"
-               "  --depths D,D   passkey/needle depths in 0..1 (replace the mode's)\n"
-               "  --only PART    run only this part (repeatable)\n"
-               "  --no-plots     do not run gnuplot\n",
-               engine::kDefaultModelFile, KVGC_QUALITY_DATA_DIR, KVGC_QUALITY_OUT_DIR);
+      "usage: kvgc-bench-quality [--quick|--full] [--only PART]... [--configs NAME,...]\n"
+      "         [--fractions F,F] [--contexts N,N] [--depths D,D] [--observe-only]\n"
+      "         [--check-replay] [--export FILE] [--results FILE] [--model PATH]\n"
+      "         [--text FILE] [--text2 FILE] [--out DIR] [--jobs N] [--no-plots]\n"
+      "  --quick        (default) ~1K-token prompts at 3 depths, 1K scored tokens\n"
+      "  --full         1K/2K/4K prompts x 9 depths for every retrieval task, 4K scored\n"
+      "                 tokens, 1K/2K/4K prefixes\n"
+      "  --only PART    run only this part (repeatable; 'retrieval' = every retrieval task):\n"
+      "                %s\n"
+      "  --configs N,N  only these configurations (full is always measured); names as in\n"
+      "                 the tables, e.g. h2o,generational+int4\n"
+      "  --fractions F  budgets as fractions (default 0.1,0.2,0.5): of the prompt's tokens\n"
+      "                 for [tokens] rows, of its f16 full-cache bytes for [bytes] rows\n"
+      "  --contexts N,N retrieval prompt / perplexity prefix lengths (replace the mode's)\n"
+      "  --depths D,D   retrieval depths in 0..1 (replace the mode's)\n"
+      "  --observe-only no stream-prefill rows (the passkey's; each costs a prefill)\n"
+      "  --check-replay also prefill every configuration afresh and compare its cache and\n"
+      "                 answer with the replayed one (exit 1 on a difference)\n"
+      "  --export FILE  write the selected tasks' prompts as token ids (JSON lines, for\n"
+      "                 bench/anchors/) and exit\n"
+      "  --results FILE every run as a JSON line (default OUT/MODE-results.jsonl)\n"
+      "  --model PATH   GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
+      "  --text FILE    prose for the needle and perplexity parts (default jargon-intro.txt)\n"
+      "  --text2 FILE   the second haystack, needle2 (default debian-policy.txt)\n"
+      "  --out DIR      data files, plots (default %s); names start with quick- or full-\n"
+      "  --jobs N       engines side by side, one BLAS thread each (default 2)\n"
+      "  --no-plots     do not run gnuplot\n",
+      parts.c_str(), engine::kDefaultModelFile, KVGC_QUALITY_OUT_DIR);
+}
+
+template <typename T>
+bool parse_list(const char* v, std::vector<T>* out) {
+  std::string list = v;
+  for (char& c : list) c = c == ',' ? ' ' : c;
+  std::istringstream in(list);
+  out->clear();
+  for (std::string word; in >> word;) {
+    char* end = nullptr;
+    const double x = std::strtod(word.c_str(), &end);
+    if (*end != '\0' || !std::isfinite(x) || x < 0) return false;
+    out->push_back(T(x));
+  }
+  return !out->empty();
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
-  bool only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
+    bool ok = true;
     if (arg == "--help" || arg == "-h") {
       usage(stdout);
       std::exit(0);
-    } else if (arg == "--full") {
-      args->full = true;
+    } else if (arg == "--full" || arg == "--quick") {
+      args->full = arg == "--full";
     } else if (arg == "--no-plots") {
       args->plots = false;
+    } else if (arg == "--observe-only") {
+      args->observe_only = true;
+    } else if (arg == "--check-replay") {
+      args->check_replay = true;
     } else if (arg == "--model" && (v = value())) {
       args->model = v;
     } else if (arg == "--text" && (v = value())) {
       args->text = v;
+    } else if (arg == "--text2" && (v = value())) {
+      args->text2 = v;
     } else if (arg == "--out" && (v = value())) {
       args->out = v;
-    } else if (arg == "--jobs" && (v = value()) && std::atoi(v) > 0) {
+    } else if (arg == "--results" && (v = value())) {
+      args->results = v;
+    } else if (arg == "--export" && (v = value())) {
+      args->export_path = v;
+    } else if (arg == "--jobs" && (v = value())) {
+      ok = std::atoi(v) > 0;
       args->jobs = unsigned(std::atoi(v));
-    } else if ((arg == "--contexts" || arg == "--depths") && (v = value())) {
+    } else if (arg == "--contexts" && (v = value())) {
+      ok = parse_list(v, &args->contexts);
+      for (const uint32_t c : args->contexts) ok = ok && c >= 64;
+    } else if (arg == "--depths" && (v = value())) {
+      ok = parse_list(v, &args->depths);
+      for (const double d : args->depths) ok = ok && d <= 1;
+    } else if (arg == "--fractions" && (v = value())) {
+      ok = parse_list(v, &args->fractions);
+      for (const double f : args->fractions) ok = ok && f > 0 && f <= 1;
+    } else if (arg == "--configs" && (v = value())) {
       std::string list = v;
       for (char& c : list) c = c == ',' ? ' ' : c;
       std::istringstream in(list);
-      for (double x; in >> x;) {
-        if (arg == "--contexts") args->contexts.push_back(uint32_t(x));
-        else args->depths.push_back(x);
-      }
-    } else if (arg == "--only" && (v = value()) &&
-               (std::string(v) == "passkey" || std::string(v) == "needle" ||
-                std::string(v) == "perplexity")) {
-      if (!only) args->passkey = args->needle = args->perplexity = false;
-      only = true;
+      for (std::string name; in >> name;) args->configs.push_back(name);
+      ok = !args->configs.empty();
+    } else if (arg == "--only" && (v = value())) {
       const std::string part = v;
-      (part == "passkey" ? args->passkey : part == "needle" ? args->needle : args->perplexity) =
-          true;
+      if (part == "retrieval") {
+        for (const std::string& t : retrieval_task_names()) args->parts.push_back(t);
+      } else {
+        ok = std::find(known_parts().begin(), known_parts().end(), part) != known_parts().end();
+        args->parts.push_back(part);
+      }
     } else {
-      std::fprintf(stderr, "kvgc-bench-quality: unknown or incomplete argument '%s'\n",
-                   arg.c_str());
+      v = nullptr;
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "kvgc-bench-quality: bad or incomplete argument '%s%s%s'\n",
+                   arg.c_str(), v ? " " : "", v ? v : "");
       usage(stderr);
       return false;
     }
   }
+  if (args->parts.empty()) args->parts = known_parts();
   if (args->model.empty()) args->model = engine::default_model_path();
   return true;
+}
+
+bool wants(const Args& args, const std::string& part) {
+  return std::find(args.parts.begin(), args.parts.end(), part) != args.parts.end();
 }
 
 // Runs bench/quality_plots.gp over the data files, if gnuplot is installed.
@@ -124,123 +189,12 @@ void plot(const Args& args, const Bench& bench) {
     return;
   }
   std::string parts;
-  if (args.passkey) parts += " passkey";
-  if (args.needle) parts += " needle";
-  if (args.perplexity) parts += " ppl";
+  for (const std::string& p : args.parts) parts += " " + p;
   const std::string command = "gnuplot -e \"prefix='" + bench.prefix + "'; mode='" +
                               (args.full ? "full" : "quick") + "'; parts='" + parts + "'\" '" +
                               KVGC_QUALITY_PLOTS + "'";
   const int rc = std::system(command.c_str());
   std::printf("plots: %s (%s)\n\n", rc == 0 ? "written" : "gnuplot FAILED", command.c_str());
-}
-
-// "RESULT key=value ...": ratios first, then the raw figures.
-std::string result_line(const RetrievalResult& passkey, const RetrievalResult& needle,
-                        const PerplexityResult& ppl, double seconds) {
-  std::string out = "RESULT";
-  char buf[160];
-  auto add = [&](const char* format, auto... values) {
-    std::snprintf(buf, sizeof buf, format, values...);
-    out += buf;
-  };
-  // Row index of a policy, -1 if absent.
-  auto row = [](const RetrievalResult& r, const char* name) {
-    for (size_t i = 0; i < r.policies.size(); ++i)
-      if (r.policies[i] == name) return int(i);
-    return -1;
-  };
-  // The 20% column (the goals' budget).
-  auto col20 = [](const RetrievalResult& r) {
-    for (size_t f = 0; f < r.fractions.size(); ++f)
-      if (std::abs(r.fractions[f] - 0.2) < 1e-9) return f;
-    return size_t(0);
-  };
-  auto ratio = [&](const RetrievalResult& r, size_t mode, const char* name) {
-    const size_t f = col20(r);
-    const double base = r.cells[mode][0][f].accuracy();
-    const int i = row(r, name);
-    return base > 0 && i >= 0 ? r.cells[mode][size_t(i)][f].accuracy() / base : 0.0;
-  };
-  struct Short {
-    const char* key;
-    const char* name;
-  };
-  const Short shorts[] = {{"gen", "generational"}, {"h2o", "h2o"}, {"streaming", "streaming"},
-                          {"random", "random"}, {"gen_int4_", "generational+int4"}};
-  if (!passkey.cells.empty()) {
-    for (size_t m = 0; m < passkey.modes.size(); ++m) {
-      const std::string mode = m == 0 ? "" : "_" + passkey.modes[m];
-      for (const Short& s : shorts)
-        add(" passkey_%s20%s_vs_full=%.2f", s.key, mode.c_str(), ratio(passkey, m, s.name));
-    }
-  }
-  if (!needle.cells.empty()) {
-    for (const Short& s : shorts)
-      add(" needle_%s20_vs_full=%.2f", s.key, ratio(needle, 0, s.name));
-  }
-  const Short ppl_shorts[] = {
-      {"nosinks", "window(no sinks)"}, {"sinks", "streaming"},
-      {"h2o", "h2o"},                  {"random", "random"},
-      {"gen", "generational"},         {"gen_int4", "generational+int4"},
-      {"pyramid", "generational+pyramid"}, {"entropy", "generational+entropy"}};
-  const double base = ppl.full.perplexity;
-  for (size_t b = 0; b < ppl.bounded.size(); ++b) {
-    const std::string bound = b == 0 ? "" : std::to_string(ppl.cache_tokens[b]);
-    for (const Short& s : ppl_shorts)
-      for (const PerplexityRow& r : ppl.bounded[b])
-        if (r.name == s.name)
-          add(" ppl%s_%s_vs_full=%.3f", bound.c_str(), s.key, r.perplexity / base);
-  }
-  // KV bytes held by int4 demotion against plain generational at the same token budget.
-  if (!passkey.cells.empty()) {
-    const int g = row(passkey, "generational"), q = row(passkey, "generational+int4");
-    const size_t f = col20(passkey);
-    const double gb = passkey.cells[0][size_t(g)][f].kv_fraction();
-    add(" passkey_kv_gen_int4_vs_gen20=%.2f",
-        gb > 0 ? passkey.cells[0][size_t(q)][f].kv_fraction() / gb : 0.0);
-  }
-  for (size_t b = 0; b < ppl.bounded.size(); ++b) {
-    const PerplexityRow *g = nullptr, *q = nullptr;
-    for (const PerplexityRow& r : ppl.bounded[b]) {
-      if (r.name == "generational") g = &r;
-      if (r.name == "generational+int4") q = &r;
-    }
-    if (g && q && g->held.bytes > 0) {
-      const std::string bound = b == 0 ? "" : std::to_string(ppl.cache_tokens[b]);
-      add(" ppl%s_kv_gen_int4_vs_gen=%.2f", bound.c_str(),
-          double(q->held.bytes) / double(g->held.bytes));
-    }
-  }
-  // Raw figures.
-  auto cells = [&](const char* part, const RetrievalResult& r) {
-    for (size_t m = 0; m < r.modes.size(); ++m)
-      for (size_t p = 0; p < r.policies.size(); ++p)
-        for (size_t f = 0; f < r.fractions.size(); ++f) {
-          if (p == 0 && (m > 0 || f > 0)) continue;  // full: one figure
-          const Cell& c = r.cells[m][p][f];
-          if (p == 0) {
-            add(" %s_full=%d/%d", part, c.correct, c.total);
-          } else {
-            add(" %s_%s_%s_%.0f=%d/%d", part, r.modes[m].c_str(), key_name(r.policies[p]).c_str(),
-                100.0 * r.fractions[f], c.correct, c.total);
-          }
-        }
-  };
-  if (!passkey.cells.empty()) cells("passkey", passkey);
-  if (!needle.cells.empty()) cells("needle", needle);
-  if (ppl.full.perplexity > 0) {
-    add(" ppl_full=%.3f", ppl.full.perplexity);
-    for (size_t b = 0; b < ppl.bounded.size(); ++b)
-      for (const PerplexityRow& r : ppl.bounded[b])
-        add(" ppl%llu_%s=%.3f", (unsigned long long)ppl.cache_tokens[b], key_name(r.name).c_str(),
-            r.perplexity);
-    add(" ppl_tokens=%zu", ppl.scored_tokens);
-  }
-  if (!passkey.cells.empty()) add(" passkey_seconds=%.0f", passkey.seconds);
-  if (!needle.cells.empty()) add(" needle_seconds=%.0f", needle.seconds);
-  if (ppl.full.perplexity > 0) add(" ppl_seconds=%.0f", ppl.seconds);
-  add(" seconds=%.0f", seconds);
-  return out;
 }
 
 }  // namespace
@@ -280,38 +234,99 @@ int main(int argc, char** argv) {
   Bench bench;
   bench.model = &model;
   bench.tokenizer = &tokenizer;
-  kvgc_model_desc_init(&bench.kv);
-  bench.kv.n_layers = model.config.n_layers;
-  bench.kv.n_q_heads = model.config.n_heads;
-  bench.kv.n_kv_heads = model.config.n_kv_heads;
-  bench.kv.head_dim = model.config.head_dim;
-  bench.kv.dtype = KVGC_DTYPE_F32;
+  {
+    // kvgc's view of the engine's cache (its dtype included) from an engine itself.
+    engine::Engine probe;
+    kvgc_heap_options o;
+    kvgc_heap_options_init(&o);
+    o.flags = KVGC_OPT_IGNORE_ENV;
+    o.device = KVGC_DEVICE_CPU;
+    o.budget_bytes = 64u << 20;
+    if (!probe.init(model, &o, &err)) {
+      std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
+      return 1;
+    }
+    bench.kv = probe.kv_model();
+  }
   bench.n_ctx = model.config.n_ctx;
   const std::optional<std::string> arch = file.get_string("general.architecture");
   bench.n_ctx_from_gguf = arch && file.get_uint(*arch + ".context_length").has_value();
   bench.jobs = args.jobs;
   bench.full = args.full;
+  bench.observe_only = args.observe_only;
+  bench.check_replay = args.check_replay;
   bench.contexts = args.contexts;
   bench.depths = args.depths;
+  bench.fractions = args.fractions;
+  bench.config_names = args.configs;
   bench.text_path = args.text;
+  bench.text2_path = args.text2;
   bench.out_dir = args.out;
   bench.prefix = args.out + "/" + (args.full ? "full" : "quick");
+  {
+    std::vector<Config> all = retrieval_configs();
+    for (const Config& c : perplexity_configs()) all.push_back(c);
+    if (!select_configs(args.configs, &all, &err)) {
+      std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
+      return 2;
+    }
+  }
 
-  std::printf("kvgc-bench-quality (%s mode), model %s (trained context %llu tokens), %u "
-              "engine%s side by side\n\n",
+  if (!args.export_path.empty()) {
+    std::vector<std::string> tasks;
+    for (const std::string& t : retrieval_task_names())
+      if (wants(args, t)) tasks.push_back(t);
+    const bool ppl = wants(args, "perplexity") || wants(args, "ppl-prefix");
+    if (!export_tasks(bench, tasks, ppl, args.export_path, &err)) {
+      std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
+      return 1;
+    }
+    return 0;
+  }
+  if (!results().open(args.results.empty() ? bench.prefix + "-results.jsonl" : args.results, &err)) {
+    std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
+    return 1;
+  }
+
+  const char* dtype = bench.kv.dtype == KVGC_DTYPE_F32 ? "f32" : bench.kv.dtype == KVGC_DTYPE_F16 ? "f16" : "bf16";
+  std::printf("kvgc-bench-quality (%s mode), model %s (trained context %llu tokens), engine "
+              "K/V %s, %u engine%s side by side; KV bytes are the pages a heap holds (every "
+              "class) / the raw f16 payload of the same tokens (an f16 full cache = 100%%)\n\n",
               args.full ? "full" : "quick", std::filesystem::path(args.model).filename().c_str(),
-              (unsigned long long)bench.n_ctx, args.jobs, args.jobs > 1 ? "s" : "");
+              (unsigned long long)bench.n_ctx, dtype, args.jobs, args.jobs > 1 ? "s" : "");
   std::fflush(stdout);
 
-  RetrievalResult passkey, needle;
+  std::vector<RetrievalResult> retrieval;
   PerplexityResult ppl;
-  if ((args.passkey && !run_passkey(bench, &passkey, &err)) ||
-      (args.needle && !run_needle(bench, &needle, &err)) ||
-      (args.perplexity && !run_perplexity(&bench, &ppl, &err))) {
+  PrefixPplResult prefix;
+  PrivacyResult privacy;
+  bool ok = true;
+  size_t mismatches = 0;
+  for (const std::string& task : retrieval_task_names()) {
+    if (!ok || !wants(args, task)) continue;
+    RetrievalResult r;
+    ok = run_retrieval(bench, task, &r, &err) && report_retrieval(bench, r, &err);
+    mismatches += r.replay_mismatches;
+    retrieval.push_back(std::move(r));
+    std::fflush(stdout);
+  }
+  // Streaming perplexity first among the rest: it measures the entropy profile.
+  ok = ok && (!wants(args, "perplexity") ||
+              (run_perplexity(&bench, &ppl, &err) && report_perplexity(bench, ppl, &err)));
+  ok = ok && (!wants(args, "ppl-prefix") ||
+              (run_prefix_perplexity(bench, &prefix, &err) && report_prefix_ppl(bench, prefix, &err)));
+  ok = ok && (!wants(args, "privacy") ||
+              (run_privacy(bench, &privacy, &err) && report_privacy(bench, privacy, &err)));
+  if (!ok) {
     std::fprintf(stderr, "kvgc-bench-quality: %s\n", err.c_str());
     return 1;
   }
   if (args.plots) plot(args, bench);
-  std::printf("%s\n", result_line(passkey, needle, ppl, seconds_since(start)).c_str());
+  std::printf("%s\n", result_line(retrieval, ppl, prefix, privacy, seconds_since(start)).c_str());
+  if (mismatches > 0) {
+    std::fprintf(stderr, "kvgc-bench-quality: --check-replay: %zu replayed caches differ from "
+                         "a fresh prefill\n", mismatches);
+    return 1;
+  }
   return 0;
 }

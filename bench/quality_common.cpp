@@ -7,54 +7,134 @@
 #include <cstdarg>
 #include <cstdio>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
 namespace quality {
 
-Config full_config() { return {"full", KVGC_POLICY_FULL}; }
+Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL}; }
 
+// The configuration tables: one line each. "@bytes" rows get a byte budget (the same
+// fraction of the f16 full cache's bytes) instead of a token budget: the equal-bytes rows.
 std::vector<Config> retrieval_configs() {
   return {
-      {"generational", KVGC_POLICY_GENERATIONAL},
-      {"h2o", KVGC_POLICY_H2O},
-      {"streaming", KVGC_POLICY_STREAMING},
-      {"random", KVGC_POLICY_RANDOM},
-      {"generational+int4", KVGC_POLICY_GENERATIONAL, kSinks, KVGC_DEMOTE_INT4},
+      {.name = "generational", .policy = KVGC_POLICY_GENERATIONAL},
+      {.name = "h2o", .policy = KVGC_POLICY_H2O},
+      {.name = "streaming", .policy = KVGC_POLICY_STREAMING},
+      {.name = "random", .policy = KVGC_POLICY_RANDOM},
+      {.name = "generational+int4", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_INT4},
+#if QUALITY_HAVE_LADDER
+      {.name = "generational+int8", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_INT8},
+      {.name = "generational+ladder", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER},
+      {.name = "generational@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .budget = Budget::Bytes},
+      {.name = "h2o@bytes", .policy = KVGC_POLICY_H2O, .budget = Budget::Bytes},
+      {.name = "streaming@bytes", .policy = KVGC_POLICY_STREAMING, .budget = Budget::Bytes},
+      {.name = "generational+int4@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_INT4, .budget = Budget::Bytes},
+      {.name = "generational+int8@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_INT8, .budget = Budget::Bytes},
+      {.name = "generational+ladder@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes},
+      {.name = "generational+recent0.99@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .budget = Budget::Bytes, .recent_decay = 0.99},
+      {.name = "generational+ladder+recent0.99@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes, .recent_decay = 0.99},
+#endif
   };
 }
 
 std::vector<Config> perplexity_configs() {
   return {
       // StreamingLLM's baseline: a plain sliding window, no attention sinks.
-      {"window(no sinks)", KVGC_POLICY_STREAMING, 0},
-      {"streaming", KVGC_POLICY_STREAMING},
-      {"h2o", KVGC_POLICY_H2O},
-      {"random", KVGC_POLICY_RANDOM},
+      {.name = "window(no sinks)", .policy = KVGC_POLICY_STREAMING, .sinks = 0},
+      {.name = "streaming", .policy = KVGC_POLICY_STREAMING},
+      {.name = "h2o", .policy = KVGC_POLICY_H2O},
+      {.name = "random", .policy = KVGC_POLICY_RANDOM},
       // Uniform is the default split: this row is generational+uniform.
-      {"generational", KVGC_POLICY_GENERATIONAL},
-      {"generational+int4", KVGC_POLICY_GENERATIONAL, kSinks, KVGC_DEMOTE_INT4},
-      {"generational+pyramid", KVGC_POLICY_GENERATIONAL, kSinks, KVGC_DEMOTE_OFF,
-       KVGC_LAYER_BUDGET_PYRAMID},
-      {"generational+entropy", KVGC_POLICY_GENERATIONAL, kSinks, KVGC_DEMOTE_OFF,
-       KVGC_LAYER_BUDGET_ENTROPY},
+      {.name = "generational", .policy = KVGC_POLICY_GENERATIONAL},
+      {.name = "generational+int4", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_INT4},
+      {.name = "generational+pyramid", .policy = KVGC_POLICY_GENERATIONAL,
+       .split = KVGC_LAYER_BUDGET_PYRAMID},
+      {.name = "generational+entropy", .policy = KVGC_POLICY_GENERATIONAL,
+       .split = KVGC_LAYER_BUDGET_ENTROPY},
+#if QUALITY_HAVE_LADDER
+      {.name = "generational+int8", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_INT8},
+      {.name = "generational+ladder", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER},
+      {.name = "generational+recent0.99", .policy = KVGC_POLICY_GENERATIONAL,
+       .recent_decay = 0.99},
+      {.name = "generational+recent0.9", .policy = KVGC_POLICY_GENERATIONAL,
+       .recent_decay = 0.9},
+      {.name = "streaming@bytes", .policy = KVGC_POLICY_STREAMING, .budget = Budget::Bytes},
+      {.name = "generational@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .budget = Budget::Bytes},
+      {.name = "generational+ladder@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes},
+#endif
   };
 }
 
-kvgc_heap_options make_options(const Bench& bench, const Config& config, uint64_t token_budget,
-                               uint64_t max_tokens) {
+std::vector<std::string> all_config_names() {
+  std::vector<std::string> names;
+  for (const auto& table : {retrieval_configs(), perplexity_configs()})
+    for (const Config& c : table)
+      if (std::find(names.begin(), names.end(), c.name) == names.end()) names.push_back(c.name);
+  return names;
+}
+
+bool select_configs(const std::vector<std::string>& names, std::vector<Config>* configs,
+                    std::string* err) {
+  if (names.empty()) return true;
+  const std::vector<std::string> known = all_config_names();
+  for (const std::string& n : names) {
+    if (n == "full") continue;  // always measured: the baseline
+    if (std::find(known.begin(), known.end(), n) == known.end()) {
+      *err = "--configs: unknown configuration '" + n + "'; known:";
+      for (const std::string& k : known) *err += " " + k;
+      return false;
+    }
+  }
+  std::vector<Config> kept;
+  for (const Config& c : *configs)
+    if (std::find(names.begin(), names.end(), c.name) != names.end()) kept.push_back(c);
+  *configs = kept;
+  return true;
+}
+
+uint64_t f16_payload_bytes(const kvgc_model_desc& kv, uint64_t tokens) {
+  kvgc_model_desc f16 = kv;
+  f16.dtype = KVGC_DTYPE_F16;
+  uint64_t bytes = 0;
+  kvgc_kv_bytes(&f16, tokens, KVGC_CLASS_FP16, 0, &bytes);
+  return bytes;
+}
+
+namespace {
+
+kvgc_heap_options base_options(const Bench& bench, const Config& config, uint64_t max_tokens) {
   kvgc_heap_options options;
   kvgc_heap_options_init(&options);
   options.flags = KVGC_OPT_IGNORE_ENV;
   options.device = KVGC_DEVICE_CPU;
   options.policy = config.policy;
-  options.token_budget = config.policy == KVGC_POLICY_FULL ? 0 : token_budget;
   options.sinks = config.sinks;
   options.window = kWindow;
   options.page_tokens = kPageTokens;
-  options.demote = config.demote;
+  options.demote = kvgc_demote(config.demote);
   options.layer_budget = config.split;
+  options.score_noise = config.score_noise;
+  // Page-level results applied within each kvgc_step (which tokens die is the same either
+  // way): the bytes read right after a step are what that step left.
+  options.harvest = KVGC_HARVEST_IMMEDIATE;
+#if QUALITY_HAVE_LADDER
+  options.recent_decay = config.recent_decay;
+#endif
   if (config.split == KVGC_LAYER_BUDGET_ENTROPY) {
     options.layer_weights = bench.layer_weights.data();
     options.n_layer_weights = uint32_t(bench.layer_weights.size());
@@ -67,18 +147,60 @@ kvgc_heap_options make_options(const Bench& bench, const Config& config, uint64_
   return options;
 }
 
+#if QUALITY_HAVE_LADDER
+// Bytes per segment (layer) of `tokens` tokens' raw f16 payload.
+uint64_t f16_bytes_per_layer(const Bench& bench, double tokens) {
+  return uint64_t(std::llround(double(f16_payload_bytes(bench.kv, 1)) * tokens /
+                               double(bench.kv.n_layers)));
+}
+#endif
+
+}  // namespace
+
+kvgc_heap_options make_options(const Bench& bench, const Config& config, double fraction,
+                               uint64_t prompt_tokens, uint64_t max_tokens) {
+  kvgc_heap_options options = base_options(bench, config, max_tokens);
+  if (config.policy == KVGC_POLICY_FULL) return options;
+  if (config.budget == Budget::Tokens) {
+    options.token_budget = uint64_t(std::lround(fraction * double(prompt_tokens)));
+  } else {
+#if QUALITY_HAVE_LADDER
+    options.byte_budget = f16_bytes_per_layer(bench, fraction * double(prompt_tokens));
+#endif
+  }
+  return options;
+}
+
+kvgc_heap_options make_options_tokens(const Bench& bench, const Config& config,
+                                      uint64_t token_budget, uint64_t max_tokens) {
+  kvgc_heap_options options = base_options(bench, config, max_tokens);
+  if (config.policy == KVGC_POLICY_FULL) return options;
+  if (config.budget == Budget::Tokens) {
+    options.token_budget = token_budget;
+  } else {
+#if QUALITY_HAVE_LADDER
+    options.byte_budget = f16_bytes_per_layer(bench, double(token_budget));
+#endif
+  }
+  return options;
+}
+
 bool kv_held(const engine::Engine& engine, uint32_t n_layers, uint64_t length, KvHeld* out,
              std::string* err) {
   kvgc_stats stats;
   kvgc_stats_init(&stats);
-  if (kvgc_get_stats(engine.heap(), &stats) != KVGC_OK ||
-      kvgc_kv_bytes(&engine.kv_model(), length, KVGC_CLASS_FP16, kPageTokens,
-                    &out->full_bytes) != KVGC_OK) {
+  if (kvgc_get_stats(engine.heap(), &stats) != KVGC_OK) {
     *err = std::string("kvgc statistics: ") + kvgc_errmsg(engine.heap());
     return false;
   }
+  out->f16_full_bytes = f16_payload_bytes(engine.kv_model(), length);
   out->live_tokens = double(stats.live_tokens) / n_layers;
-  out->bytes = stats.cls[KVGC_CLASS_FP16].used_bytes + stats.cls[KVGC_CLASS_INT4].used_bytes;
+  out->class_bytes[0] = stats.cls[KVGC_CLASS_FP16].used_bytes;
+  out->class_bytes[1] = stats.cls[KVGC_CLASS_INT4].used_bytes;
+#if QUALITY_HAVE_LADDER
+  out->class_bytes[2] = stats.cls_int8.used_bytes;
+#endif
+  out->bytes = out->class_bytes[0] + out->class_bytes[1] + out->class_bytes[2];
   return true;
 }
 
@@ -105,13 +227,56 @@ bool run_jobs(size_t n, unsigned jobs, const std::function<bool(size_t, std::str
 
 void progress(const char* format, ...) {
   static std::mutex mutex;
-  char line[512];
+  char line[768];
   va_list args;
   va_start(args, format);
   std::vsnprintf(line, sizeof line, format, args);
   va_end(args);
   std::lock_guard lock(mutex);
   std::fprintf(stderr, "%s\n", line);
+}
+
+bool Results::open(const std::string& path, std::string* err) {
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) {
+    *err = "--results: cannot write " + path;
+    return false;
+  }
+  return true;
+}
+
+void Results::write(const std::string& fields) {
+  if (file_ == nullptr) return;
+  std::lock_guard lock(mutex_);
+  std::fprintf(file_, "{\"side\":\"kvgc\",%s}\n", fields.c_str());
+  std::fflush(file_);
+}
+
+Results::~Results() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+Results& results() {
+  static Results r;
+  return r;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 double seconds_since(Clock::time_point start) {
@@ -158,6 +323,11 @@ std::string column_name(const std::string& name) {
   }
   while (!out.empty() && out.back() == '-') out.pop_back();
   return out;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 }  // namespace quality

@@ -1,10 +1,12 @@
 // Shared pieces of kvgc-bench-quality (bench/quality*.cpp): the cache configurations under
-// test, heap options, a small job pool, and what the parts report back to main.
+// test, heap options, the KV bytes a heap holds against an f16 full cache, a small job
+// pool, the per-run results file, and what the parts report back to main.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,14 @@
 #include "engine/tokenizer.hpp"
 #include "kvgc.h"
 
+// The 0.4 C API (storage ladder, byte budget, recent-attention decay): configurations that
+// need it are compiled in when the header has it.
+#ifdef KVGC_HEAP_OPTIONS_0_3_SIZE
+#define QUALITY_HAVE_LADDER 1
+#else
+#define QUALITY_HAVE_LADDER 0
+#endif
+
 namespace quality {
 
 using Clock = std::chrono::steady_clock;
@@ -20,53 +30,81 @@ constexpr uint32_t kPageTokens = 16;
 constexpr uint32_t kSinks = 4;
 constexpr uint32_t kWindow = 32;
 
-// One cache configuration under test.
+// How a configuration's budget fraction becomes a heap budget.
+enum class Budget : uint8_t {
+  Tokens,  // token_budget = fraction x prompt tokens (live tokens per layer)
+  Bytes,   // byte_budget = fraction x the f16 raw payload of the prompt, per layer (0.4)
+};
+
+// One cache configuration under test: one line of a table in quality_common.cpp.
 struct Config {
   std::string name;
   kvgc_policy policy;
   uint32_t sinks = kSinks;
-  kvgc_demote demote = KVGC_DEMOTE_OFF;
+  int demote = KVGC_DEMOTE_OFF;  // kvgc_demote (int: 0.4 adds rungs)
   kvgc_layer_budget split = KVGC_LAYER_BUDGET_UNIFORM;
+  Budget budget = Budget::Tokens;
+  double recent_decay = 1.0;  // 0.4: generational's intermediate tier (1 = h2o's score)
+  double score_noise = 0.0;   // Laplace scale on ranking scores
 };
 
 Config full_config();
-// The bounded policies of the retrieval parts (passkey, needle), in table order.
+// Every bounded configuration, in table order; retrieval and perplexity parts measure
+// those whose `parts` include them (see quality_common.cpp).
 std::vector<Config> retrieval_configs();
-// The bounded configurations of the perplexity part, in table order.
 std::vector<Config> perplexity_configs();
+// --configs NAME,NAME: keeps only the named ones (in the table's order); false with *err
+// naming an unknown name and listing the known ones.
+bool select_configs(const std::vector<std::string>& names, std::vector<Config>* configs,
+                    std::string* err);
+std::vector<std::string> all_config_names();
 
 // What every part needs: the model, its tokenizer and kvgc's view of its shape.
 struct Bench {
   const engine::Model* model = nullptr;
   const engine::Tokenizer* tokenizer = nullptr;
-  kvgc_model_desc kv{};
+  kvgc_model_desc kv{};         // dtype: the engine's K/V dtype
   uint64_t n_ctx = 0;           // trained context length
   bool n_ctx_from_gguf = false; // read from the GGUF metadata (else the engine's default)
   unsigned jobs = 2;            // engines run side by side
   bool full = false;            // --full
+  bool observe_only = false;    // --observe-only: no stream-prefill rows
+  bool check_replay = false;    // --check-replay: every replay against a fresh prefill
   std::vector<uint32_t> contexts;  // --contexts: replaces the retrieval parts' lengths
   std::vector<double> depths;      // --depths: replaces the retrieval parts' depths
+  std::vector<double> fractions;   // --fractions: replaces the budgets
+  std::vector<std::string> config_names;  // --configs (empty: all)
   std::string text_path;        // prose: needle haystack, perplexity, entropy profile
+  std::string text2_path;       // the second haystack (needle2)
   std::string out_dir;          // data files, profile, plots
   std::string prefix;           // out_dir + "/quick" or "/full"
   std::vector<float> layer_weights;  // entropy profile (filled by the perplexity part)
 };
 
 // Explicit options for one heap (the KVGC_* environment must not change what is
-// measured). token_budget: live tokens per segment; ignored by the full policy.
-kvgc_heap_options make_options(const Bench& bench, const Config& config, uint64_t token_budget,
-                               uint64_t max_tokens);
+// measured). `fraction` of a `prompt_tokens`-token prompt, as config.budget says; ignored
+// by the full policy. max_tokens sizes the arena.
+kvgc_heap_options make_options(const Bench& bench, const Config& config, double fraction,
+                               uint64_t prompt_tokens, uint64_t max_tokens);
+// The same with an absolute per-layer token budget (the streaming perplexity bounds);
+// Budget::Bytes configurations get the bytes of that many f16 tokens instead.
+kvgc_heap_options make_options_tokens(const Bench& bench, const Config& config,
+                                      uint64_t token_budget, uint64_t max_tokens);
 
-// KV memory a heap holds now: live tokens per layer and bytes of pages in use (both
-// classes), against what a full fp16-class cache of `length` tokens would take.
+// KV memory a heap holds now: live tokens per layer and bytes of pages in use (every
+// class), against the raw f16 payload of `length` tokens (kvgc_kv_bytes, F16, page_tokens
+// 0): what an engine keeping every token in f16 holds. So 1.0 is an f16 full cache and an
+// f32 engine's full cache reads about 2.
 struct KvHeld {
   double live_tokens = 0;  // per layer
   uint64_t bytes = 0;
-  uint64_t full_bytes = 0;
-  double fraction() const { return full_bytes ? double(bytes) / double(full_bytes) : 0.0; }
+  uint64_t f16_full_bytes = 0;
+  uint64_t class_bytes[3] = {0, 0, 0};  // FP16 (model dtype), INT4, INT8
+  double fraction() const { return f16_full_bytes ? double(bytes) / double(f16_full_bytes) : 0.0; }
 };
 bool kv_held(const engine::Engine& engine, uint32_t n_layers, uint64_t length, KvHeld* out,
              std::string* err);
+uint64_t f16_payload_bytes(const kvgc_model_desc& kv, uint64_t tokens);
 
 // Runs job(i, &err) for i in [0, n) on `jobs` threads; false with the first error.
 bool run_jobs(size_t n, unsigned jobs, const std::function<bool(size_t, std::string*)>& job,
@@ -74,6 +112,23 @@ bool run_jobs(size_t n, unsigned jobs, const std::function<bool(size_t, std::str
 
 // One line to stderr, whole, from any thread.
 void progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// The per-run results file (--results FILE, JSON lines), read by bench/anchors/report.py
+// beside the anchors' files of the same format. Thread-safe; a no-op when not opened.
+class Results {
+ public:
+  bool open(const std::string& path, std::string* err);
+  // One record: fields already formatted as JSON ("\"task\":\"passkey\",...").
+  void write(const std::string& fields);
+  bool is_open() const { return file_ != nullptr; }
+  ~Results();
+
+ private:
+  std::mutex mutex_;
+  FILE* file_ = nullptr;
+};
+Results& results();
+std::string json_string(const std::string& s);
 
 double seconds_since(Clock::time_point start);
 using engine::argmax;
@@ -84,31 +139,42 @@ bool write_text(const std::string& path, const std::string& text, std::string* e
 std::string key_name(const std::string& name);
 // Names for data-file headers (gnuplot column headers: no spaces).
 std::string column_name(const std::string& name);
+std::string lower(std::string s);
 
 // ---- the parts ----------------------------------------------------------------------
 
-// Passkey or needle: correct answers (and KV held) per policy, budget and prefill mode.
+// A retrieval cell: correct answers (and KV held) per configuration and budget.
 struct Cell {
   int correct = 0;
   int total = 0;
-  double kv_fraction_sum = 0;  // KV bytes held / full cache, summed over the runs
+  double kv_fraction_sum = 0;  // KV bytes held / f16 full cache, summed over the runs
   double accuracy() const { return total ? double(correct) / total : 0.0; }
   double kv_fraction() const { return total ? kv_fraction_sum / total : 0.0; }
 };
-using CellTable = std::vector<std::vector<std::vector<Cell>>>;  // [mode][policy][fraction]
+using CellTable = std::vector<std::vector<std::vector<Cell>>>;  // [mode][config][fraction]
 struct RetrievalResult {
-  std::vector<double> fractions;          // budgets, fraction of the prompt
+  std::string task;                       // "passkey", "passkey-word", ...
+  std::vector<double> fractions;          // budgets
   std::vector<std::string> modes;         // "observe", "stream"
   std::vector<std::string> policies;      // row 0 is full
+  std::vector<std::string> budget_kinds;  // per row: "tokens" or "bytes"
   std::vector<uint32_t> contexts;         // prompt lengths asked for
   // All prompts together; full (row 0) is the same run in every column and mode.
   CellTable cells;
   std::vector<CellTable> by_context;      // [context] -> the same, for that length only
+  size_t replays_checked = 0, replay_mismatches = 0, answer_mismatches = 0;
   double seconds = 0;
 };
 
-bool run_passkey(const Bench& bench, RetrievalResult* out, std::string* err);
-bool run_needle(const Bench& bench, RetrievalResult* out, std::string* err);
+// The retrieval tasks: passkey (digits, stream mode too), passkey-word, multikey, needle
+// (Jargon File), needle2 (the second haystack).
+std::vector<std::string> retrieval_task_names();
+bool run_retrieval(const Bench& bench, const std::string& task, RetrievalResult* out,
+                   std::string* err);
+// Writes every retrieval prompt and the perplexity texts as token ids (JSON lines) for the
+// anchors (bench/anchors/*.py), without running anything.
+bool export_tasks(const Bench& bench, const std::vector<std::string>& tasks, bool perplexity,
+                  const std::string& path, std::string* err);
 
 struct PerplexityRow {
   std::string name;
@@ -128,5 +194,33 @@ struct PerplexityResult {
 };
 // Also fills bench->layer_weights (the entropy profile) first.
 bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err);
+
+// Prefix perplexity (the anchors' protocol): a prefix of the prose compressed by one
+// observe prefill to each budget, then the continuation scored teacher-forced.
+struct PrefixPplResult {
+  std::vector<double> fractions;
+  std::vector<std::string> policies;   // row 0 is full
+  std::vector<std::string> budget_kinds;
+  // [config][fraction]: perplexity over all prefixes' continuations, KV held
+  std::vector<std::vector<double>> perplexity, kv_fraction;
+  size_t prefixes = 0, scored_tokens = 0;
+  double seconds = 0;
+};
+bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string* err);
+
+// Score noise against an attacker who sees which tokens stay cached (item 6 of issue 12).
+struct PrivacyRow {
+  double noise = 0;
+  double advantage = 0;     // TPR - FPR of "cached => heavy hitter", mean over prompts
+  double accuracy = 0;      // passkey accuracy
+  int correct = 0, total = 0;
+};
+struct PrivacyResult {
+  std::string config;
+  double fraction = 0;
+  std::vector<PrivacyRow> rows;
+  double seconds = 0;
+};
+bool run_privacy(const Bench& bench, PrivacyResult* out, std::string* err);
 
 }  // namespace quality

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "quality_common.hpp"
+#include "quality_replay.hpp"
+#include "quality_tasks.hpp"
 
 namespace quality {
 namespace {
@@ -30,7 +32,7 @@ bool entropy_profile(const Bench& bench, const std::vector<int32_t>& prompt,
                      const std::string& path, std::vector<float>* weights, std::string* err) {
   const uint32_t layers = bench.model->config.n_layers;
   const kvgc_heap_options options =
-      make_options(bench, full_config(), 0, prompt.size() + 64);
+      make_options(bench, full_config(), 1.0, prompt.size(), prompt.size() + 64);
   engine::Engine engine;
   if (!engine.init(*bench.model, &options, err) ||
       !engine.forward(prompt.data(), uint32_t(prompt.size()), nullptr, err)) {
@@ -118,15 +120,11 @@ bool perplexity_run(const Bench& bench, const kvgc_heap_options& options,
 bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
   const auto start = Clock::now();
   std::string text;
-  if (!read_text(bench->text_path, &text, err)) return false;
-  const std::vector<int32_t> all = bench->tokenizer->encode(text, false);
-  const size_t want = (bench->full ? 4096 : 1024) + 1;  // scored tokens + 1
-  if (all.size() < want) {
-    *err = bench->text_path + " has " + std::to_string(all.size()) + " tokens; the perplexity "
-           "part needs " + std::to_string(want);
+  std::vector<int32_t> tokens;
+  if (!read_text(bench->text_path, &text, err) || !stream_ppl_tokens(*bench, &tokens, err))
     return false;
-  }
-  const std::vector<int32_t> tokens(all.begin(), all.begin() + long(want));
+  const std::vector<int32_t> all = bench->tokenizer->encode(text, false);
+  const size_t want = tokens.size();
   // The profile's prompt: the text that follows the scored part (or its start if short).
   const size_t from = all.size() >= want + kProfileTokens ? want : 0;
   const std::vector<int32_t> profile_prompt(all.begin() + long(from),
@@ -141,6 +139,7 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
   out->cache_tokens = {256, 512};
 
   const std::string name = std::filesystem::path(bench->text_path).filename().string();
+  (void)want;
   std::printf("== streaming perplexity: %zu scored tokens of %s, %u tokens per forward() "
               "call (all positions' logits; kvgc_step after each call, so the cache may "
               "exceed its bound by up to %u tokens between steps), cache bounded to",
@@ -153,7 +152,8 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
   std::printf("\n");
   std::fflush(stdout);
 
-  const std::vector<Config> configs = perplexity_configs();
+  std::vector<Config> configs = perplexity_configs();
+  if (!select_configs(bench->config_names, &configs, err)) return false;
   out->bounded.assign(out->cache_tokens.size(), std::vector<PerplexityRow>(configs.size()));
   const size_t n_jobs = 1 + out->cache_tokens.size() * configs.size();
   const bool done = run_jobs(n_jobs, bench->jobs, [&](size_t i, std::string* e) {
@@ -163,8 +163,20 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
     PerplexityRow* row = is_full ? &out->full : &out->bounded[b][(i - 1) % configs.size()];
     row->name = config.name;
     const kvgc_heap_options options =
-        make_options(*bench, config, out->cache_tokens[b], tokens.size() + 64);
+        make_options_tokens(*bench, config, out->cache_tokens[b], tokens.size() + 64);
     if (!perplexity_run(*bench, options, tokens, row, e)) return false;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "\"task\":\"ppl-stream\",\"id\":\"ppl-stream/%zu\",\"config\":%s,"
+                  "\"budget\":\"%s\",\"fraction\":%.5f,\"cache_tokens\":%llu,\"perplexity\":%.5f,"
+                  "\"nll_sum\":%.6f,\"scored\":%zu,\"kv_fraction\":%.5f",
+                  tokens.size() - 1, json_string(config.name).c_str(),
+                  is_full ? "none" : config.budget == Budget::Bytes ? "bytes" : "tokens",
+                  is_full ? 1.0 : double(out->cache_tokens[b]) / double(tokens.size() - 1),
+                  is_full ? 0ull : (unsigned long long)out->cache_tokens[b], row->perplexity,
+                  std::log(row->perplexity) * double(tokens.size() - 1), tokens.size() - 1,
+                  row->held.fraction());
+    results().write(buf);
     progress("  perplexity %-22s cache %4s: %8.3f  live %5.0f  (%.0f s)", config.name.c_str(),
              is_full ? "-" : std::to_string(out->cache_tokens[b]).c_str(), row->perplexity,
              row->held.live_tokens, row->seconds);
@@ -176,8 +188,8 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
   for (size_t b = 0; b < out->cache_tokens.size(); ++b) {
     std::printf("\ncache bounded to %llu tokens per layer (full cache: all %zu):\n",
                 (unsigned long long)out->cache_tokens[b], tokens.size() - 1);
-    std::printf("%-22s  %10s  %8s  %11s  %14s\n", "policy", "perplexity", "vs full",
-                "live tokens", "KV held");
+    std::printf("%-22s  %10s  %8s  %11s  %20s\n", "policy", "perplexity", "vs full",
+                "live tokens", "KV held (/ f16 full)");
     std::vector<const PerplexityRow*> rows = {&out->full};
     for (const PerplexityRow& r : out->bounded[b]) rows.push_back(&r);
     for (const PerplexityRow* r : rows) {
@@ -207,6 +219,138 @@ bool run_perplexity(Bench* bench, PerplexityResult* out, std::string* err) {
   }
   out->seconds = seconds_since(start);
   std::printf("(%.0f s)\n\n", out->seconds);
+  return true;
+}
+
+}  // namespace quality
+
+namespace quality {
+namespace {
+
+// NLL of tokens[score_from..] fed teacher-forced after the cache holds tokens[0, prefix):
+// one forward of the continuation, no kvgc_step (the cache grows, as a press's does).
+bool continuation_nll(const Bench& bench, engine::Engine* engine, const PplPrompt& p,
+                      double* nll, size_t* scored, std::string* err) {
+  const uint32_t n_vocab = bench.model->config.n_vocab;
+  const uint32_t n = uint32_t(p.tokens.size()) - p.prefix - 1;
+  std::vector<float> all_logits(size_t(n) * n_vocab);
+  engine::Engine::Pass pass;
+  pass.step = false;
+  pass.all_logits = all_logits.data();
+  if (!engine->forward(&p.tokens[p.prefix], n, nullptr, err, pass)) return false;
+  *nll = 0;
+  for (uint32_t j = 0; j < n; ++j)
+    *nll -= log_prob(&all_logits[size_t(j) * n_vocab], n_vocab, p.tokens[p.prefix + j + 1]);
+  *scored = n;
+  return true;
+}
+
+}  // namespace
+
+bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string* err) {
+  const auto start = Clock::now();
+  std::vector<PplPrompt> prompts;
+  if (!build_prefix_ppl(bench, &prompts, err)) return false;
+  std::vector<Config> configs = retrieval_configs();
+  if (!select_configs(bench.config_names, &configs, err)) return false;
+  out->fractions = bench.fractions.empty() ? std::vector<double>{0.10, 0.20, 0.50} : bench.fractions;
+  const size_t C = configs.size(), F = out->fractions.size();
+  out->policies = {"full"};
+  out->budget_kinds = {"none"};
+  for (const Config& c : configs) {
+    out->policies.push_back(c.name);
+    out->budget_kinds.push_back(c.budget == Budget::Bytes ? "bytes" : "tokens");
+  }
+  std::printf("== prefix perplexity (the anchors' protocol): %zu prefixes of %s (", prompts.size(),
+              std::filesystem::path(bench.text_path).filename().c_str());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    std::printf("%s%s", i ? ", " : "", prompts[i].id.c_str());
+  std::printf("), each compressed by one observe prefill to the budget, then its next %zu "
+              "tokens teacher-forced (no further eviction) ==\n",
+              prompts.front().tokens.size() - prompts.front().prefix);
+  std::fflush(stdout);
+  // [prompt][config + 1][fraction]
+  struct Run {
+    double nll = 0, kv = 0;
+    size_t scored = 0;
+  };
+  std::vector<std::vector<std::vector<Run>>> runs(
+      prompts.size(), std::vector<std::vector<Run>>(C + 1, std::vector<Run>(F)));
+  const bool done = run_jobs(prompts.size(), bench.jobs, [&](size_t i, std::string* e) {
+    const PplPrompt& p = prompts[i];
+    const std::vector<int32_t> prefix(p.tokens.begin(), p.tokens.begin() + p.prefix);
+    const uint64_t max_tokens = p.tokens.size() + 64;
+    const kvgc_heap_options full_options =
+        make_options(bench, full_config(), 1.0, p.prefix, max_tokens);
+    engine::Engine full;
+    Snapshot snap;
+    KvHeld held;
+    const auto t0 = Clock::now();
+    if (!full.init(*bench.model, &full_options, e) ||
+        !take_snapshot(bench, &full, prefix, &snap, e) ||
+        !kv_held(full, bench.kv.n_layers, p.prefix, &held, e))
+      return false;
+    auto write = [&](const Config& c, double fraction, const Run& r) {
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "\"task\":\"ppl-prefix\",\"id\":%s,\"context\":%u,\"mode\":\"observe\","
+                    "\"config\":%s,\"budget\":\"%s\",\"fraction\":%.4f,\"nll_sum\":%.6f,"
+                    "\"scored\":%zu,\"perplexity\":%.5f,\"kv_fraction\":%.5f",
+                    json_string(p.id).c_str(), p.prefix, json_string(c.name).c_str(),
+                    c.policy == KVGC_POLICY_FULL ? "none"
+                    : c.budget == Budget::Bytes  ? "bytes"
+                                                 : "tokens",
+                    fraction, r.nll, r.scored, std::exp(r.nll / double(r.scored)), r.kv);
+      results().write(buf);
+    };
+    for (size_t c = 0; c < C; ++c) {
+      for (size_t f = 0; f < F; ++f) {
+        const kvgc_heap_options options =
+            make_options(bench, configs[c], out->fractions[f], p.prefix, max_tokens);
+        engine::Engine engine;
+        uint64_t offset = 0;
+        KvHeld h;
+        Run& r = runs[i][c + 1][f];
+        if (!engine.init(*bench.model, &options, e) ||
+            !prefill_or_replay(bench, configs[c], snap, prefix, &engine, &offset, e) ||
+            !kv_held(engine, bench.kv.n_layers, p.prefix, &h, e) ||
+            !continuation_nll(bench, &engine, p, &r.nll, &r.scored, e))
+          return false;
+        r.kv = h.fraction();
+        write(configs[c], out->fractions[f], r);
+        progress("  ppl-prefix %-24s %3.0f%% %s: %8.3f kv %5.1f%%", configs[c].name.c_str(),
+                 100 * out->fractions[f], p.id.c_str(), std::exp(r.nll / double(r.scored)),
+                 100 * r.kv);
+      }
+    }
+    Run& r = runs[i][0][0];
+    if (!continuation_nll(bench, &full, p, &r.nll, &r.scored, e)) return false;
+    r.kv = held.fraction();
+    for (size_t f = 1; f < F; ++f) runs[i][0][f] = r;
+    write(full_config(), 1.0, r);
+    progress("  ppl-prefix full %s: %8.3f (%.1f s)", p.id.c_str(),
+             std::exp(r.nll / double(r.scored)), seconds_since(t0));
+    return true;
+  }, err);
+  if (!done) return false;
+  out->perplexity.assign(C + 1, std::vector<double>(F));
+  out->kv_fraction.assign(C + 1, std::vector<double>(F));
+  out->prefixes = prompts.size();
+  for (size_t c = 0; c <= C; ++c) {
+    for (size_t f = 0; f < F; ++f) {
+      double nll = 0, kv = 0;
+      size_t scored = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        nll += runs[i][c][f].nll;
+        scored += runs[i][c][f].scored;
+        kv += runs[i][c][f].kv;
+      }
+      out->perplexity[c][f] = std::exp(nll / double(scored));
+      out->kv_fraction[c][f] = kv / double(prompts.size());
+      out->scored_tokens = scored;
+    }
+  }
+  out->seconds = seconds_since(start);
   return true;
 }
 

@@ -1,0 +1,49 @@
+// The prompts of kvgc-bench-quality's retrieval and perplexity tasks, as kvgc's token ids
+// (the same ids go to the anchors: bench/anchors/, through export_tasks).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quality_common.hpp"
+
+namespace quality {
+
+struct Prompt {
+  std::string id;               // "passkey/1024/0.10": task, context asked for, depth
+  std::vector<int32_t> tokens;
+  size_t context = 0;           // index into RetrievalTask::contexts
+  double depth = 0;
+  std::string expect;           // lowercase; the greedy answer must contain it
+};
+
+struct RetrievalTask {
+  std::string name;
+  std::string description;      // one line for the table's heading
+  uint32_t answer_tokens = 8;   // greedy tokens decoded at most
+  bool stream_rows = false;     // also measured with stream prefill (unless --observe-only)
+  std::vector<uint32_t> contexts;
+  std::vector<Prompt> prompts;
+};
+bool build_retrieval_task(const Bench& bench, const std::string& name, RetrievalTask* out,
+                          std::string* err);
+
+// Prefix perplexity: `prefix` tokens of prose, compressed, then tokens [score_from, end)
+// each predicted from the position before it (score_from = prefix + 1: the continuation's
+// first token is predicted by the prefill's own, pre-eviction logits, the same for every
+// configuration, so it is not scored).
+struct PplPrompt {
+  std::string id;               // "ppl-prefix/1024@0"
+  std::vector<int32_t> tokens;
+  uint32_t prefix = 0;
+  uint32_t score_from = 0;
+};
+bool build_prefix_ppl(const Bench& bench, std::vector<PplPrompt>* out, std::string* err);
+// The streaming perplexity's text: 4096 (quick 1024) scored tokens + 1.
+bool stream_ppl_tokens(const Bench& bench, std::vector<int32_t>* tokens, std::string* err);
+
+// The ids that end an answer: <|im_end|>, <|endoftext|>, eos.
+std::vector<int32_t> stop_tokens(const engine::Tokenizer& tokenizer);
+
+}  // namespace quality

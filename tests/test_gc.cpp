@@ -320,6 +320,38 @@ TEST_CASE("the ladder is monotone on random score streams: no cheaper token outr
       }
 }
 
+TEST_CASE("under a byte budget the ladder demotes rather than evicts (pages much larger than a token)") {
+  // An f32 model whose fp16 pages are 1/16 of the budget: demoting a few tokens frees no
+  // page until a page's worth has moved. A walk that stopped at the units let the byte
+  // budget's evictions take exactly the demoted tokens: nothing was ever demoted, and
+  // the segment held the same tokens as without a ladder (found running the real model).
+  for (kvgc_policy policy : {KVGC_POLICY_H2O, KVGC_POLICY_GENERATIONAL}) {
+    CAPTURE(policy);
+    auto live_after = [&](kvgc_demote demote) {
+      kvgc_heap_options o = gc_options(policy, 0, 4, 32, 16);
+      o.byte_budget = 393216;  // about 16 fp16 pages of this shape
+      o.demote = demote;
+      o.harvest = KVGC_HARVEST_IMMEDIATE;
+      Heap H(o, model(1, 3, 64, KVGC_DTYPE_F32, 3));
+      kvgc_seq s;
+      REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+      for (int64_t len = 0; len < 1024; len += 16) {
+        H.append(s, 0, len, 16);
+        H.observe(s, 0, weight);
+        REQUIRE(H.step(s) == KVGC_OK);
+        const kvgc_stats st = H.stats();
+        REQUIRE(st.cls[0].used_bytes + st.cls[1].used_bytes + st.cls_int8.used_bytes <= 393216);
+      }
+      H.check();
+      return H.stats();
+    };
+    const kvgc_stats plain = live_after(KVGC_DEMOTE_OFF), ladder = live_after(KVGC_DEMOTE_LADDER);
+    MESSAGE("live tokens in 384 KiB: no ladder " << plain.live_tokens << ", ladder " << ladder.live_tokens);
+    CHECK(ladder.tokens_demoted > 0);
+    CHECK(ladder.live_tokens > 2 * plain.live_tokens);  // int8/int4 pages are 0.27/0.16 of fp16
+  }
+}
+
 TEST_CASE("a byte budget is met exactly: pages held after each step, page slack included") {
   // One segment, h2o with every ladder: after each step (immediate harvest: the results
   // and compaction are applied within it) the pages the segment holds fit its byte

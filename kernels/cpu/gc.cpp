@@ -117,17 +117,21 @@ void observe(const ObserveOp& op) {
 }
 
 // The walk of select's step 2 over candidates sorted by ascending key: the rungs taken in
-// increasing order of (weight x slope, rung, rank) until `reclaim` units are given back.
-// at[i] is candidate i's ladder position (0 .. n_ladder - 1, n_ladder = evicted); on
-// return, where the walk leaves it. Returns the units the walk gave back.
-uint64_t ladder_walk(const SelectOp& op, const double* weight, uint8_t* at, size_t n) {
+// increasing order of (weight x slope, rung, rank) until `reclaim` units are given back
+// and, with a byte budget, the pages the segment would keep once compacted fit it (a
+// demotion frees an FP16 page only once a page's worth of tokens has moved, so stopping
+// at the units alone would leave the byte budget to evictions). at[i] is candidate i's
+// ladder position (0 .. n_ladder - 1, n_ladder = evicted); on return, where the walk
+// leaves it. live: live tokens per class, updated. Returns the units the walk gave back.
+uint64_t ladder_walk(const SelectOp& op, const double* weight, uint8_t* at, size_t n,
+                     uint64_t live[KVGC_CLASS_COUNT]) {
   const uint32_t rungs = op.n_ladder;
   uint64_t saving[3] = {0, 0, 0};
   for (uint32_t r = 0; r < rungs; ++r)
     saving[r] = op.unit_cost[op.ladder[r]] - (r + 1 < rungs ? op.unit_cost[op.ladder[r + 1]] : 0);
   size_t next[3] = {0, 0, 0};  // rung r's next candidate (ascending rank)
   uint64_t reclaimed = 0;
-  while (reclaimed < op.reclaim) {
+  while (reclaimed < op.reclaim || (op.budget_bytes > 0 && held_bytes(op, live) > op.budget_bytes)) {
     int best = -1;
     double best_ratio = 0;
     for (uint32_t r = 0; r < rungs; ++r) {
@@ -141,6 +145,8 @@ uint64_t ladder_walk(const SelectOp& op, const double* weight, uint8_t* at, size
     const size_t i = next[best]++;
     at[i] = uint8_t(best + 1);  // its earlier steps came first (lower ratio or rung)
     reclaimed += saving[best];
+    --live[op.ladder[best]];
+    if (uint32_t(best) + 1 < rungs) ++live[op.ladder[best + 1]];
   }
   return reclaimed;
 }
@@ -244,7 +250,9 @@ void select(const SelectOp& op) {
       const int pos = position_of[op.pages[cands[i].page_index].cls];
       from[i] = at[i] = uint8_t(pos < 0 ? op.n_ladder : pos);  // off the ladder: untouched
     }
-    ladder_walk(op, weight.data(), at.data(), order);
+    uint64_t walked[KVGC_CLASS_COUNT];  // the walk's own view; the assignment recounts
+    std::copy(std::begin(live_cls), std::end(live_cls), walked);
+    ladder_walk(op, weight.data(), at.data(), order, walked);
     // 3. Assignment from the top: no candidate may be dearer than one ranked above it
     //    (floor), nor take a slot its class has no room for (then the next rung down;
     //    eviction always has room).

@@ -4,7 +4,7 @@
 //
 //   walk (one thread): over the sorted candidates (prep_kernel's weights and ladder
 //     positions), the rungs in increasing (weight x slope, rung, rank) until the reclaim
-//     is met; then from the top, each candidate's final rung (no dearer than any above
+//     is met and the pages kept fit the byte budget; then from the top, each candidate's final rung (no dearer than any above
 //     it, within its class's reserved slots); then from the bottom, evictions while the
 //     pages kept after compaction exceed the byte budget; then from the top again, each
 //     mover's destination slot, listed in dem[] and its fate set.
@@ -33,9 +33,11 @@ __global__ void walk_kernel(const Params p) {
   uint64_t saving[3] = {0, 0, 0};
   for (uint32_t r = 0; r < rungs; ++r)
     saving[r] = p.unit_cost[p.ladder[r]] - (r + 1 < rungs ? p.unit_cost[p.ladder[r + 1]] : 0);
-  // The ladder walk (gc.cpp's ladder_walk).
+  // The ladder walk (gc.cpp's ladder_walk), with its own view of the live counts.
+  unsigned long long walked[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) walked[c] = live[c];
   uint64_t next[3] = {0, 0, 0}, reclaimed = 0;
-  while (reclaimed < p.reclaim) {
+  while (reclaimed < p.reclaim || (p.budget_bytes > 0 && held_bytes(p, walked) > p.budget_bytes)) {
     int best = -1;
     double best_ratio = 0;
     for (uint32_t r = 0; r < rungs; ++r) {
@@ -47,6 +49,8 @@ __global__ void walk_kernel(const Params p) {
     if (best < 0) break;
     p.at[next[best]++] = uint8_t(best + 1);
     reclaimed += saving[best];
+    --walked[p.ladder[best]];
+    if (uint32_t(best) + 1 < rungs) ++walked[p.ladder[best + 1]];
   }
   // Assignment from the top: monotone, within capacity.
   uint64_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../allocator/host_memory.hpp"
+#include "../score.hpp"
 
 #include "quant.hpp"
 
@@ -96,7 +97,10 @@ void observe(const ObserveOp& op) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
     uint64_t row = sp.out_row;
-    for_live(sp.page, L, [&](uint32_t s) { score_at(sp.page, L, s) += op.mass[row++]; });
+    for_live(sp.page, L, [&](uint32_t s) {
+      float& score = score_at(sp.page, L, s);
+      score = accumulate_score(score, op.mass[row++]);  // NaN, inf, < 0 add nothing
+    });
   }
 }
 

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "../../allocator/host_memory.hpp"
+#include "../score.hpp"
 #include "gc.cuh"
 
 namespace kvgc::cuda {
@@ -47,7 +48,7 @@ __global__ void observe_kernel(const __grid_constant__ ObserveParams<N> p) {
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
   float* score = reinterpret_cast<float*>(sp.page + L.score_off);
   for (uint32_t s = threadIdx.x; s < L.page_tokens; s += blockDim.x)
-    if (live_bit(live, s)) score[s] += p.mass[sp.out_row + live_below(live, s)];
+    if (live_bit(live, s)) score[s] = accumulate_score(score[s], p.mass[sp.out_row + live_below(live, s)]);
 }
 
 // ---- compact ----------------------------------------------------------------------

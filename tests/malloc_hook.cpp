@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 extern "C" {
 void* __libc_malloc(size_t);
@@ -135,3 +136,31 @@ int posix_memalign(void** out, size_t align, size_t n) {
 }
 
 }  // extern "C"
+
+// operator new and delete too: a binary that also links tcmalloc (kvgc's executables
+// do) would otherwise get tcmalloc's, which never calls malloc. The executable's
+// definitions win over any shared library's.
+namespace {
+void* new_or_throw(size_t n, size_t align = 0) {
+  void* p = align > alignof(std::max_align_t) ? memalign(align, n ? n : 1) : malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(size_t n) { return new_or_throw(n); }
+void* operator new[](size_t n) { return new_or_throw(n); }
+void* operator new(size_t n, std::align_val_t a) { return new_or_throw(n, size_t(a)); }
+void* operator new[](size_t n, std::align_val_t a) { return new_or_throw(n, size_t(a)); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return malloc(n ? n : 1); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return malloc(n ? n : 1); }
+void operator delete(void* p) noexcept { free(p); }
+void operator delete[](void* p) noexcept { free(p); }
+void operator delete(void* p, size_t) noexcept { free(p); }
+void operator delete[](void* p, size_t) noexcept { free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { free(p); }

@@ -317,7 +317,19 @@ TEST_CASE("gguf: malformed files are rejected with a message") {
   SUBCASE("huge string length") {
     GgufWriter w;
     w.header(3, 0, 1).raw(uint64_t(1) << 62).out += "general.name";
-    CHECK(open_error(dir, w.out).find("beyond the end of the file") != std::string::npos);
+    CHECK(open_error(dir, w.out).find("more than the 65535 bytes allowed") != std::string::npos);
+    // A key as long as the file: refused before it is copied, and never quoted whole.
+    GgufWriter k;
+    k.header(3, 0, 1).raw(uint64_t(1) << 20).out += std::string(1 << 20, 'k');
+    const std::string kerr = open_error(dir, k.out);
+    CHECK(kerr.find("metadata key at byte 24 has length 1048576, more than") != std::string::npos);
+    CHECK(kerr.size() < 300);
+    GgufWriter d;  // a duplicate 60 KiB key: quoted cut
+    d.header(3, 0, 2).key(std::string(60000, 'a'), ValueType::kUInt8).raw(uint8_t(1));
+    d.key(std::string(60000, 'a'), ValueType::kUInt8).raw(uint8_t(1));
+    const std::string derr = open_error(dir, d.out);
+    CHECK(derr.find("duplicate metadata key \"aaaa") != std::string::npos);
+    CHECK(derr.size() < 300);
     GgufWriter v;
     v.header(3, 0, 1).key("general.name", ValueType::kString).raw(~uint64_t(0));
     CHECK(open_error(dir, v.out).find("length") != std::string::npos);

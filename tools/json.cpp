@@ -15,6 +15,8 @@ namespace {
 
 // config.json files are a few KiB: a larger file is not one (and is not read).
 constexpr uint64_t kMaxFileBytes = 8 << 20;
+// A wanted string member (a name, a dtype) longer than this is refused rather than kept.
+constexpr size_t kMaxStringBytes = 64 << 10;
 
 // An input iterator over the text that tells how far the parser has read, so that
 // errors this reader raises itself (depth, number range) get a line and column too.
@@ -82,6 +84,9 @@ class Handler final : public Sax {
   bool string(string_t& s) override {
     Value v;
     v.kind = Value::Kind::kString;
+    if (matches() && s.size() > kMaxStringBytes)
+      return stop("a string of " + std::to_string(s.size()) + " bytes where at most " +
+                  std::to_string(kMaxStringBytes) + " are read");
     if (matches()) v.string = std::move(s);
     return value(std::move(v));
   }

@@ -50,7 +50,8 @@ struct Document {
   const Value* find(const Path& path) const;
 };
 
-// Nesting deeper than this is refused (a config nests two or three levels).
+// Nesting deeper than this is refused (a config nests two or three levels), and so is a
+// wanted string member over 64 KiB (config values are names and dtypes).
 constexpr int kMaxDepth = 512;
 
 // Parses a whole document (one value, surrounded only by whitespace), keeping the

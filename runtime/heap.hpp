@@ -196,7 +196,9 @@ Status ManagedHeap::for_each_page(kvgc_seq seq, F&& f) {
   for (const Segment& seg : s->layers)
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
       for (PageId p : seg.table[c].pages) {
-        if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int>)
+        if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int, uint32_t>)
+          f(page_ptr(p), layout_[c].bytes, c, uint32_t(pool_.desc(p).used));  // + slots written
+        else if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int>)
           f(page_ptr(p), layout_[c].bytes, c);  // with its storage class
         else
           f(page_ptr(p), layout_[c].bytes);

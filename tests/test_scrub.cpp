@@ -1,9 +1,9 @@
 // Scrubbing over a grid of page geometries: tenant A fills the arena with a marker and
 // leaves; tenant B takes the same memory through every path that takes pages (append's
 // fresh pages, demotion's), with slabs re-carved between the classes; every byte of
-// every page B holds is scanned. A page's bytes that no slot owns (the alignment padding
-// between its regions, after K, after V, at its end) must be zero, and A's marker must
-// appear nowhere. One geometry happening to be clean proved nothing: the padding moves
+// every page B holds is scanned (tests/page_scan.hpp): the bytes no slot owns (the
+// alignment padding between its regions, after K, after V, at its end) and those of
+// slots never written must be zero, and A's marker must appear nowhere. One geometry happening to be clean proved nothing: the padding moves
 // with page_tokens, heads, head_dim and dtype.
 #include <doctest/doctest.h>
 
@@ -15,6 +15,7 @@
 #include "../c_api/internal.hpp"
 #include "../kernels/cpu/convert.hpp"
 #include "../kernels/page_layout.hpp"
+#include "page_scan.hpp"
 #include "util.hpp"
 
 using namespace kvgc_test;
@@ -22,24 +23,6 @@ using namespace kvgc_test;
 namespace {
 
 constexpr char kMarker[9] = "SECRET!!";
-
-// [begin, end) byte ranges of a page that belong to slots; everything else is padding.
-std::vector<std::pair<size_t, size_t>> owned_ranges(const kvgc::PageLayout& L) {
-  const size_t pt = L.page_tokens, payload = L.head_stride * L.n_kv_heads;
-  std::vector<std::pair<size_t, size_t>> r = {
-      {L.live_off, L.live_off + 4 * size_t(kvgc::PageLayout::live_words(L.page_tokens))},
-      {L.pos_off, L.pos_off + 4 * pt},
-      {L.score_off, L.score_off + 4 * pt},
-      {L.gen_off, L.gen_off + pt},
-      {L.k_off, L.k_off + payload},
-      {L.v_off, L.v_off + payload}};
-  if (L.cls == KVGC_CLASS_INT4) {
-    const size_t qparams = size_t(L.n_kv_heads) * pt * (L.head_dim / L.group) * 4;
-    r.push_back({L.kq_off, L.kq_off + qparams});
-    r.push_back({L.vq_off, L.vq_off + qparams});
-  }
-  return r;
-}
 
 // How tenant pages of class `cls` come to exist: every class the heap has must be
 // reachable here, or the scan would silently skip it.
@@ -59,7 +42,7 @@ struct Geometry {
 
 struct ScanResult {
   size_t pages[KVGC_CLASS_COUNT] = {};
-  size_t dirty_padding = 0, markers = 0;
+  size_t dirty_padding = 0, markers = 0;  // pages with a dirty byte; marker hits
   std::string first;  // where the first finding was
 };
 
@@ -136,23 +119,14 @@ ScanResult scan_geometry(const Geometry& g) {
     uint64_t live = 0;
     REQUIRE(kvgc_seq_tokens(h, b, 0, &live, nullptr) == KVGC_OK);
     CHECK(live > 0);
-    REQUIRE(impl->for_each_page(b, [&](const uint8_t* page, size_t bytes, int cls) {
+    REQUIRE(impl->for_each_page(b, [&](const uint8_t* page, size_t bytes, int cls, uint32_t used) {
       ++res.pages[cls];
       const kvgc::PageLayout& L = impl->layout(cls);
       REQUIRE(bytes == L.bytes);
-      std::vector<std::pair<size_t, size_t>> own = owned_ranges(L);
-      std::sort(own.begin(), own.end());
-      size_t at = 0;  // padding is what lies between the owned ranges, and after the last
-      own.push_back({bytes, bytes});
-      for (auto [lo, hi] : own) {
-        for (size_t i = at; i < lo; ++i)
-          if (page[i] != 0) {
-            if (res.first.empty())
-              res.first = "class " + std::to_string(cls) + " padding byte " + std::to_string(i) +
-                          " of " + std::to_string(bytes) + " is " + std::to_string(page[i]);
-            ++res.dirty_padding;
-          }
-        at = std::max(at, hi);
+      const std::string bad = scan_page(L, page, used);
+      if (!bad.empty()) {
+        if (res.first.empty()) res.first = bad;
+        ++res.dirty_padding;
       }
       for (const uint8_t* p = page; (p = static_cast<const uint8_t*>(
                                          std::memchr(p, kMarker[0], size_t(page + bytes - p))));

@@ -1,0 +1,82 @@
+// Byte-level checks of one page against its layout, for the scrubbing tests and the
+// stress test: the bytes no slot owns (alignment padding between the regions, after K,
+// after V, the page's end) must be zero, and so must every byte of the slots a page has
+// never been written in (slots >= used: its K/V rows, position, score, generation, live
+// bit). A page taken fresh is written whole, so anything else is a previous owner's.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../kernels/page_layout.hpp"
+
+namespace kvgc_test {
+
+// [begin, end) byte ranges of a page that belong to slots; everything else is padding.
+inline std::vector<std::pair<size_t, size_t>> owned_ranges(const kvgc::PageLayout& L) {
+  const size_t pt = L.page_tokens, payload = L.head_stride * L.n_kv_heads;
+  std::vector<std::pair<size_t, size_t>> r = {
+      {L.live_off, L.live_off + 4 * size_t(kvgc::PageLayout::live_words(L.page_tokens))},
+      {L.pos_off, L.pos_off + 4 * pt},
+      {L.score_off, L.score_off + 4 * pt},
+      {L.gen_off, L.gen_off + pt},
+      {L.k_off, L.k_off + payload},
+      {L.v_off, L.v_off + payload}};
+  if (L.cls == KVGC_CLASS_INT4) {
+    const size_t qparams = size_t(L.n_kv_heads) * pt * (L.head_dim / L.group) * 4;
+    r.push_back({L.kq_off, L.kq_off + qparams});
+    r.push_back({L.vq_off, L.vq_off + qparams});
+  }
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+// "" if the page is clean, else the first dirty byte found. `used` = page_tokens skips
+// the unwritten-slot check (the caller does not know it).
+inline std::string scan_page(const kvgc::PageLayout& L, const uint8_t* page, uint32_t used) {
+  auto dirty = [&](size_t i, const char* what) {
+    return std::string(what) + " byte " + std::to_string(i) + " of a " +
+           std::to_string(L.bytes) + "-byte " + (L.cls == KVGC_CLASS_FP16 ? "fp16" : "int4") +
+           " page is " + std::to_string(page[i]);
+  };
+  size_t at = 0;
+  for (auto [lo, hi] : owned_ranges(L)) {
+    for (size_t i = at; i < lo; ++i)
+      if (page[i]) return dirty(i, "padding");
+    at = std::max(at, hi);
+  }
+  for (size_t i = at; i < L.bytes; ++i)
+    if (page[i]) return dirty(i, "padding");
+  if (used >= L.page_tokens) return "";
+  const size_t pt = L.page_tokens, rest = pt - used;
+  auto zero = [&](size_t from, size_t n, const char* what) -> std::string {
+    for (size_t i = from; i < from + n; ++i)
+      if (page[i]) return dirty(i, what);
+    return "";
+  };
+  std::string bad;
+  for (uint32_t s = used; s < pt && bad.empty(); ++s)
+    if (page[L.live_off + s / 8] >> (s % 8) & 1) bad = dirty(L.live_off + s / 8, "unwritten slot's live bit");
+  if (bad.empty()) bad = zero(L.pos_off + 4 * used, 4 * rest, "unwritten slot's position");
+  if (bad.empty()) bad = zero(L.score_off + 4 * used, 4 * rest, "unwritten slot's score");
+  if (bad.empty()) bad = zero(L.gen_off + used, rest, "unwritten slot's generation");
+  for (uint32_t h = 0; h < L.n_kv_heads && bad.empty(); ++h) {
+    const size_t at_slot = h * L.head_stride + used * L.slot_stride;
+    bad = zero(L.k_off + at_slot, rest * L.slot_stride, "unwritten slot's K");
+    if (bad.empty()) bad = zero(L.v_off + at_slot, rest * L.slot_stride, "unwritten slot's V");
+  }
+  if (L.cls == KVGC_CLASS_INT4 && bad.empty()) {
+    const size_t per_slot = (L.head_dim / L.group) * 4;
+    for (uint32_t h = 0; h < L.n_kv_heads && bad.empty(); ++h) {
+      const size_t q = (size_t(h) * pt + used) * per_slot;
+      bad = zero(L.kq_off + q, rest * per_slot, "unwritten slot's int4 scale/zero");
+      if (bad.empty()) bad = zero(L.vq_off + q, rest * per_slot, "unwritten slot's int4 scale/zero");
+    }
+  }
+  return bad;
+}
+
+}  // namespace kvgc_test

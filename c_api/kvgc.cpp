@@ -41,8 +41,8 @@ kvgc_status record(const void* heap, kvgc_status code, std::string_view a,
   tl_error.heap = heap;
   const size_t na = std::min(a.size(), kErrBytes - 1);
   const size_t nb = std::min(b.size(), kErrBytes - 1 - na);
-  std::memcpy(tl_error.msg, a.data(), na);
-  std::memcpy(tl_error.msg + na, b.data(), nb);
+  if (na) std::memcpy(tl_error.msg, a.data(), na);  // (an empty view's data() may be null)
+  if (nb) std::memcpy(tl_error.msg + na, b.data(), nb);
   tl_error.msg[na + nb] = '\0';
   return code;
 }

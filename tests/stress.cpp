@@ -11,6 +11,8 @@
 // invariant walker, the token balance (appended - evicted = held at destruction) and a
 // check that every page went back. Defaults are small for CI; a
 // long configuration is recorded in docs/RELIABILITY.md.
+#include <malloc.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -159,6 +161,25 @@ bool step_and_verify(Shared& sh, kvgc_seq s, std::mt19937& rng) {
   const kvgc_status st = kvgc_step(sh.heap, s, nullptr);
   if (st != KVGC_OK && st != KVGC_EBUDGET) return false;
   sh.steps++;
+  // Half the time one more token goes in while the step's results are still pending
+  // (the deferred harvest must count what appends add to the tail meanwhile).
+  if (rng() % 2) {
+    for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+      // The length from the model (kvgc_seq_tokens would apply the pending results):
+      // the newest token is young, so it is always live.
+      auto& expect = model.layers[layer];
+      if (expect.empty()) continue;
+      const uint64_t len = uint64_t(expect.rbegin()->first) + 1;
+      const auto k = gaussian(m, s, layer, int64_t(len), 1, false), v = gaussian(m, s, layer, int64_t(len), 1, true);
+      const kvgc_status a = kvgc_append(sh.heap, s, layer, k.data(), v.data(), 1, nullptr);
+      if (a == KVGC_ENOMEM) continue;
+      if (a != KVGC_OK) return fail(s, layer, "append with a GC pending failed");
+      expect[int32_t(len)] = 0.f;
+    }
+  }
+  // Now and then the whole heap's invariants (page counts against the device's bits).
+  if (rng() % 8 == 0 && kvgc_heap_check(sh.heap) != KVGC_OK)
+    return fail(s, 0, std::string("kvgc_heap_check: ") + kvgc_errmsg(sh.heap));
   for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
     // 0.15: the int4 worst case for a single 32-element group (0.12 bounds the typical vector).
     const std::string bad = verify_gaussian(sh.heap, m, s, layer, 0.15);
@@ -221,9 +242,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   kvgc::cpu::set_split_min_slots(16);  // the segments here are short: split them anyway
+  // The arena starts as 0xA5 everywhere (glibc fills new allocations with the
+  // complement of the perturb byte), like memory another tenant or process left: any
+  // page byte its taker does not write shows in the scrub scan at once. (A no-op under
+  // the sanitizers' allocators.)
+  mallopt(M_PERTURB, 0x5a);
   Shared sh;
-  sh.model = model(3, 2, 32, KVGC_DTYPE_F16, 2);
-  kvgc_heap_options o = cpu_options(8 << 20, 8);
+  // head_dim 64 over 7-slot pages: fp16 pages (3,840 bytes) and int4 pages (1,536) do
+  // not tile each other, so a re-carved slab puts old bytes under every padding gap.
+  sh.model = model(3, 2, 64, KVGC_DTYPE_F16, 2);
+  kvgc_heap_options o = cpu_options(8 << 20, 7);
   o.policy = KVGC_POLICY_GENERATIONAL;
   o.token_budget_fraction = 0.5;
   o.sinks = 2;

@@ -9,7 +9,9 @@
 #   tests/mutation/run.sh [SCRATCH_DIR]     (default /tmp/kvgc-mutation)
 #
 # Prints one line per mutant: "caught unit=FAIL stress=FAIL ..." or "MISSED", and a
-# RESULT line. docs/RELIABILITY.md records the last run.
+# RESULT line. docs/RELIABILITY.md records the last run. (A mutant that changes nothing
+# observable is no finding: the first run's "alloc forgets to reset used" was one,
+# since free already resets it; it was replaced.)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/tmp/kvgc-mutation}
@@ -39,7 +41,8 @@ mutants=(
 "runtime/harvest.cpp|    tail.live = uint16_t(tail.live + (tail.used - p.tail_used));|    (void)tail;|harvest forgets tokens appended to the tail since the GC"
 "runtime/harvest.cpp|    d.used = uint16_t(d.used - (runs[i].count - n));|    (void)d;|harvest keeps unfilled demotion slots reserved"
 "runtime/harvest.cpp|  free_empty_pages(tenant, q);  // includes demotion pages nothing was written to|  (void)q;|harvest keeps emptied int4 pages"
-"allocator/page_pool.cpp|  d.used = d.live = 0;|  d.live = 0;|page pool hands out a page with its previous owner's fill count"
+"allocator/page_pool.cpp|  d.owner = owner;|  (void)owner;|page pool hands out a page without recording its owner"
+"allocator/page_pool.cpp|    arena_.release(s);|    (void)0;|page pool never gives an emptied slab back to the arena"
 "allocator/page_pool.cpp|  if (s.full()) partial.pop_front();|  (void)0;|page pool keeps a full slab on the partial list"
 "allocator/page_pool.cpp|  ++counts_[cls].pages_free;|  counts_[cls].pages_free += 2;|page pool miscounts a freed page"
 )

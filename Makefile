@@ -37,19 +37,21 @@ demo-alloc: build
 test: build
 	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
-# ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included;
+# ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included
+# (not kvgc-oom-sweep and kvgc-parser-peak: they replace malloc, which ASan owns);
 # TSan over the threads tests and the stress tests (CPU backend; one with attention
-# split over 2 workers).
+# split over 2 workers). Sanitized code is several times slower: timeouts doubled.
 sanitize: deps
 	[ -f build-asan/build.ninja ] || meson setup build-asan -Dbuildtype=debug \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
 	ninja -C build-asan
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 meson test -C build-asan --no-rebuild --print-errorlogs --suite unit
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 meson test -C build-asan --no-rebuild --print-errorlogs --suite unit \
+	  --timeout-multiplier 2
 	[ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false \
 	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
 	ninja -C build-tsan
 	meson test -C build-tsan --no-rebuild --print-errorlogs unit --test-args='-tc=threads*'
-	meson test -C build-tsan --no-rebuild --print-errorlogs stress stress-threads
+	meson test -C build-tsan --no-rebuild --print-errorlogs stress stress-threads --timeout-multiplier 2
 
 # The CUDA-vs-CPU tests on a host emulation of the CUDA kernels: their logic, no GPU.
 cuda-emu: deps

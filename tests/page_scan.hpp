@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,19 @@ inline std::vector<std::pair<size_t, size_t>> owned_ranges(const kvgc::PageLayou
   return r;
 }
 
+// The offset of the first nonzero byte of [p, p + n), or n. memcmp against a zero block
+// (fast even in the sanitizer builds' -O0), then a byte loop only to place the finding.
+inline size_t first_nonzero(const uint8_t* p, size_t n) {
+  static const uint8_t zeros[4096] = {};
+  for (size_t at = 0; at < n; at += sizeof zeros) {
+    const size_t len = std::min(n - at, sizeof zeros);
+    if (std::memcmp(p + at, zeros, len) == 0) continue;
+    for (size_t i = at; i < at + len; ++i)
+      if (p[i]) return i;
+  }
+  return n;
+}
+
 // "" if the page is clean, else the first dirty byte found. `used` = page_tokens skips
 // the unwritten-slot check (the caller does not know it).
 inline std::string scan_page(const kvgc::PageLayout& L, const uint8_t* page, uint32_t used) {
@@ -42,20 +56,22 @@ inline std::string scan_page(const kvgc::PageLayout& L, const uint8_t* page, uin
            std::to_string(L.bytes) + "-byte " + (L.cls == KVGC_CLASS_FP16 ? "fp16" : "int4") +
            " page is " + std::to_string(page[i]);
   };
+  auto padding = [&](size_t from, size_t to) -> std::string {
+    if (from >= to) return "";
+    const size_t i = from + first_nonzero(page + from, to - from);
+    return i < to ? dirty(i, "padding") : "";
+  };
   size_t at = 0;
   for (auto [lo, hi] : owned_ranges(L)) {
-    for (size_t i = at; i < lo; ++i)
-      if (page[i]) return dirty(i, "padding");
+    if (std::string bad = padding(at, lo); !bad.empty()) return bad;
     at = std::max(at, hi);
   }
-  for (size_t i = at; i < L.bytes; ++i)
-    if (page[i]) return dirty(i, "padding");
+  if (std::string bad = padding(at, L.bytes); !bad.empty()) return bad;
   if (used >= L.page_tokens) return "";
   const size_t pt = L.page_tokens, rest = pt - used;
   auto zero = [&](size_t from, size_t n, const char* what) -> std::string {
-    for (size_t i = from; i < from + n; ++i)
-      if (page[i]) return dirty(i, what);
-    return "";
+    const size_t i = first_nonzero(page + from, n);
+    return i < n ? dirty(from + i, what) : "";
   };
   std::string bad;
   for (uint32_t s = used; s < pt && bad.empty(); ++s)

@@ -160,11 +160,19 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in another's pages,
   const uint32_t pts[] = {1, 2, 3, 7, 16, 33, 100, 256};
   const uint32_t hds[] = {8, 24, 40, 64, 72, 128, 200, 256};
   const kvgc_dtype dts[] = {KVGC_DTYPE_F16, KVGC_DTYPE_BF16, KVGC_DTYPE_F32};
+  // Sanitizer builds (-O0, the walker after every call) take every fourth geometry: the
+  // release build runs them all.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || KVGC_ASSERT_LEVEL >= 2
+  const uint32_t stride = 4;
+#else
+  const uint32_t stride = 1;
+#endif
   uint32_t i = 0;
   for (kvgc_dtype dt : dts)
     for (uint32_t pt : pts)
       for (uint32_t hd : hds) {
-        const uint32_t heads = 1 + (i++ % 8);
+        const uint32_t heads = 1 + (i % 8);
+        if (i++ % stride) continue;
         // Keep each heap small: the largest pages would need tens of MiB per arena.
         if (size_t(pt) * heads * hd * (dt == KVGC_DTYPE_F32 ? 4 : 2) > (1u << 20)) continue;
         grid.push_back({pt, heads, hd, dt});
@@ -186,5 +194,5 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in another's pages,
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) per_class += " " + std::to_string(pages[c]);
   MESSAGE(grid.size() << " geometries, " << dirty << " with a finding; pages scanned per class:"
                       << per_class);
-  CHECK(grid.size() > 150);
+  CHECK(grid.size() > 150 / stride);
 }

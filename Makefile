@@ -37,35 +37,48 @@ demo-alloc: build
 test: build
 	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
-# ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included;
+# ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included
+# (not kvgc-oom-sweep and kvgc-parser-peak: they replace malloc, which ASan owns);
 # TSan over the threads tests and the stress tests (CPU backend; one with attention
-# split over 2 workers).
+# split over 2 workers). Sanitized code is several times slower: timeouts doubled.
 sanitize: deps
 	[ -f build-asan/build.ninja ] || meson setup build-asan -Dbuildtype=debug \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
 	ninja -C build-asan
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 meson test -C build-asan --no-rebuild --print-errorlogs --suite unit
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 meson test -C build-asan --no-rebuild --print-errorlogs --suite unit \
+	  --timeout-multiplier 2
 	[ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false \
 	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
 	ninja -C build-tsan
 	meson test -C build-tsan --no-rebuild --print-errorlogs unit --test-args='-tc=threads*'
-	meson test -C build-tsan --no-rebuild --print-errorlogs stress stress-threads
+	meson test -C build-tsan --no-rebuild --print-errorlogs stress stress-threads --timeout-multiplier 2
 
-# libFuzzer with ASan+UBSan over the C API for FUZZ_SECONDS; new inputs go to
-# build-fuzz/corpus, the seeds in tests/fuzz/corpus are only read.
 # The CUDA-vs-CPU tests on a host emulation of the CUDA kernels: their logic, no GPU.
 cuda-emu: deps
 	tests/cuda_emu/run.sh build-emu
 
+# libFuzzer with ASan+UBSan: each harness tests/fuzz/fuzz_NAME.cpp (the C API, the GGUF
+# reader, config.json, the entropy profile, the KVGC_* parsers, ...) for FUZZ_SECONDS
+# (FUZZ_SECONDS_NAME overrides it for one), one after the other; FUZZERS picks some.
+# New inputs go to build-fuzz/corpus/NAME; the seeds in tests/fuzz/corpus/NAME are only
+# read. A crash stops the run with its input in build-fuzz/crashes/.
+FUZZERS ?= $(sort $(patsubst tests/fuzz/fuzz_%.cpp,%,$(wildcard tests/fuzz/fuzz_*.cpp)))
 fuzz: deps
 	[ -f build-fuzz/build.ninja ] || CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dassert_level=1 \
-	  -Dcuda=disabled -Dtcmalloc=disabled -Dtools=false -Dbench=false
-	ninja -C build-fuzz tests/kvgc-fuzz
-	mkdir -p build-fuzz/corpus build-fuzz/crashes
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-fuzz/tests/kvgc-fuzz \
-	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
-	  -artifact_prefix=build-fuzz/crashes/ build-fuzz/corpus tests/fuzz/corpus
+	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
+	ninja -C build-fuzz $(foreach f,$(FUZZERS),tests/kvgc-fuzz-$(f))
+	mkdir -p build-fuzz/crashes
+	for f in $(FUZZERS); do \
+	  secs=$$(printenv FUZZ_SECONDS_$$f || echo $(FUZZ_SECONDS)); \
+	  echo "fuzz: $$f for $$secs s"; mkdir -p build-fuzz/corpus/$$f tests/fuzz/corpus/$$f; \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-fuzz/tests/kvgc-fuzz-$$f \
+	    -max_total_time=$$secs -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	    -artifact_prefix=build-fuzz/crashes/$$f- build-fuzz/corpus/$$f tests/fuzz/corpus/$$f \
+	    > build-fuzz/fuzz-$$f.log 2>&1; rc=$$?; \
+	  grep -E "^#[0-9]+ +DONE|^Done|stat::number_of_executed_units|ERROR|SUMMARY" build-fuzz/fuzz-$$f.log; \
+	  [ $$rc = 0 ] || { tail -n 40 build-fuzz/fuzz-$$f.log; exit 1; }; \
+	done
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc

@@ -1,10 +1,12 @@
 // C glue: argument checks, the heap lock, the per-thread error message, and the wall
 // no C++ exception crosses. Everything else lives in runtime/.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <string_view>
 
 #include "../runtime/heap.hpp"
 #include "../runtime/model.hpp"
@@ -23,29 +25,45 @@ struct kvgc_heap : kvgc::host::HostAllocated {
 
 namespace {
 
+// The calling thread's last error, in storage of its own: recording an error never
+// allocates, so a failure to allocate can always be reported (a std::string here made
+// "out of host memory" itself throw inside the noexcept wall, and terminate).
+constexpr size_t kErrBytes = 1024;
 struct LastError {
   const void* heap = nullptr;
-  std::string msg;
+  char msg[kErrBytes] = {};
 };
 thread_local LastError tl_error;
 
-kvgc_status finish(const void* heap, Status st) {
+// msg = a + b, cut to the slot (a long message keeps its start: the argument it names).
+kvgc_status record(const void* heap, kvgc_status code, std::string_view a,
+                   std::string_view b = {}) noexcept {
   tl_error.heap = heap;
-  tl_error.msg = std::move(st.msg);
-  return st.code;
+  const size_t na = std::min(a.size(), kErrBytes - 1);
+  const size_t nb = std::min(b.size(), kErrBytes - 1 - na);
+  if (na) std::memcpy(tl_error.msg, a.data(), na);  // (an empty view's data() may be null)
+  if (nb) std::memcpy(tl_error.msg + na, b.data(), nb);
+  tl_error.msg[na + nb] = '\0';
+  return code;
 }
 
-// Runs f() -> Status, turning any escaping C++ exception into a status.
+kvgc_status finish(const void* heap, const Status& st, std::string_view prefix = {}) noexcept {
+  return record(heap, st.code, st.ok() ? std::string_view() : prefix, st.msg);
+}
+
+// Runs f() -> Status, turning any escaping C++ exception into a status. Nothing in the
+// handlers allocates: std::bad_alloc (from anywhere, building a message included) is
+// KVGC_ENOMEM with a static message.
 template <class F>
-kvgc_status guarded(const void* heap, F&& f) noexcept {
+kvgc_status guarded(const void* heap, F&& f, std::string_view prefix = {}) noexcept {
   try {
-    return finish(heap, f());
+    return finish(heap, f(), prefix);
   } catch (const std::bad_alloc&) {
-    return finish(heap, fail(KVGC_ENOMEM, "out of host memory"));
+    return record(heap, KVGC_ENOMEM, prefix, "out of host memory");
   } catch (const std::exception& e) {
-    return finish(heap, fail(KVGC_EINTERNAL, std::string("internal error: ") + e.what()));
+    return record(heap, KVGC_EINTERNAL, "internal error: ", e.what());
   } catch (...) {
-    return finish(heap, fail(KVGC_EINTERNAL, "internal error: unknown exception"));
+    return record(heap, KVGC_EINTERNAL, "internal error: unknown exception");
   }
 }
 
@@ -75,10 +93,16 @@ enum class Mutates { No, Yes };
 
 // Level 2 (debug builds): the invariant walker after every mutating call, so a broken
 // invariant is reported by the call that broke it.
+// A walker that runs out of memory proves nothing either way: only a broken invariant aborts.
 void debug_check(kvgc::ManagedHeap& h, const char* fn) {
 #if KVGC_ASSERT_LEVEL >= 2
-  Status st = h.check();
-  if (!st.ok()) {
+  Status st;
+  try {
+    st = h.check();
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  if (!st.ok() && st.code != KVGC_ENOMEM) {
     std::fprintf(stderr, "kvgc: invariant broken after %s: %s\n", fn, st.msg.c_str());
     std::abort();
   }
@@ -121,7 +145,7 @@ const char* kvgc_status_str(int status) {
 }
 
 const char* kvgc_errmsg(const kvgc_heap* heap) {
-  if (!heap || tl_error.heap == heap) return tl_error.msg.c_str();
+  if (!heap || tl_error.heap == heap) return tl_error.msg;
   return "";
 }
 
@@ -170,28 +194,25 @@ kvgc_status kvgc_kv_bytes(const kvgc_model_desc* model, uint64_t tokens, kvgc_st
 
 kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_options* opts,
                              kvgc_heap** heap_out) {
+  if (!heap_out)
+    return record(nullptr, KVGC_EINVAL, "kvgc_heap_create: heap_out is NULL");
+  *heap_out = nullptr;  // on any failure (kvgc.h): destroying it is then a no-op
   return guarded(nullptr, [&]() -> Status {
-    if (!heap_out) return fail(KVGC_EINVAL, "kvgc_heap_create: heap_out is NULL");
-    *heap_out = nullptr;
-    if (!model) return fail(KVGC_EINVAL, "kvgc_heap_create: model is NULL");
+    if (!model) return fail(KVGC_EINVAL, "model is NULL");
     kvgc_heap_options o;
     kvgc::options_defaults(&o);
     if (opts) {
       // 0.2 and 0.3 callers (a smaller struct) keep the defaults of the fields they lack.
       if (!older_options_size(opts->struct_size))
-        KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "kvgc_heap_create: opts"));
+        KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "opts"));
       std::memcpy(&o, opts, opts->struct_size);
       o.struct_size = sizeof o;
     }
     std::unique_ptr<kvgc_heap> h(new kvgc_heap());
-    Status st = kvgc::ManagedHeap::create(*model, o, &h->impl);
-    if (!st.ok()) {
-      st.msg = "kvgc_heap_create: " + st.msg;
-      return st;
-    }
+    KVGC_TRY(kvgc::ManagedHeap::create(*model, o, &h->impl));
     *heap_out = h.release();
     return Status::Ok();
-  });
+  }, "kvgc_heap_create: ");
 }
 
 void kvgc_heap_destroy(kvgc_heap* heap) {

@@ -15,8 +15,11 @@
  * Rules every function follows:
  *   - Every function returns a kvgc_status (KVGC_OK == 0) unless it is a pure getter.
  *     On error, kvgc_errmsg() names the argument or variable at fault and the call
- *     changed nothing. No C++ exception ever crosses this ABI.
- *   - Out of memory is KVGC_ENOMEM, never a crash; the heap stays valid.
+ *     changed nothing (one exception: a failed kvgc_heap_create sets *heap_out to
+ *     NULL). No C++ exception ever crosses this ABI.
+ *   - Out of memory is KVGC_ENOMEM, never a crash; the heap stays valid. That holds for
+ *     any allocation of the process failing (kvgc's, the C++ runtime's), transient or
+ *     persistent, with any cpu_threads: recording the error itself never allocates.
  *   - Structs that start with `struct_size` only ever grow: set struct_size to
  *     sizeof(the struct you compiled against) (the *_init functions do it); kvgc reads
  *     and writes only that many bytes, so old callers keep working with new libraries.
@@ -252,12 +255,17 @@ typedef struct kvgc_heap kvgc_heap;
 
 /* Creates a heap for `model`, reserving its whole arena now (one cudaMalloc on CUDA).
  * opts == NULL means defaults, then environment. A malformed KVGC_* variable fails
- * with KVGC_EINVAL naming it and its accepted forms. */
+ * with KVGC_EINVAL naming it and its accepted forms. On any failure *heap_out is set
+ * to NULL (heap_out itself NULL: KVGC_EINVAL), so kvgc_heap_destroy on it is a no-op. */
 KVGC_API kvgc_status kvgc_heap_create(const kvgc_model_desc* model,
                                       const kvgc_heap_options* opts,
                                       kvgc_heap** heap_out);
 /* Frees every sequence and the arena. NULL is a no-op. The caller must have no work
- * using the heap's memory still pending on any stream. */
+ * using the heap's memory still pending on any stream, and no other call on this heap
+ * may run concurrently with it or start after it: destroy takes no lock (the lock dies
+ * with the heap), and a handle used after destroy points to freed memory. Destroying
+ * twice is undefined for the same reason (the magic check catches it only while the
+ * memory has not been reused). */
 KVGC_API void kvgc_heap_destroy(kvgc_heap* heap);
 
 /* The calling thread's last error message for `heap` (any heap if NULL), or "" if
@@ -324,7 +332,10 @@ KVGC_API kvgc_status kvgc_tenant_usage(kvgc_heap* heap, uint32_t tenant, uint64_
 /* Hands in the attention mass each live slot of segment (seq, layer) received this step:
  * mass[i] (float32, heap's device) belongs to the i-th row kvgc_read would return, and n
  * must equal the segment's live count. Mass accumulates into each token's score, the
- * signal h2o and generational rank by. For engines that compute attention themselves. */
+ * signal h2o and generational rank by. For engines that compute attention themselves.
+ * Values are clamped, not rejected (on CUDA they are read on the device): a mass that
+ * is NaN, +-infinite or not positive adds nothing, and a score saturates at FLT_MAX, so
+ * scores stay finite and >= 0. kvgc_attend's fused mass follows the same rule. */
 KVGC_API kvgc_status kvgc_observe(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
                                   const float* mass, uint64_t n, void* stream);
 
@@ -409,7 +420,9 @@ typedef struct kvgc_stats {
   uint64_t slab_bytes;
   uint64_t slabs_total;
   uint64_t slabs_free;     /* in the arena, owned by no class */
-  uint64_t free_bytes;     /* free slabs + free pages, all classes */
+  uint64_t free_bytes;     /* free slabs + every class's free_bytes (its free pages and
+                              the tail waste of its slabs), so arena_bytes - scratch_bytes
+                              - free_bytes is the bytes of pages in use */
   kvgc_class_stats cls[2]; /* KVGC_CLASS_FP16, KVGC_CLASS_INT4 (INT8: cls_int8 below) */
   uint64_t sequences;
   uint64_t segments;       /* segments holding at least one page */

@@ -15,12 +15,19 @@ host::vector<uint64_t> split_by_weights(const float* weights, uint32_t n_layers,
   const double total = double(mean_budget) * n_layers;
   // Every layer gets the floor; what is left is shared in proportion to the weights, so
   // the shape follows them and the total stays exact.
+  // Every path that takes weights rejects the unusable ones (read_layer_profile, heap
+  // creation for opts->layer_weights); should one arrive anyway, it counts as 0 rather
+  // than turn the sum into inf or NaN (a NaN cast to an integer is undefined, and a
+  // layer would keep everything while another kept almost nothing).
+  auto usable = [&](uint32_t l) {
+    return std::isfinite(weights[l]) && weights[l] > 0 ? double(weights[l]) : 0.0;
+  };
   double wsum = 0;
-  for (uint32_t l = 0; l < n_layers; ++l) wsum += weights[l];
+  for (uint32_t l = 0; l < n_layers; ++l) wsum += usable(l);
   const double extra = total - double(min_per_layer) * n_layers;
   host::vector<double> want(n_layers);
   for (uint32_t l = 0; l < n_layers; ++l)
-    want[l] = double(min_per_layer) + (wsum > 0 ? extra * weights[l] / wsum : extra / n_layers);
+    want[l] = double(min_per_layer) + (wsum > 0 ? extra * usable(l) / wsum : extra / n_layers);
   // Largest remainders: floors first, then +1 to the biggest fractional parts.
   uint64_t assigned = 0;
   host::vector<std::pair<double, uint32_t>> frac(n_layers);

@@ -21,8 +21,9 @@ constexpr double kPyramidBeta = 20.0;
 host::vector<uint64_t> split_layer_budget(kvgc_layer_budget kind, uint32_t n_layers,
                                          uint64_t mean_budget, uint64_t min_per_layer = 0);
 
-// Budgets in proportion to `weights` (one per layer, > 0), summing exactly to
-// weights.size() * mean_budget, each at least min(min_per_layer, mean_budget). Pyramid
+// Budgets in proportion to `weights` (one per layer, finite and > 0: callers check;
+// any other counts as 0), summing exactly to n_layers * mean_budget, each at least
+// min(min_per_layer, mean_budget). Pyramid
 // is this with linearly decreasing weights; entropy with measured ones.
 host::vector<uint64_t> split_by_weights(const float* weights, uint32_t n_layers,
                                         uint64_t mean_budget, uint64_t min_per_layer = 0);

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -210,7 +211,14 @@ Status ManagedHeap::for_each_page(kvgc_seq seq, F&& f) {
   KVGC_TRY(find(seq, 0, "for_each_page", &s));
   for (const Segment& seg : s->layers)
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-      for (PageId p : seg.table[c].pages) f(page_ptr(p), layout_[c].bytes);
+      for (PageId p : seg.table[c].pages) {
+        if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int, uint32_t>)
+          f(page_ptr(p), layout_[c].bytes, c, uint32_t(pool_.desc(p).used));  // + slots written
+        else if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int>)
+          f(page_ptr(p), layout_[c].bytes, c);  // with its storage class
+        else
+          f(page_ptr(p), layout_[c].bytes);
+      }
   return Status::Ok();
 }
 

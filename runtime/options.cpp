@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <string_view>
 
 #include "../kernels/page_layout.hpp"
 
@@ -338,21 +340,42 @@ Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn, std::string* lay
   return Status::Ok();
 }
 
-Status read_layer_profile(const std::string& path, uint32_t n_layers, const char* what,
-                          std::vector<float>* weights) {
-  std::ifstream f(path);
-  if (!f)
-    return fail(KVGC_EINVAL, std::string(what) + ": cannot read the layer profile '" + path +
-                                 "' (write one with kvgc-run --profile FILE)");
+Status parse_layer_profile(std::string_view text, const std::string& path, uint32_t n_layers,
+                           const char* what, std::vector<float>* weights) {
+  auto where = [&](int lineno) {
+    return std::string(what) + ": " + path + ":" + std::to_string(lineno) + ": ";
+  };
   std::vector<float> w;
-  std::string line;
-  for (int lineno = 1; std::getline(f, line); ++lineno) {
-    const std::string t = trim(line.substr(0, line.find('#')).c_str());
+  w.reserve(std::min<size_t>(n_layers, 1u << 16));
+  int lineno = 0;
+  for (size_t at = 0; at < text.size();) {
+    ++lineno;
+    const size_t nl = std::min(text.find('\n', at), text.size());
+    std::string_view line = text.substr(at, nl - at);
+    at = nl + 1;
+    line = line.substr(0, line.find('#'));
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const std::string t = trim(std::string(line).c_str());
     if (t.empty()) continue;
+    const std::string shown = t.substr(0, 40) + (t.size() > 40 ? "..." : "");
     double v;
-    if (!parse_double(t, &v) || !(v > 0))
-      return fail(KVGC_EINVAL, std::string(what) + ": " + path + ":" + std::to_string(lineno) +
-                                   ": '" + t + "' is not a positive number");
+    if (!parse_double(t, &v))
+      return fail(KVGC_EINVAL, where(lineno) + "'" + shown + "' is not a number");
+    // The weight is stored as a float: a value that is not finite, not positive, or that
+    // a float cannot hold (1e39 becomes inf, 1e-50 becomes 0) would make the budget split
+    // divide inf by inf or give a layer nothing. Rejected here, with its line.
+    // (The range is checked on the double: converting one beyond a float's range is
+    // itself undefined.)
+    if (!(v >= double(std::numeric_limits<float>::min()) &&
+          v <= double(std::numeric_limits<float>::max())))
+      return fail(KVGC_EINVAL, where(lineno) + "'" + shown +
+                                   "' is not a positive number a float can hold (about "
+                                   "1.2e-38 to 3.4e38)");
+    if (w.size() == n_layers)
+      return fail(KVGC_EINVAL, std::string(what) + ": " + path + " has more than " +
+                                   std::to_string(n_layers) +
+                                   " layer weights; the model has " + std::to_string(n_layers) +
+                                   " layers");
     w.push_back(float(v));
   }
   if (w.size() != n_layers)
@@ -361,6 +384,28 @@ Status read_layer_profile(const std::string& path, uint32_t n_layers, const char
                                  " layers");
   *weights = std::move(w);
   return Status::Ok();
+}
+
+Status read_layer_profile(const std::string& path, uint32_t n_layers, const char* what,
+                          std::vector<float>* weights) {
+  // A profile has one short line per layer; a file far larger is not one (and is not
+  // read into memory).
+  const uint64_t max_bytes = 4096 + uint64_t(n_layers) * 256;
+  std::ifstream f(path, std::ios::binary);
+  std::string text;
+  if (f) {
+    text.resize(size_t(std::min<uint64_t>(max_bytes + 1, 1u << 24)));
+    f.read(text.data(), std::streamsize(text.size()));
+    text.resize(size_t(f.gcount()));
+  }
+  if (!f && !f.eof())
+    return fail(KVGC_EINVAL, std::string(what) + ": cannot read the layer profile '" + path +
+                                 "' (write one with kvgc-run --profile FILE)");
+  if (text.size() > max_bytes)
+    return fail(KVGC_EINVAL, std::string(what) + ": " + path + " is larger than a " +
+                                 std::to_string(n_layers) + "-layer profile can be (" +
+                                 std::to_string(max_bytes) + " bytes)");
+  return parse_layer_profile(text, path, n_layers, what, weights);
 }
 
 std::string options_describe(const kvgc_heap_options& o) {

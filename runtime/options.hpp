@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "status.hpp"
@@ -36,10 +37,15 @@ using GetEnv = const char* (*)(const char*);
 Status options_from_env(kvgc_heap_options* o, GetEnv getenv_fn,
                         std::string* layer_profile = nullptr);
 
-// Reads a layer-budget profile: one positive weight per layer ('#' starts a comment).
-// The message names `what` (the variable or field) and the file.
+// Reads a layer-budget profile: one positive weight per layer ('#' starts a comment),
+// each a number a float holds as a normal, finite, positive value. The message names
+// `what` (the variable or field), the file and the line.
 Status read_layer_profile(const std::string& path, uint32_t n_layers, const char* what,
                           std::vector<float>* weights);
+// The same over a profile's text (`path` only names it in messages): what the file
+// reader and the fuzzer call. Memory: the weights, at most n_layers of them.
+Status parse_layer_profile(std::string_view text, const std::string& path, uint32_t n_layers,
+                           const char* what, std::vector<float>* weights);
 
 // The effective configuration, one "KVGC_X=value" per line (for KVGC_VERBOSE=1).
 std::string options_describe(const kvgc_heap_options& o);

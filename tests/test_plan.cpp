@@ -317,7 +317,19 @@ TEST_CASE("gguf: malformed files are rejected with a message") {
   SUBCASE("huge string length") {
     GgufWriter w;
     w.header(3, 0, 1).raw(uint64_t(1) << 62).out += "general.name";
-    CHECK(open_error(dir, w.out).find("beyond the end of the file") != std::string::npos);
+    CHECK(open_error(dir, w.out).find("more than the 65535 bytes allowed") != std::string::npos);
+    // A key as long as the file: refused before it is copied, and never quoted whole.
+    GgufWriter k;
+    k.header(3, 0, 1).raw(uint64_t(1) << 20).out += std::string(1 << 20, 'k');
+    const std::string kerr = open_error(dir, k.out);
+    CHECK(kerr.find("metadata key at byte 24 has length 1048576, more than") != std::string::npos);
+    CHECK(kerr.size() < 300);
+    GgufWriter d;  // a duplicate 60 KiB key: quoted cut
+    d.header(3, 0, 2).key(std::string(60000, 'a'), ValueType::kUInt8).raw(uint8_t(1));
+    d.key(std::string(60000, 'a'), ValueType::kUInt8).raw(uint8_t(1));
+    const std::string derr = open_error(dir, d.out);
+    CHECK(derr.find("duplicate metadata key \"aaaa") != std::string::npos);
+    CHECK(derr.size() < 300);
     GgufWriter v;
     v.header(3, 0, 1).key("general.name", ValueType::kString).raw(~uint64_t(0));
     CHECK(open_error(dir, v.out).find("length") != std::string::npos);
@@ -385,44 +397,40 @@ TEST_CASE("gguf: malformed files are rejected with a message") {
   }
 }
 
-TEST_CASE("json: parses values, nesting, escapes and numbers") {
-  json::Value v;
+TEST_CASE("json: the wanted members are read, values, escapes and numbers") {
+  json::Document d;
   std::string err;
-  const char* doc = R"( {"a": {"b": [1, -2.5, 3e2, 1E-2, 0, -0.0]},
+  const char* doc = R"( {"a": {"b": [1, {"x": 5}], "n": -2.5, "e": 3e2, "z": -0.0},
       "s": "q\"\\\/\b\f\n\r\t\u00e9\u20ac\ud83d\ude00",
-      "t": true, "f": false, "n": null, "empty": {}, "list": [],
+      "t": true, "f": false, "n": null, "empty": {}, "list": [{"s": 1}],
       "big": 12345678901234567890, "dup": 1, "dup": 2} )";
-  REQUIRE_MESSAGE(json::parse(doc, &v, &err), err);
-  REQUIRE(v.is_object());
-  CHECK(v.as_object()->size() == 10);  // "dup" twice
-  const json::Value* b = v.find("a")->find("b");
-  REQUIRE(b);
-  REQUIRE(b->as_array()->size() == 6);
-  const auto& items = *b->as_array();
-  CHECK(items[0].as_int() == 1);
-  CHECK(items[1].as_number() == -2.5);
-  CHECK_FALSE(items[1].as_int());
-  CHECK(items[2].as_number() == 300.0);
-  CHECK(items[2].as_int() == 300);  // whole number written with an exponent
-  CHECK(items[3].as_number() == doctest::Approx(0.01));
-  CHECK(items[4].as_int() == 0);
-  CHECK(std::signbit(*items[5].as_number()));
-  CHECK(*v.find("s")->as_string() ==
-        "q\"\\/\b\f\n\r\t\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
-  CHECK(v.find("t")->as_bool() == true);
-  CHECK(v.find("f")->as_bool() == false);
-  CHECK(v.find("n")->is_null());
-  CHECK(v.find("empty")->as_object()->empty());
-  CHECK(v.find("list")->as_array()->empty());
-  CHECK(v.find("big")->as_number() == doctest::Approx(1.2345678901234567e19));
-  CHECK_FALSE(v.find("big")->as_int());  // beyond int64: a double only
-  CHECK(v.find("dup")->as_int() == 2);   // the last one wins, as in Python
-  CHECK(v.find("missing") == nullptr);
-  CHECK(v.find("t")->find("x") == nullptr);
-  CHECK_FALSE(v.find("s")->as_number());
+  const std::vector<json::Path> want = {{"a"},   {"a", "n"}, {"a", "e"}, {"a", "z"}, {"a", "b"},
+                                        {"s"},   {"t"},      {"f"},      {"n"},      {"empty"},
+                                        {"list"}, {"big"},   {"dup"},    {"missing"}, {"x"}};
+  REQUIRE_MESSAGE(json::parse(doc, want, &d, &err), err);
+  CHECK(d.root == json::Value::Kind::kObject);
+  CHECK(d.members.size() == 13);  // "dup" once; "missing" and "x" (nested deeper) absent
+  CHECK(d.find({"a"})->is_object());
+  CHECK(d.find({"a", "b"})->kind == json::Value::Kind::kArray);
+  CHECK(d.find({"a", "n"})->as_number() == -2.5);
+  CHECK_FALSE(d.find({"a", "n"})->as_int());
+  CHECK(d.find({"a", "e"})->as_int() == 300);  // whole number written with an exponent
+  CHECK(std::signbit(*d.find({"a", "z"})->as_number()));
+  CHECK(*d.find({"s"})->as_string() == "q\"\\/\b\f\n\r\t\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
+  CHECK(d.find({"t"})->as_bool() == true);
+  CHECK(d.find({"f"})->as_bool() == false);
+  CHECK(d.find({"n"})->is_null());
+  CHECK(d.find({"empty"})->is_object());
+  CHECK(d.find({"big"})->as_number() == doctest::Approx(1.2345678901234567e19));
+  CHECK_FALSE(d.find({"big"})->as_int());  // beyond int64: a double only
+  CHECK(d.find({"dup"})->as_int() == 2);   // the last one wins, as in Python
+  CHECK(d.find({"missing"}) == nullptr);
+  CHECK(d.find({"x"}) == nullptr);  // {"x": 5} sits in an array, not under the root
+  CHECK_FALSE(d.find({"s"})->as_number());
 
-  REQUIRE(json::parse("  \"top\"\n", &v, &err));
-  CHECK(*v.as_string() == "top");
+  REQUIRE(json::parse("  \"top\"\n", want, &d, &err));
+  CHECK(d.root == json::Value::Kind::kString);
+  CHECK(d.members.empty());
 }
 
 TEST_CASE("json: malformed input is rejected with a position") {
@@ -431,21 +439,22 @@ TEST_CASE("json: malformed input is rejected with a position") {
       "01",     "1.",        ".5",          "1e",            "-",         "+1",
       "nul",    "True",      "\"abc",       "\"\\x\"",       "\"\\u12\"", "\"\\ud800\"",
       "\"\\udc00\"", "\"a\nb\"", "{1: 2}",  "[1] [2]",       "NaN",       "1e999",
-      "{\"a\": }",
+      "{\"a\": }", "\"\xff\"", "// c\n{}", "[1,]",
   };
   for (const char* text : bad) {
     CAPTURE(text);
-    json::Value v;
+    json::Document d;
     std::string err;
-    CHECK_FALSE(json::parse(text, &v, &err));
+    CHECK_FALSE(json::parse(text, {{"a"}}, &d, &err));
     CHECK(err.find("line ") == 0);
   }
   std::string err;
-  json::Value v;
-  CHECK_FALSE(json::parse("{\n  \"a\": [1,\n  oops]}", &v, &err));
+  json::Document d;
+  CHECK_FALSE(json::parse("{\n  \"a\": [1,\n  oops]}", {{"a"}}, &d, &err));
   CHECK(err.find("line 3, column 3") == 0);
-  CHECK_FALSE(json::parse(std::string(100000, '['), &v, &err));
+  CHECK_FALSE(json::parse(std::string(100000, '['), {{"a"}}, &d, &err));
   CHECK(err.find("nested deeper") != std::string::npos);
+  CHECK(err.find("line 1, column 51") == 0);
 }
 
 TEST_CASE("model_shape: the sample config.json files") {
@@ -478,9 +487,7 @@ TEST_CASE("model_shape: the sample config.json files") {
 
 TEST_CASE("model_shape: config.json defaults, names and errors") {
   const auto shape = [](const char* text, kvgc_tools::ModelShape* s, std::string* err) {
-    json::Value v;
-    REQUIRE(json::parse(text, &v, err));
-    return kvgc_tools::shape_from_config(v, "fallback", s, err);
+    return kvgc_tools::shape_from_config_text(text, "fallback", s, err);
   };
   kvgc_tools::ModelShape s;
   std::string err;
@@ -517,6 +524,13 @@ TEST_CASE("model_shape: config.json defaults, names and errors") {
                     &s, &err));
   CHECK(err.find("head_dim") != std::string::npos);
   CHECK_FALSE(shape("[]", &s, &err));
+  // A negative context length was accepted silently (and reported as unknown).
+  CHECK_FALSE(shape(R"({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                        "max_position_embeddings": -5})", &s, &err));
+  CHECK(err.find("\"max_position_embeddings\" is -5") != std::string::npos);
+  REQUIRE(shape(R"({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                    "max_position_embeddings": null})", &s, &err));
+  CHECK(s.context_length == 0);
 
   CHECK(kvgc_tools::name_from_path("/models/Llama-3.1-8B/config.json") == "Llama-3.1-8B");
   CHECK(kvgc_tools::name_from_path("samples/Qwen2.5-7B.json") == "Qwen2.5-7B");
@@ -524,6 +538,15 @@ TEST_CASE("model_shape: config.json defaults, names and errors") {
   TempDir dir;
   CHECK_FALSE(kvgc_tools::load_config_shape(dir.write("bad.json", "{\"a\": tru}"), &s, &err));
   CHECK(err.find("bad.json: line 1") != std::string::npos);
+  // Not a regular file: said so, not "unexpected end of input" (which /dev/zero's zero
+  // size gave).
+  CHECK_FALSE(kvgc_tools::load_config_shape("/dev/zero", &s, &err));
+  CHECK(err == "/dev/zero: not a regular file (a config.json must be one: devices and pipes "
+               "are not read)");
+  CHECK_FALSE(kvgc_tools::load_config_shape(dir.write("empty.json", ""), &s, &err));
+  CHECK(err.find("empty file") != std::string::npos);
+  CHECK_FALSE(kvgc_tools::load_config_shape(dir.write("nul.json", std::string(64, '\0')), &s, &err));
+  CHECK(err.find("nul.json: line 1, column 1: ") != std::string::npos);
 }
 
 TEST_CASE("model_shape: GGUF llama metadata") {

@@ -13,6 +13,11 @@ std::vector<uint8_t> gaussian(const kvgc_model_desc& m, uint64_t seq, uint32_t l
 
 std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
                             uint32_t layer, double int4_tol) {
+  return verify_gaussian(heap, m, seq, seq, layer, int4_tol);
+}
+
+std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
+                            uint64_t tag, uint32_t layer, double int4_tol) {
   uint64_t n = 0;
   if (kvgc_read(heap, seq, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) != KVGC_OK)
     return std::string("kvgc_read: ") + kvgc_errmsg(heap);
@@ -23,7 +28,7 @@ std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t 
     return std::string("kvgc_read: ") + kvgc_errmsg(heap);
   for (uint64_t r = 0; r < n; ++r) {
     for (int is_v = 0; is_v < 2; ++is_v) {
-      const auto expect = gaussian(m, seq, layer, pos[r], 1, is_v);
+      const auto expect = gaussian(m, tag, layer, pos[r], 1, is_v);
       const uint8_t* got = (is_v ? v.data() : k.data()) + r * tb;
       for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
         if (std::memcmp(got + h * row, expect.data() + h * row, row) == 0) continue;

@@ -121,6 +121,9 @@ std::vector<uint8_t> gaussian(const kvgc_model_desc& m, uint64_t seq, uint32_t l
 // only). Empty string if all rows pass, else what failed.
 std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
                             uint32_t layer, double int4_tol);
+// The same for a sequence whose tokens were made for sequence `tag` (a fork's source).
+std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
+                            uint64_t tag, uint32_t layer, double int4_tol);
 
 // Options for tests: CPU, a fixed budget, environment ignored (tests must not depend
 // on the caller's shell).

@@ -23,9 +23,17 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
 constexpr int kMaxArrayDepth = 8;        // real files nest at most once
 // Real models have ~50 metadata pairs and at most a few thousand tensors; the caps bound
-// what a hostile header can make us allocate before the file runs out.
-constexpr uint64_t kMaxKeyValues = uint64_t(1) << 20;
-constexpr uint64_t kMaxTensors = uint64_t(1) << 20;
+// what a hostile header can make us allocate (each pair or tensor costs ~200 bytes of
+// bookkeeping, whatever its size in the file) to a few MiB.
+constexpr uint64_t kMaxKeyValues = uint64_t(1) << 16;
+constexpr uint64_t kMaxTensors = uint64_t(1) << 16;
+// The GGUF spec caps keys at 2^16 - 1 bytes; ggml caps tensor names at 63. Names are
+// checked before they are copied, so a length field equal to the file size costs
+// nothing (it used to be copied, then copied again into each error message).
+constexpr uint64_t kMaxKeyBytes = 65535;
+constexpr uint64_t kMaxTensorNameBytes = 1024;
+// Error messages quote at most this much of a key or name.
+constexpr size_t kQuoteBytes = 64;
 constexpr uint64_t kMinKeyValueBytes = 8 + 4 + 1;      // empty key, type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // empty name, 0 dims, type, offset
 constexpr uint64_t kArrayHeaderBytes = 4 + 8;
@@ -101,11 +109,16 @@ class Cursor {
     return true;
   }
 
-  // A gguf string: uint64 length + bytes. `out` may be null to skip it.
-  bool read_string(std::string* out, const char* what) {
+  // A gguf string: uint64 length + bytes. `out` may be null to skip it. A length over
+  // `max_len` is refused before anything is copied.
+  bool read_string(std::string* out, const char* what, uint64_t max_len = UINT64_MAX) {
     const uint64_t at = pos_;
     uint64_t len;
     if (!read(&len, what)) return false;
+    if (len > max_len)
+      return fail(std::string(what) + " at byte " + std::to_string(at) + " has length " +
+                  std::to_string(len) + ", more than the " + std::to_string(max_len) +
+                  " bytes allowed");
     if (len > remaining())
       return fail(std::string(what) + " at byte " + std::to_string(at) + " has length " +
                   std::to_string(len) + ", beyond the end of the file (" +
@@ -208,6 +221,14 @@ bool read_value(Cursor& c, ValueType type, int depth, Value* out) {
   return c.fail("unknown value type " + std::to_string(uint32_t(type)));
 }
 
+// A key or name for an error message: cut, and non-printable bytes shown as '?'.
+std::string quote(const std::string& s) {
+  std::string q = s.substr(0, kQuoteBytes);
+  for (char& c : q)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  return "\"" + q + (s.size() > kQuoteBytes ? "...\"" : "\"");
+}
+
 bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
   return !__builtin_mul_overflow(a, b, out);
 }
@@ -235,6 +256,7 @@ File& File::operator=(File&& other) noexcept {
   if (this != &other) {
     close();
     base_ = std::exchange(other.base_, nullptr);
+    mapped_ = std::exchange(other.mapped_, false);
     size_ = std::exchange(other.size_, 0);
     version_ = other.version_;
     alignment_ = other.alignment_;
@@ -247,7 +269,8 @@ File& File::operator=(File&& other) noexcept {
 }
 
 void File::close() {
-  if (base_) munmap(const_cast<uint8_t*>(base_), size_);
+  if (base_ && mapped_) munmap(const_cast<uint8_t*>(base_), size_);
+  mapped_ = false;
   base_ = nullptr;
   size_ = 0;
   version_ = 0;
@@ -276,20 +299,39 @@ bool File::open(const std::string& path, std::string* err) {
     } else {
       base_ = static_cast<const uint8_t*>(p);
       size_ = uint64_t(st.st_size);
+      mapped_ = true;
     }
   }
   if (fd >= 0) ::close(fd);  // the mapping stays valid without the descriptor
-  if (base_) {
-    bool ok = false;
-    try {
-      ok = parse(&msg);
-    } catch (const std::bad_alloc&) {
-      msg = "out of memory while reading the metadata";
-    }
-    if (!ok) close();
-  }
+  if (base_ && !checked_parse(&msg)) close();
   if (base_) return true;
   if (err) *err = path + ": " + msg;
+  return false;
+}
+
+bool File::open_memory(const void* data, size_t size, std::string* err) {
+  close();
+  if (size < 4) {
+    if (err) *err = "too small to be a GGUF file (" + std::to_string(size) + " bytes)";
+    return false;
+  }
+  base_ = static_cast<const uint8_t*>(data);
+  size_ = size;
+  std::string msg;
+  if (checked_parse(&msg)) return true;
+  close();
+  if (err) *err = msg;
+  return false;
+}
+
+bool File::checked_parse(std::string* msg) {
+  try {
+    return parse(msg);
+  } catch (const std::bad_alloc&) {
+    *msg = "out of memory while reading the metadata";
+  } catch (const std::length_error&) {
+    *msg = "out of memory while reading the metadata";
+  }
   return false;
 }
 
@@ -331,12 +373,13 @@ bool File::parse(std::string* err) {
   for (uint64_t i = 0; i < n_kv; ++i) {
     KeyValue kv;
     uint32_t raw_type;
-    if (!c.read_string(&kv.key, "metadata key") || !c.read(&raw_type, "metadata value type") ||
+    if (!c.read_string(&kv.key, "metadata key", kMaxKeyBytes) ||
+        !c.read(&raw_type, "metadata value type") ||
         !read_value(c, ValueType(raw_type), 0, &kv.value))
       return cursor_failed(" (metadata pair " + std::to_string(i) +
-                           (kv.key.empty() ? "" : ", key \"" + kv.key + "\"") + ")");
+                           (kv.key.empty() ? "" : ", key " + quote(kv.key)) + ")");
     if (!key_index_.emplace(kv.key, metadata_.size()).second) {
-      *err = "duplicate metadata key \"" + kv.key + "\"";
+      *err = "duplicate metadata key " + quote(kv.key);
       return false;
     }
     metadata_.push_back(std::move(kv));
@@ -363,10 +406,10 @@ bool File::parse(std::string* err) {
     TensorInfo t;
     uint32_t n_dims;
     const auto where = [&] {
-      return " (tensor " + std::to_string(i) + (t.name.empty() ? "" : " \"" + t.name + "\"") +
-             ")";
+      return " (tensor " + std::to_string(i) + (t.name.empty() ? "" : " " + quote(t.name)) + ")";
     };
-    if (!c.read_string(&t.name, "tensor name") || !c.read(&n_dims, "tensor dimension count"))
+    if (!c.read_string(&t.name, "tensor name", kMaxTensorNameBytes) ||
+        !c.read(&n_dims, "tensor dimension count"))
       return cursor_failed(where());
     if (n_dims > kMaxDims) {
       *err = "tensor has " + std::to_string(n_dims) + " dimensions, at most " +
@@ -405,7 +448,7 @@ bool File::parse(std::string* err) {
       t.n_bytes = n_bytes;
     }
     if (!names.insert(t.name).second) {
-      *err = "duplicate tensor name \"" + t.name + "\"";
+      *err = "duplicate tensor name " + quote(t.name);
       return false;
     }
     tensors_.push_back(std::move(t));
@@ -416,7 +459,7 @@ bool File::parse(std::string* err) {
   for (const TensorInfo& t : tensors_) {
     if (!t.n_bytes) continue;
     if (t.offset > data_bytes || *t.n_bytes > data_bytes - t.offset) {
-      *err = "tensor \"" + t.name + "\" (" + std::to_string(*t.n_bytes) + " bytes at data offset " +
+      *err = "tensor " + quote(t.name) + " (" + std::to_string(*t.n_bytes) + " bytes at data offset " +
              std::to_string(t.offset) + ") extends past the end of the file; truncated?";
       return false;
     }

@@ -1,5 +1,10 @@
-// A small strict JSON (RFC 8259) reader: enough for Hugging Face config.json files.
-// Parses into a tree of json::Value; errors name the line and column.
+// Reads chosen members of a JSON document (a Hugging Face config.json) without building
+// its tree: nlohmann's SAX parser (Debian's nlohmann-json3-dev, strict RFC 8259, UTF-8
+// checked) streams the document and only the members at the paths asked for are kept.
+// So peak memory is the text plus its longest string, whatever the document holds: an
+// 8 MiB array of zeros or a million keys cost what the text costs. (A tree parser took
+// 934 MB for the first and 510 MB for `{"":{},...}`: docs/ARCHITECTURE.md.)
+// Errors name the line and column.
 #pragma once
 
 #include <cstdint>
@@ -11,53 +16,50 @@
 
 namespace json {
 
-class Value {
- public:
+// A member's value as kept: scalars in full; an object or an array only as its kind.
+struct Value {
   enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  using Members = std::vector<std::pair<std::string, Value>>;
-
-  Kind kind() const { return kind_; }
-  bool is_null() const { return kind_ == Kind::kNull; }
-  bool is_bool() const { return kind_ == Kind::kBool; }
-  bool is_number() const { return kind_ == Kind::kNumber; }
-  bool is_string() const { return kind_ == Kind::kString; }
-  bool is_array() const { return kind_ == Kind::kArray; }
-  bool is_object() const { return kind_ == Kind::kObject; }
-
-  // Typed views: nullopt (or null) when the value is of another kind.
-  std::optional<bool> as_bool() const;
-  std::optional<double> as_number() const;
+  Kind kind = Kind::kNull;
+  bool boolean = false;
+  double number = 0;
   // The number as an exact integer: a literal without fraction or exponent that fits
   // int64, or any number whose double value is a whole number within +-2^53.
-  std::optional<int64_t> as_int() const;
-  const std::string* as_string() const;
-  const std::vector<Value>* as_array() const;
-  const Members* as_object() const;
+  std::optional<int64_t> integer;
+  std::string string;
 
-  // Member `key` of an object (the last one if repeated, as Python's json does);
-  // null if this is not an object or has no such member.
-  const Value* find(std::string_view key) const;
-
-  static Value null() { return Value(); }
-  static Value boolean(bool b);
-  static Value number(double d, std::optional<int64_t> exact_int);
-  static Value string(std::string s);
-  static Value array(std::vector<Value> items);
-  static Value object(Members members);
-
- private:
-  Kind kind_ = Kind::kNull;
-  bool bool_ = false;
-  double number_ = 0;
-  std::optional<int64_t> int_;
-  std::string string_;
-  std::vector<Value> items_;
-  Members members_;
+  bool is_null() const { return kind == Kind::kNull; }
+  bool is_object() const { return kind == Kind::kObject; }
+  std::optional<int64_t> as_int() const { return kind == Kind::kNumber ? integer : std::nullopt; }
+  std::optional<double> as_number() const {
+    return kind == Kind::kNumber ? std::optional(number) : std::nullopt;
+  }
+  std::optional<bool> as_bool() const {
+    return kind == Kind::kBool ? std::optional(boolean) : std::nullopt;
+  }
+  const std::string* as_string() const { return kind == Kind::kString ? &string : nullptr; }
 };
 
-// Parses a whole document (one value, surrounded only by whitespace).
-bool parse(std::string_view text, Value* out, std::string* err);
-// Reads and parses a file; errors are prefixed with the path.
-bool parse_file(const std::string& path, Value* out, std::string* err);
+// A member path: the keys from the root object down ({"text_config", "head_dim"}).
+using Path = std::vector<std::string>;
+
+struct Document {
+  Value::Kind root = Value::Kind::kNull;  // the kind of the top-level value
+  std::vector<std::pair<Path, Value>> members;  // the wanted members found (last one wins)
+
+  // The member at `path`, or null if the document has none there.
+  const Value* find(const Path& path) const;
+};
+
+// Nesting deeper than this is refused (a config nests two or three levels), and so is a
+// wanted string member over 64 KiB (config values are names and dtypes).
+constexpr int kMaxDepth = 512;
+
+// Parses a whole document (one value, surrounded only by whitespace), keeping the
+// members at `wanted`.
+bool parse(std::string_view text, const std::vector<Path>& wanted, Document* out,
+           std::string* err);
+// Reads and parses a regular file of at most 8 MiB; errors are prefixed with the path.
+bool parse_file(const std::string& path, const std::vector<Path>& wanted, Document* out,
+                std::string* err);
 
 }  // namespace json

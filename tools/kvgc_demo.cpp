@@ -166,5 +166,8 @@ int main() {
   } catch (const kvgc::Error& e) {
     std::fprintf(stderr, "kvgc-demo: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {  // out of memory in the demo itself: a message, not an abort
+    std::fprintf(stderr, "kvgc-demo: %s\n", e.what());
+    return 1;
   }
 }

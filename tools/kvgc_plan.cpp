@@ -3,7 +3,9 @@
 // Exit status: 0 ok, 1 unreadable or malformed model file, 2 bad command line.
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <functional>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -286,9 +288,7 @@ void print_report(const kvgc_tools::ModelShape& shape, const kvgc_tools::PlanPar
               (unsigned long long)plan.fits[2].max_context_batch1);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Options o;
   if (const auto msg = parse_args(argc, argv, &o)) return usage_error(*msg);
   if (o.help) {
@@ -341,4 +341,19 @@ int main(int argc, char** argv) {
   if (!kvgc_tools::make_plan(p, &plan, &err)) return usage_error(err);
   print_report(shape, p, plan);
   return 0;
+}
+
+}  // namespace
+
+// Whatever escapes (out of memory, a library exception) is a message and exit status 1,
+// never an abort.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fputs("kvgc-plan: out of memory\n", stderr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvgc-plan: %s\n", e.what());
+  }
+  return 1;
 }

@@ -14,8 +14,23 @@ bool fail(std::string* err, std::string msg) {
 
 // ---- config.json -----------------------------------------------------------------
 
+// The members a shape is read from, at the root and under "text_config".
+constexpr const char* kConfigKeys[] = {
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "hidden_size",       "max_position_embeddings", "torch_dtype",    "dtype",
+    "model_type",        "_name_or_path"};
+
+// One object level of the config: the root, or "text_config".
+struct Level {
+  const json::Document& doc;
+  const char* parent;  // null for the root
+  const json::Value* find(const std::string& key) const {
+    return doc.find(parent ? json::Path{parent, key} : json::Path{key});
+  }
+};
+
 // Integer member `key`: nullopt in *out if absent or null (HF writes null for "unset").
-bool config_int(const json::Value& cfg, const std::string& key, std::optional<int64_t>* out,
+bool config_int(const Level& cfg, const std::string& key, std::optional<int64_t>* out,
                 std::string* err) {
   out->reset();
   const json::Value* v = cfg.find(key);
@@ -25,7 +40,7 @@ bool config_int(const json::Value& cfg, const std::string& key, std::optional<in
   return true;
 }
 
-bool config_count(const json::Value& cfg, const std::string& key, std::optional<uint32_t>* out,
+bool config_count(const Level& cfg, const std::string& key, std::optional<uint32_t>* out,
                   std::string* err) {
   std::optional<int64_t> v;
   out->reset();
@@ -88,13 +103,27 @@ bool validate_shape(const ModelShape& shape, std::string* err) {
                        std::string(kvgc_errmsg(nullptr)));
 }
 
-bool shape_from_config(const json::Value& root, const std::string& fallback_name,
+const std::vector<json::Path>& config_paths() {
+  static const std::vector<json::Path> paths = [] {
+    std::vector<json::Path> p{{"text_config"}};
+    for (const char* k : kConfigKeys) {
+      p.push_back({k});
+      p.push_back({"text_config", k});
+    }
+    return p;
+  }();
+  return paths;
+}
+
+bool shape_from_config(const json::Document& doc, const std::string& fallback_name,
                        ModelShape* out, std::string* err) {
-  if (!root.is_object()) return fail(err, "config.json must be a JSON object");
+  if (doc.root != json::Value::Kind::kObject) return fail(err, "config.json must be a JSON object");
+  const Level root{doc, nullptr};
   // Multimodal configs (Llava, Gemma 3, ...) keep the language model under text_config.
   const json::Value* text = root.find("text_config");
-  const json::Value& cfg =
-      !root.find("num_hidden_layers") && text && text->is_object() ? *text : root;
+  const Level cfg{doc, !root.find("num_hidden_layers") && text && text->is_object()
+                           ? "text_config"
+                           : nullptr};
 
   std::optional<uint32_t> layers, heads, kv_heads, head_dim, hidden;
   std::optional<int64_t> context;
@@ -105,6 +134,9 @@ bool shape_from_config(const json::Value& root, const std::string& fallback_name
       !config_count(cfg, "hidden_size", &hidden, err) ||
       !config_int(cfg, "max_position_embeddings", &context, err))
     return false;
+  if (context && *context <= 0)
+    return fail(err, "\"max_position_embeddings\" is " + std::to_string(*context) +
+                         "; expected a positive count (or null, or no such key)");
   if (!layers) return fail(err, "missing \"num_hidden_layers\"");
   if (!heads) return fail(err, "missing \"num_attention_heads\"");
   if (!head_dim) {
@@ -132,7 +164,7 @@ bool shape_from_config(const json::Value& root, const std::string& fallback_name
     }
   }
   s.hidden_size = hidden.value_or(0);
-  s.context_length = context && *context > 0 ? uint64_t(*context) : 0;
+  s.context_length = context ? uint64_t(*context) : 0;
   const json::Value* model_type = cfg.find("model_type");
   if (model_type && model_type->as_string()) s.architecture = *model_type->as_string();
   const json::Value* name = root.find("_name_or_path");
@@ -143,11 +175,18 @@ bool shape_from_config(const json::Value& root, const std::string& fallback_name
   return true;
 }
 
+bool shape_from_config_text(std::string_view text, const std::string& fallback_name,
+                            ModelShape* out, std::string* err) {
+  json::Document doc;
+  if (!json::parse(text, config_paths(), &doc, err)) return false;
+  return shape_from_config(doc, fallback_name, out, err);
+}
+
 bool load_config_shape(const std::string& path, ModelShape* out, std::string* err) {
-  json::Value root;
+  json::Document doc;
   std::string msg;
-  if (!json::parse_file(path, &root, err)) return false;
-  if (!shape_from_config(root, name_from_path(path), out, &msg))
+  if (!json::parse_file(path, config_paths(), &doc, err)) return false;
+  if (!shape_from_config(doc, name_from_path(path), out, &msg))
     return fail(err, path + ": " + msg);
   out->source = path;
   return true;

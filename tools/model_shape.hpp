@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "gguf.hpp"
 #include "json.hpp"
@@ -27,13 +29,17 @@ const char* dtype_name(kvgc_dtype dtype);
 // file called config.json ("models/Llama-3.1-8B/config.json" -> "Llama-3.1-8B").
 std::string name_from_path(const std::string& path);
 
-// From parsed config.json: num_hidden_layers, num_attention_heads, num_key_value_heads
-// (default: heads), head_dim (default: hidden_size / heads), max_position_embeddings,
-// torch_dtype (or dtype); "bfloat16" -> BF16, "float32" -> F32, else F16. Multimodal
-// configs whose text model sits under "text_config" are read from there. The name is
-// _name_or_path, else `fallback_name`.
-bool shape_from_config(const json::Value& config, const std::string& fallback_name,
+// From config.json: num_hidden_layers, num_attention_heads, num_key_value_heads
+// (default: heads), head_dim (default: hidden_size / heads), max_position_embeddings
+// (positive, or absent/null), torch_dtype (or dtype); "bfloat16" -> BF16, "float32" ->
+// F32, else F16. Multimodal configs whose text model sits under "text_config" are read
+// from there. The name is _name_or_path, else `fallback_name`. The document is read for
+// the members at config_paths() only (json.hpp: no tree is built).
+const std::vector<json::Path>& config_paths();
+bool shape_from_config(const json::Document& config, const std::string& fallback_name,
                        ModelShape* out, std::string* err);
+bool shape_from_config_text(std::string_view text, const std::string& fallback_name,
+                            ModelShape* out, std::string* err);
 bool load_config_shape(const std::string& path, ModelShape* out, std::string* err);
 
 // From GGUF metadata, keys prefixed by general.architecture: block_count,

@@ -23,6 +23,7 @@
 #include "../../allocator/host_memory.hpp"
 
 #include "attend_internal.hpp"
+#include "../score.hpp"
 #include "convert.hpp"
 #include "quant.hpp"
 
@@ -174,9 +175,10 @@ void attend(const AttendOp& op, ThreadPool* pool) {
   if (op.add_scores)
     for (size_t j = 0; j < n; ++j) {
       const PageLayout& L = op.layout[slots[j].cls];
-      reinterpret_cast<float*>(slots[j].page + L.score_off)[slots[j].slot] += mass[j];
+      float& score = reinterpret_cast<float*>(slots[j].page + L.score_off)[slots[j].slot];
+      score = accumulate_score(score, mass[j]);  // as kvgc_observe: NaN (from NaN K/V) adds nothing
       float& recent = reinterpret_cast<float*>(slots[j].page + L.recent_off)[slots[j].slot];
-      recent = recent * op.recent_decay + mass[j];
+      recent = accumulate_score(recent * op.recent_decay, mass[j]);
     }
 }
 

@@ -21,18 +21,21 @@ void append(const AppendOp& op) {
     auto* score = reinterpret_cast<float*>(page + L.score_off);
     auto* recent = reinterpret_cast<float*>(page + L.recent_off);
     auto* gen = page + L.gen_off;
-    if (run.first_slot == 0) {  // a fresh page: scrub what this run does not write
-      std::memset(live, 0, 4 * size_t(PageLayout::live_words(L.page_tokens)));
+    if (run.first_slot == 0) {
+      // A fresh page: scrub every byte this run does not write. The whole metadata block
+      // (live mask, pos, score, gen and the alignment padding between them), the K/V
+      // slots past the run, and the padding after K, after V and at the page's end: a
+      // recycled page shows nothing of its previous owner, whatever the geometry.
+      std::memset(page, 0, L.k_off);
       const uint32_t rest = L.page_tokens - run.count;
       for (uint32_t h = 0; h < L.n_kv_heads && rest; ++h) {
         const size_t at = h * L.head_stride + size_t(run.count) * L.slot_stride;
         std::memset(page + L.k_off + at, 0, rest * L.slot_stride);
         std::memset(page + L.v_off + at, 0, rest * L.slot_stride);
       }
-      std::memset(pos + run.count, 0, 4 * size_t(rest));
-      std::memset(score + run.count, 0, 4 * size_t(rest));
-      std::memset(recent + run.count, 0, 4 * size_t(rest));
-      std::memset(gen + run.count, 0, rest);
+      const size_t payload = L.head_stride * L.n_kv_heads;
+      std::memset(page + L.k_off + payload, 0, L.v_off - (L.k_off + payload));
+      std::memset(page + L.v_off + payload, 0, L.bytes - (L.v_off + payload));
     }
     for (uint32_t t = 0; t < run.count; ++t) {
       const uint32_t slot = run.first_slot + t;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../allocator/host_memory.hpp"
+#include "../score.hpp"
 
 #include "quant.hpp"
 
@@ -109,9 +110,11 @@ void observe(const ObserveOp& op) {
     const PageLayout& L = op.layout[sp.cls];
     uint64_t row = sp.out_row;
     for_live(sp.page, L, [&](uint32_t s) {
-      const float m = op.mass[row++];
-      score_at(sp.page, L, s) += m;
-      recent_at(sp.page, L, s) = recent_at(sp.page, L, s) * op.decay + m;
+      const float m = op.mass[row++];  // NaN, inf, < 0 add nothing (kernels/score.hpp)
+      float& score = score_at(sp.page, L, s);
+      score = accumulate_score(score, m);
+      float& recent = recent_at(sp.page, L, s);
+      recent = accumulate_score(recent * op.decay, m);
     });
   }
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <system_error>
 #include <utility>
 
 namespace kvgc::cpu {
@@ -44,12 +43,16 @@ constexpr uint64_t ticket(uint32_t gen, unsigned n_tasks, unsigned next) {
 
 ThreadPool::ThreadPool(unsigned n) {
   const unsigned want = std::clamp(n, 1u, kMaxThreads) - 1;
-  threads_.reserve(want);
+  threads_.reserve(want);  // may throw: no thread runs yet, nothing to undo
   for (unsigned i = 0; i < want; ++i) {
+    // A refused thread (std::system_error) or no memory for its start-up state
+    // (std::bad_alloc, from std::thread's own allocation) makes the pool smaller. Letting
+    // either escape would destroy joinable threads (std::terminate), or the condition
+    // variables under a waiting worker (pthread_cond_destroy then blocks: a deadlock).
     try {
       threads_.emplace_back([this] { worker_loop(); });
-    } catch (const std::system_error&) {
-      break;  // the system has no more threads for us: run with those we have
+    } catch (...) {
+      break;
     }
   }
 }

@@ -29,9 +29,10 @@ class ThreadPool : public host::HostAllocated {
  public:
   static constexpr unsigned kMaxThreads = 256;
 
-  // Starts min(n, kMaxThreads) - 1 workers. When the system refuses a thread the pool
-  // keeps the ones it got (size() says how many): fewer threads, never a failure.
-  // std::bad_alloc if host memory runs out (the C API's KVGC_ENOMEM).
+  // Starts min(n, kMaxThreads) - 1 workers. When the system refuses a thread, or host
+  // memory for its start-up runs out, the pool keeps the ones it got (size() says how
+  // many): fewer threads, never a failure. std::bad_alloc only if the thread array
+  // itself cannot be had (no thread started; the C API's KVGC_ENOMEM).
   explicit ThreadPool(unsigned n);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../score.hpp"
 #include "attend.cuh"
 
 namespace kvgc::cuda {
@@ -251,9 +252,10 @@ __global__ void mass_kernel(const __grid_constant__ Params p) {
       const float M = p.ml[2 * r], Ls = p.ml[2 * r + 1];
       if (x > -INFINITY && Ls > 0.f) mass += expf(x - M) / Ls;
     }
-    reinterpret_cast<float*>(sp.page + L.score_off)[slot] += mass;
+    float& score = reinterpret_cast<float*>(sp.page + L.score_off)[slot];
+    score = accumulate_score(score, mass);  // the CPU's rule (kernels/score.hpp)
     float& recent = reinterpret_cast<float*>(sp.page + L.recent_off)[slot];
-    recent = __fadd_rn(__fmul_rn(recent, p.recent_decay), mass);
+    recent = accumulate_score(__fmul_rn(recent, p.recent_decay), mass);
   }
 }
 

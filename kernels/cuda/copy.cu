@@ -41,6 +41,23 @@ struct GatherParams {
   GatherPage pages[N];
 };
 
+// The bytes of a fresh page that no slot owns: the alignment padding between its
+// regions, after K, after V and at the page's end. Zeroed by the run that takes the
+// page (disjoint from every other write of the op), so that no byte of a previous owner
+// survives, whatever the geometry.
+__device__ inline void zero_padding(uint8_t* page, const PageLayout& L) {
+  const size_t pt = L.page_tokens, payload = L.head_stride * L.n_kv_heads;
+  const size_t gaps[6][2] = {
+      {L.live_off + 4 * size_t(PageLayout::live_words(L.page_tokens)), L.pos_off},
+      {L.pos_off + 4 * pt, L.score_off},
+      {L.score_off + 4 * pt, L.gen_off},
+      {L.gen_off + pt, L.k_off},
+      {L.k_off + payload, L.v_off},
+      {L.v_off + payload, L.bytes}};
+  for (int g = 0; g < 6; ++g)
+    for (size_t i = gaps[g][0] + threadIdx.x; i < gaps[g][1]; i += blockDim.x) page[i] = 0;
+}
+
 // Copies a head row (head_dim elements) in units of T; T is picked so that every
 // pointer involved is aligned to it.
 template <class T, uint32_t N>
@@ -69,6 +86,7 @@ __global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
     }
   }
   if (blockIdx.x != 0) return;
+  if (run.first_slot == 0) zero_padding(run.page, L);
   for (uint32_t t = threadIdx.x; t < slots; t += blockDim.x) {
     const uint32_t slot = run.first_slot + t;
     const int64_t pos = p.first_pos + int64_t(run.src_token) + t;

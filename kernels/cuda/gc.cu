@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "../../allocator/host_memory.hpp"
+#include "../score.hpp"
 #include "gc.cuh"
 
 namespace kvgc::cuda {
@@ -51,8 +52,8 @@ __global__ void observe_kernel(const __grid_constant__ ObserveParams<N> p) {
   for (uint32_t s = threadIdx.x; s < L.page_tokens; s += blockDim.x)
     if (live_bit(live, s)) {
       const float m = p.mass[sp.out_row + live_below(live, s)];
-      score[s] = __fadd_rn(score[s], m);
-      recent[s] = __fadd_rn(__fmul_rn(recent[s], p.decay), m);
+      score[s] = accumulate_score(score[s], m);
+      recent[s] = accumulate_score(__fmul_rn(recent[s], p.decay), m);  // no contraction
     }
 }
 

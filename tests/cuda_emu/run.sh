@@ -55,9 +55,9 @@ srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/p
       runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/cpu_backend.cpp c_api/kvgc.cpp
       kernels/cuda/copy.emu.cpp kernels/cuda/gc.emu.cpp kernels/cuda/gc_select.emu.cpp
       kernels/cuda/gc_decide.emu.cpp kernels/cuda/attend.emu.cpp tests/cuda_main.cpp tests/test_cuda.cpp
-      tests/test_cuda_gc.cpp tests/util.cpp "$here/emu_backend.cpp"
+      tests/test_cuda_gc.cpp tests/test_cuda_scrub.cpp tests/util.cpp "$here/emu_backend.cpp"
       bench/cuda_copy.cpp bench/cuda_attend.cpp bench/cuda_gc.cpp)
-tests=(cuda_main test_cuda test_cuda_gc util)     # objects only the test binary links
+tests=(cuda_main test_cuda test_cuda_gc test_cuda_scrub util)  # objects only the test binary links
 benches=(cuda_copy cuda_attend cuda_gc)           # one main each
 objs=()
 jobs=$(nproc)

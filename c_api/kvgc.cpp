@@ -181,8 +181,8 @@ kvgc_status kvgc_kv_bytes(const kvgc_model_desc* model, uint64_t tokens, kvgc_st
     if (!model) return fail(KVGC_EINVAL, "kvgc_kv_bytes: model is NULL");
     if (!bytes_out) return fail(KVGC_EINVAL, "kvgc_kv_bytes: bytes_out is NULL");
     KVGC_TRY(kvgc::model_validate(*model, "kvgc_kv_bytes: model"));
-    if (kvgc::raw_enum(cls) != KVGC_CLASS_FP16 && kvgc::raw_enum(cls) != KVGC_CLASS_INT4)
-      return fail(KVGC_EINVAL, "kvgc_kv_bytes: cls must be KVGC_CLASS_FP16 or KVGC_CLASS_INT4");
+    if (kvgc::raw_enum(cls) < 0 || kvgc::raw_enum(cls) >= KVGC_CLASS_COUNT)
+      return fail(KVGC_EINVAL, "kvgc_kv_bytes: cls must be KVGC_CLASS_FP16, _INT4 or _INT8");
     if (page_tokens > kvgc::kMaxPageTokens)
       return fail(KVGC_EINVAL, "kvgc_kv_bytes: page_tokens must be 0 (raw) or 1..256");
     if (tokens > (uint64_t(1) << 40))

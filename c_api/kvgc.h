@@ -202,7 +202,7 @@ typedef struct kvgc_heap_options {
   uint32_t window;         /* 64: the young window, never evicted */
   uint32_t page_tokens;    /* 16: slots per page, 1..256 */
   double compact_threshold;/* 0.25: segment fragmentation that triggers compaction */
-  kvgc_demote demote;      /* OFF */
+  kvgc_demote demote;      /* LADDER (0.4; OFF before): int8, then int4, then eviction */
   kvgc_layer_budget layer_budget; /* UNIFORM */
   double score_noise;      /* 0: Laplace scale on ranking scores; 0 = off */
   uint64_t seed;           /* 0x6b766763 */

@@ -26,10 +26,10 @@ Status model_validate(const kvgc_model_desc& m, const char* arg) {
 uint64_t kv_bytes(const kvgc_model_desc& m, uint64_t tokens, kvgc_storage_class cls,
                   uint32_t page_tokens) {
   if (page_tokens == 0) {
-    // K and V, every layer and kv head; int4 adds a half2 scale/zero per group.
-    const uint64_t per_head =
-        cls == KVGC_CLASS_FP16 ? uint64_t(m.head_dim) * dtype_bytes(m.dtype)
-                               : m.head_dim / 2 + 4ull * (m.head_dim / int4_group(m.head_dim));
+    // K and V, every layer and kv head, and their quantisation words (int8: one 16-bit
+    // scale a row; int4: a 16-bit scale/zero pair per group).
+    const PageLayout L = PageLayout::make(1, 1, m.head_dim, m.dtype, cls);
+    const uint64_t per_head = L.slot_stride + 2ull * L.qwords;
     return 2ull * m.n_layers * m.n_kv_heads * per_head * tokens;
   }
   const PageLayout L = PageLayout::make(page_tokens, m.n_kv_heads, m.head_dim, m.dtype, cls);

@@ -195,7 +195,7 @@ const Row kRows[] = {
        o->byte_budget_fraction = f;
        return true;
      }},
-    {{"KVGC_DEMOTE", "off|int4|int8|int8,int4", "off",
+    {{"KVGC_DEMOTE", "off|int4|int8|int8,int4", "int8,int4",
       "storage ladder: re-store low-ranked tokens as int8 and/or int4 before evicting"},
      [](const std::string& s, kvgc_heap_options* o) {
        int v;
@@ -269,7 +269,9 @@ void options_defaults(kvgc_heap_options* o) {
   o->window = 64;
   o->page_tokens = 16;
   o->compact_threshold = 0.25;
-  o->demote = KVGC_DEMOTE_OFF;
+  // The full ladder: at equal bytes it measured best (docs/QUALITY.md); without a budget
+  // it does nothing.
+  o->demote = KVGC_DEMOTE_LADDER;
   o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
   o->harvest = KVGC_HARVEST_DEFERRED;
   o->cpu_threads = 1;

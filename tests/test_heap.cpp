@@ -208,6 +208,8 @@ TEST_CASE("kvgc_kv_bytes: raw payload and paged footprint") {
   CHECK(b == 2ull * 30 * 3 * 64 * 2);  // 23040 bytes per token
   REQUIRE(kvgc_kv_bytes(&m, 1000, KVGC_CLASS_INT4, 0, &b) == KVGC_OK);
   CHECK(b == 1000ull * 2 * 30 * 3 * (32 + 2 * 4));  // nibbles + half2 per group of 32
+  REQUIRE(kvgc_kv_bytes(&m, 1000, KVGC_CLASS_INT8, 0, &b) == KVGC_OK);
+  CHECK(b == 1000ull * 2 * 30 * 3 * (64 + 2));  // a byte a value + one 16-bit scale a row
   uint64_t paged = 0;
   REQUIRE(kvgc_kv_bytes(&m, 17, KVGC_CLASS_FP16, 16, &paged) == KVGC_OK);
   uint64_t raw32 = 0;

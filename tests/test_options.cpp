@@ -45,6 +45,7 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.recent_decay == doctest::Approx(0.95));
   CHECK(o.byte_budget == 0);
   CHECK(o.byte_budget_fraction == 0);
+  CHECK(o.demote == KVGC_DEMOTE_LADDER);  // the full ladder by default (0.4)
   CHECK(option_docs().size() == 17);
   for (const OptionDoc& d : option_docs()) {
     CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
@@ -107,6 +108,7 @@ TEST_CASE("every variable accepts its documented forms") {
   CHECK(st.ok());
   CHECK(o.byte_budget == 64u << 10);
   CHECK(o.byte_budget_fraction == 0);
+  CHECK(o.demote == KVGC_DEMOTE_LADDER);  // the full ladder by default (0.4)
   CHECK(o.recent_decay == doctest::Approx(0.9));
   o = apply({{"KVGC_BYTE_BUDGET", "0.125"}}, &st);
   CHECK(st.ok());

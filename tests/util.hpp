@@ -126,7 +126,8 @@ std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t 
                             uint64_t tag, uint32_t layer, double int4_tol);
 
 // Options for tests: CPU, a fixed budget, environment ignored (tests must not depend
-// on the caller's shell).
+// on the caller's shell), eviction only (the default ladder is off here: tests of the
+// ladder ask for their rungs, so every other test's positions mean what it kept).
 inline kvgc_heap_options cpu_options(uint64_t budget_bytes, uint32_t page_tokens = 16) {
   kvgc_heap_options o;
   kvgc_heap_options_init(&o);
@@ -135,6 +136,7 @@ inline kvgc_heap_options cpu_options(uint64_t budget_bytes, uint32_t page_tokens
   o.budget_bytes = budget_bytes;
   o.page_tokens = page_tokens;
   o.slab_bytes = 64 << 10;
+  o.demote = KVGC_DEMOTE_OFF;
   return o;
 }
 

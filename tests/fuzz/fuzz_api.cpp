@@ -64,8 +64,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.policy = kvgc_policy(in.byte() % 5);
   o.sinks = in.byte() % 6;
   o.window = in.byte() % 12;
-  o.token_budget = in.byte() % 40;
-  o.demote = in.byte() % 2 ? KVGC_DEMOTE_INT4 : KVGC_DEMOTE_OFF;
+  // Bytes keep their places (the corpus keeps its meaning): high values of the token
+  // budget's byte ask for a byte budget instead, the demote byte's bit 6 for recent scores.
+  const uint8_t budget = in.byte();
+  o.token_budget = budget < 200 ? budget % 40 : 0;
+  o.byte_budget_fraction = budget < 200 ? 0.0 : 0.1 + (budget - 200) / 100.0;
+  const uint8_t demote = in.byte();
+  o.demote = kvgc_demote(demote % 4);  // off, int4, int8, the ladder
+  o.recent_decay = demote & 0x40 ? 0.9 : 1.0;
   o.compact_threshold = 0.05 + (in.byte() % 20) / 20.0;
   const uint8_t noise_harvest = in.byte();  // one byte for both: the corpus keeps its layout
   o.score_noise = noise_harvest % 4 == 0 ? 0.1 : 0.0;
@@ -145,7 +151,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<float> sc(cap + 1);
         std::vector<uint8_t> gen(cap + 1);
         uint64_t n = 0;
-        kvgc_read_scores(h, pick(), layer, sc.data(), gen.data(), cap, &n, nullptr);
+        if (cap % 2) kvgc_read_classes(h, pick(), layer, gen.data(), cap, &n, nullptr);
+        else kvgc_read_scores(h, pick(), layer, sc.data(), gen.data(), cap, &n, nullptr);
         break;
       }
       case 8: kvgc_tenant_set_limit(h, in.byte() % 4, uint64_t(in.byte()) * 4096); break;
@@ -155,7 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         kvgc_get_stats(h, &st);
         uint64_t b = 0;
         kvgc_tenant_usage(h, in.byte() % 4, &b, nullptr);
-        kvgc_kv_bytes(&m, in.u32(), kvgc_storage_class(in.byte() % 2), in.byte(), &b);
+        kvgc_kv_bytes(&m, in.u32(), kvgc_storage_class(in.byte() % KVGC_CLASS_COUNT), in.byte(), &b);
         break;
       }
       case 10: {  // handles that are not heaps

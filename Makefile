@@ -4,7 +4,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo demo-alloc model test sanitize fuzz cuda-emu bench clean
+.PHONY: all deps build demo demo-alloc model test sanitize fuzz fuzz-tokenizer cuda-emu bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -66,6 +66,18 @@ fuzz: deps
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-fuzz/tests/kvgc-fuzz \
 	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
 	  -artifact_prefix=build-fuzz/crashes/ build-fuzz/corpus tests/fuzz/corpus
+
+# libFuzzer with ASan+UBSan over the tokenizer on arbitrary bytes (the real vocabulary if
+# the model is downloaded, else a generated one) for FUZZ_SECONDS, same build as `fuzz`.
+fuzz-tokenizer: deps
+	[ -f build-fuzz/build.ninja ] || CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=true \
+	  -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dassert_level=1 \
+	  -Dcuda=disabled -Dtcmalloc=disabled -Dtools=false -Dbench=false
+	ninja -C build-fuzz tests/kvgc-fuzz-tokenizer
+	mkdir -p build-fuzz/corpus-tokenizer build-fuzz/crashes
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-fuzz/tests/kvgc-fuzz-tokenizer \
+	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  -artifact_prefix=build-fuzz/crashes/ build-fuzz/corpus-tokenizer tests/fuzz/tokenizer-corpus
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc

@@ -10,107 +10,21 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
 #include "engine/tokenizer.hpp"
+#include "fuzz/tiny_gguf.hpp"
+#include "fuzz/tokenizer_reference.hpp"
 #include "gguf.hpp"
 
 namespace {
 
-using gguf::ValueType;
-
-// Little-endian GGUF v3 bytes, section by section.
-struct TinyGgufWriter {
-  std::string meta;     // key/value pairs
-  std::string infos;    // tensor infos
-  std::string data;     // tensor data, each tensor aligned
-  uint64_t n_kv = 0, n_tensors = 0;
-
-  template <class T>
-  static void put(std::string* out, T v) {
-    char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    out->append(b, sizeof(T));
-  }
-  static void put_string(std::string* out, const std::string& s) {
-    put<uint64_t>(out, s.size());
-    *out += s;
-  }
-  void key(const std::string& k, ValueType type) {
-    put_string(&meta, k);
-    put(&meta, uint32_t(type));
-    ++n_kv;
-  }
-  void u32(const std::string& k, uint32_t v) {
-    key(k, ValueType::kUInt32);
-    put(&meta, v);
-  }
-  void f32(const std::string& k, float v) {
-    key(k, ValueType::kFloat32);
-    put(&meta, v);
-  }
-  void str(const std::string& k, const std::string& v) {
-    key(k, ValueType::kString);
-    put_string(&meta, v);
-  }
-  void strings(const std::string& k, const std::vector<std::string>& values) {
-    key(k, ValueType::kArray);
-    put(&meta, uint32_t(ValueType::kString));
-    put<uint64_t>(&meta, values.size());
-    for (const std::string& v : values) put_string(&meta, v);
-  }
-  void ints(const std::string& k, const std::vector<int32_t>& values) {
-    key(k, ValueType::kArray);
-    put(&meta, uint32_t(ValueType::kInt32));
-    put<uint64_t>(&meta, values.size());
-    for (int32_t v : values) put(&meta, v);
-  }
-  void tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type,
-              const std::string& bytes) {
-    data.append((32 - data.size() % 32) % 32, '\0');
-    put_string(&infos, name);
-    put(&infos, uint32_t(dims.size()));
-    for (uint64_t d : dims) put(&infos, d);
-    put(&infos, type);
-    put<uint64_t>(&infos, data.size());
-    data += bytes;
-    ++n_tensors;
-  }
-  std::string finish() const {
-    std::string out = "GGUF";
-    put(&out, uint32_t(3));
-    put(&out, n_tensors);
-    put(&out, n_kv);
-    out += meta + infos;
-    out.append((32 - out.size() % 32) % 32, '\0');
-    return out + data;
-  }
-};
-
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else {
-    s += char(0xc0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3f));
-  }
-  return s;
-}
-
-// GPT-2's byte-to-unicode stand-ins (all below U+0800, so two UTF-8 bytes at most).
-std::vector<std::string> byte_tokens() {
-  std::vector<std::string> out(256);
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-    out[b] = utf8(printable ? b : next++);
-  }
-  return out;
-}
+using kvgc_test::byte_tokens;
+using kvgc_test::TinyGgufWriter;
 
 // A tiny vocabulary: three control tokens, every byte, and merges spelling "hello",
 // " world" and " the".
@@ -333,6 +247,64 @@ kvgc_heap_options full_policy_options() {
   return opts;
 }
 
+// Writes `bytes` to a temporary GGUF and opens it; removes the file at scope exit.
+struct TempGguf {
+  std::filesystem::path path;
+  gguf::File file;
+  TempGguf(const std::string& bytes, const std::string& tag) {
+    path = std::filesystem::temp_directory_path() /
+           ("kvgc_test_engine_" + tag + "_" + std::to_string(getpid()) + ".gguf");
+    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  bool open(std::string* err) { return file.open(path.string(), err); }
+  ~TempGguf() {
+    file.close();
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Inputs for tokenizer comparisons: the vendored texts, random bytes, random text over a
+// small alphabet (where random vocabularies merge deeply) with special tokens mixed in,
+// and long single pieces.
+std::vector<std::string> tokenizer_inputs() {
+  std::vector<std::string> out;
+  for (const char* path : {KVGC_QUALITY_DATA_DIR "/jargon-intro.txt",
+                           KVGC_QUALITY_DATA_DIR "/gpl-3.txt", KVGC_TEST_DATA_DIR "/passage.txt"}) {
+    out.push_back(read_text(path));
+    REQUIRE_MESSAGE(out.back().size() > 1000, path);
+  }
+  std::mt19937 rng(99);
+  for (int i = 0; i < 300; ++i) {
+    std::string bytes(rng() % 300, '\0');
+    for (char& c : bytes) c = char(rng() & 0xff);
+    out.push_back(bytes);
+  }
+  const std::string alphabet = "abcde 01\n\t'";
+  for (int i = 0; i < 300; ++i) {
+    std::string text;
+    const size_t n = rng() % 400;
+    while (text.size() < n) {
+      if (rng() % 50 == 0) text += rng() % 2 ? "<|im_start|>" : "<|im_end|>";
+      text += alphabet[rng() % alphabet.size()];
+    }
+    out.push_back(text);
+  }
+  out.push_back(std::string(3000, 'a'));
+  out.push_back(std::string(2000, ' '));
+  std::string ab;
+  for (int i = 0; i < 1500; ++i) ab += "ab";
+  out.push_back(ab);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("engine: Q4_1, Q8_0 and F16 dequantise as ggml defines them") {
@@ -408,6 +380,43 @@ TEST_CASE("engine: byte-level BPE encodes, decodes and recognises special tokens
   CHECK(engine::apply_chat_template({{"user", "hi"}}, true) ==
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
         "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_CASE("engine: the priority-queue BPE equals the rescanning reference, token for token") {
+  const std::vector<std::string> inputs = tokenizer_inputs();
+  const TinyVocab tiny;
+  struct Case {
+    const char* name;
+    kvgc_test::Vocab vocab;
+  } cases[] = {{"tiny", {tiny.tokens, tiny.types, tiny.merges}},
+               {"random 400", kvgc_test::random_vocab(1, 400)},
+               {"random 1500", kvgc_test::random_vocab(2, 1500)}};
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    TempGguf gguf(kvgc_test::vocab_gguf(c.vocab), "vocab");
+    std::string err;
+    REQUIRE_MESSAGE(gguf.open(&err), err);
+    engine::Tokenizer tok;
+    kvgc_test::ReferenceTokenizer ref;
+    REQUIRE_MESSAGE(tok.load(gguf.file, &err), err);
+    REQUIRE(ref.load(gguf.file));
+    size_t compared = 0, differ = 0, tokens = 0, first_differ = SIZE_MAX;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (const bool special : {false, true}) {
+        const std::vector<int32_t> got = tok.encode(inputs[i], special);
+        ++compared;
+        tokens += got.size();
+        if (got != ref.encode(inputs[i], special)) {
+          ++differ;
+          first_differ = std::min(first_differ, i);
+        }
+      }
+    }
+    CAPTURE(first_differ);
+    CHECK(differ == 0);
+    CHECK(compared == 2 * inputs.size());
+    MESSAGE(std::string(c.name) << ": " << compared << " encodings, " << tokens << " tokens compared");
+  }
 }
 
 TEST_CASE("engine: forward over a kvgc heap matches a float64 dense-attention forward") {

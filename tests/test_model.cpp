@@ -1,5 +1,6 @@
 // The real-model test: SmolLM2-135M-Instruct through the reference engine, its KV cache
-// in a kvgc heap (CPU). Three checks a user of kvgc would ask for first:
+// in a kvgc heap (CPU). First, its tokenizer equals the rescanning reference merge on the
+// real vocabulary; then three checks a user of kvgc would ask for first:
 //   1. full cache: perplexity of a fixed English passage stays under a recorded bound;
 //   2. full cache: greedy answers to factual chat prompts a 135M model gets right;
 //   3. generational at a 25% budget: a 5-digit passkey hidden in ~1K tokens of filler, at
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
 #include "engine/tokenizer.hpp"
+#include "fuzz/tokenizer_reference.hpp"
 #include "gguf.hpp"
 
 namespace {
@@ -94,6 +97,38 @@ int main() {
   if (!file.open(path, &err) || !engine::load_model(file, &model, &err) || !tok.load(file, &err)) {
     std::printf("FAIL  loading %s: %s\n", path.c_str(), err.c_str());
     return 1;
+  }
+
+  // 0. The priority-queue merge gives the reference's ids on the vendored texts, random
+  // bytes and long single pieces.
+  {
+    std::vector<std::string> inputs = {read_file(KVGC_QUALITY_DATA_DIR "/jargon-intro.txt"),
+                                       read_file(KVGC_QUALITY_DATA_DIR "/gpl-3.txt"),
+                                       read_file(KVGC_TEST_DATA_DIR "/passage.txt"),
+                                       std::string(3000, 'a'), std::string(3000, ' ')};
+    std::mt19937 rng(5);
+    for (int i = 0; i < 200; ++i) {
+      std::string bytes(rng() % 400, '\0');
+      for (char& c : bytes) c = char(rng() & 0xff);
+      inputs.push_back(bytes);
+    }
+    std::string letters(3000, 'a');
+    for (char& c : letters) c = char('a' + rng() % 26);
+    inputs.push_back(letters);
+    kvgc_test::ReferenceTokenizer ref;
+    size_t differ = 0, tokens = 0;
+    const bool loaded = ref.load(file);
+    for (const std::string& text : inputs) {
+      for (const bool special : {false, true}) {
+        const std::vector<int32_t> ids = tok.encode(text, special);
+        tokens += ids.size();
+        differ += !loaded || ids != ref.encode(text, special);
+      }
+    }
+    check(loaded && differ == 0 && inputs[0].size() > 60000,
+          "tokenizer equals the reference merge: " + std::to_string(2 * inputs.size()) +
+              " encodings, " + std::to_string(tokens) + " tokens, " + std::to_string(differ) +
+              " differ");
   }
 
   // 1. Perplexity of the fixed passage, full cache, all positions from prefill chunks.

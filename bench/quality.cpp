@@ -16,7 +16,6 @@
 // cores; --full runs 1K/2K/4K contexts and 4K scored tokens (docs/QUALITY.md has the
 // grids and records). Tables go to stdout, per-run lines to stderr, data files and plots
 // (gnuplot, bench/quality_plots.gp) to --out.
-#include <cblas.h>
 
 #include <cmath>
 #include <cstdio>
@@ -255,9 +254,9 @@ int main(int argc, char** argv) {
                  args.model.c_str());
     return 1;
   }
-  // Engines side by side, one BLAS thread each (kvgc's CPU attention is single-threaded,
-  // so two engines keep both cores busier than one engine with two BLAS threads).
-  openblas_set_num_threads(args.jobs > 1 ? 1 : 2);
+  // Engines side by side, one matmul thread each (kvgc's CPU attention is single-threaded,
+  // so two engines keep both cores busier than one engine with two matmul threads).
+  engine::set_default_threads(args.jobs > 1 ? 1 : 2);
   const auto start = Clock::now();
 
   std::string err;

@@ -281,23 +281,43 @@ TEST_CASE("engine kernels: a matmul over the pool equals one thread's, chunked o
   }
 }
 
-TEST_CASE("threads: the engine's matmul pool runs every index once per job, resting or not") {
+TEST_CASE("threads: the engine's matmul pool runs every chunk of every job once") {
   for (const uint32_t threads : {1u, 2u, 4u}) {
     engine::ThreadPool pool(threads);
     REQUIRE(pool.size() == threads);
-    std::vector<std::atomic<uint32_t>> hits(threads);
-    std::atomic<uint64_t> total{0};
+    std::vector<std::atomic<uint32_t>> per_thread(threads);
     for (uint32_t job = 0; job < 3000; ++job) {
-      auto work = [&](uint32_t index) {
-        hits[index].fetch_add(1, std::memory_order_relaxed);
-        total.fetch_add(job, std::memory_order_relaxed);
+      const uint32_t n_chunks = 1 + job % 37;
+      std::vector<std::atomic<uint32_t>> hits(n_chunks);
+      std::vector<uint32_t> written(n_chunks, 0);  // plain writes, read after run()
+      auto work = [&](uint32_t chunk, uint32_t thread) {
+        hits[chunk].fetch_add(1, std::memory_order_relaxed);
+        written[chunk] = job + 1;
+        per_thread[thread].fetch_add(1, std::memory_order_relaxed);
       };
-      pool.run(work);
+      pool.run(n_chunks, work);
+      uint32_t wrong = 0;
+      for (uint32_t c = 0; c < n_chunks; ++c) wrong += hits[c].load() != 1 || written[c] != job + 1;
+      CHECK(wrong == 0);
       if (job % 7 == 0) pool.rest();  // workers then sleep; the next run wakes them
       if (job % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    for (uint32_t i = 0; i < threads; ++i) CHECK(hits[i].load() == 3000);
-    CHECK(total.load() == uint64_t(threads) * (2999ull * 3000ull / 2));
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < threads; ++i) total += per_thread[i].load();
+    CHECK(total == 56949);  // sum of 1 + job % 37 over the 3000 jobs
   }
   CHECK(engine::ThreadPool::available_cpus() >= 1);
+}
+
+TEST_CASE("threads: a matmul pool destroyed before its workers start still joins them") {
+  // Workers that first ran after the destructor's wake-up once waited for another.
+  for (int i = 0; i < 300; ++i) {
+    engine::ThreadPool pool(4);
+    if (i % 2) {
+      std::atomic<uint32_t> ran{0};
+      auto work = [&](uint32_t, uint32_t) { ran.fetch_add(1); };
+      pool.run(5, work);
+      CHECK(ran.load() == 5);
+    }
+  }
 }

@@ -37,6 +37,7 @@ struct Args {
   engine::EngineOptions engine;
   bool ignore_eos = false;        // benchmarks: always generate max_tokens
   bool print_prompt_ids = false;  // print the prompt's token ids and stop
+  uint32_t perplexity = 0;        // > 0: perplexity of the prompt's first N + 1 tokens
 };
 
 void usage(FILE* out) {
@@ -45,7 +46,7 @@ void usage(FILE* out) {
                "                [--max-tokens N] [--temperature T] [--seed S]\n"
                "                [--prefill observe|stream] [--profile FILE] [--threads N]\n"
                "                [--kv-dtype f16|f32] [--matmul q8|exact] [--ignore-eos]\n"
-               "                [--print-prompt-ids]\n"
+               "                [--print-prompt-ids] [--perplexity N]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
@@ -73,6 +74,9 @@ void usage(FILE* out) {
                "                   rounding)\n"
                "  --ignore-eos     generate --max-tokens tokens even past an end token\n"
                "  --print-prompt-ids  print the prompt's token ids (comma-separated) and exit\n"
+               "  --perplexity N   instead of generating: the perplexity of the prompt's tokens\n"
+               "                   1..N, each predicted from those before it (teacher forcing;\n"
+               "                   KVGC_POLICY=full for the full cache)\n"
                "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
                "KVGC_TOKEN_BUDGET=25%%).\n",
                engine::kDefaultModelFile, engine::Engine::kObserveTokens,
@@ -127,6 +131,9 @@ bool parse_args(int argc, char** argv, Args* args) {
     } else if (arg == "--max-tokens" && (v = value())) {
       if (!parse_uint(v, 0, UINT32_MAX, &n)) return bad("a count of tokens");
       args->max_tokens = uint32_t(n);
+    } else if (arg == "--perplexity" && (v = value())) {
+      if (!parse_uint(v, 1, UINT32_MAX - 1, &n)) return bad("a count of tokens >= 1");
+      args->perplexity = uint32_t(n);
     } else if (arg == "--threads" && (v = value())) {
       if (!parse_uint(v, 1, 1024, &n)) return bad("a thread count in 1..1024");
       args->engine.threads = uint32_t(n);
@@ -221,6 +228,34 @@ bool write_profile(kvgc_heap* heap, kvgc_seq seq, uint32_t layers, uint64_t prom
   return ok;
 }
 
+// Teacher-forced perplexity of tokens[1..n] (each predicted from those before it), in
+// chunks so the logits held stay one chunk's.
+bool perplexity(engine::Engine* engine, uint32_t n_vocab, const std::vector<int32_t>& tokens,
+                uint32_t n, std::string* err) {
+  if (tokens.size() < size_t(n) + 1) {
+    *err = "--perplexity " + std::to_string(n) + " needs " + std::to_string(n + 1) +
+           " prompt tokens; the prompt has " + std::to_string(tokens.size());
+    return false;
+  }
+  constexpr uint32_t kPiece = engine::Engine::kChunkTokens;
+  std::vector<float> logits(size_t(kPiece) * n_vocab);
+  engine::Engine::Pass pass;
+  pass.all_logits = logits.data();
+  double nll = 0;
+  const auto start = Clock::now();
+  for (uint32_t done = 0; done < n; done += kPiece) {
+    const uint32_t piece = std::min(kPiece, n - done);
+    if (!engine->forward(&tokens[done], piece, nullptr, err, pass)) return false;
+    for (uint32_t j = 0; j < piece; ++j) {
+      nll -= engine::log_prob(&logits[size_t(j) * n_vocab], n_vocab, tokens[done + j + 1]);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("perplexity %.4f over %u tokens (%.1f tok/s)\n", std::exp(nll / n), n,
+              seconds > 0 ? n / seconds : 0.0);
+  return true;
+}
+
 // Prints the longest complete UTF-8 prefix of `pending`, keeping a split character.
 void flush_utf8(std::string* pending) {
   size_t end = pending->size();
@@ -275,6 +310,13 @@ static int run(int argc, char** argv) {
   if (!engine.init(model, nullptr, &err, args.engine)) {
     std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
     return 1;
+  }
+  if (args.perplexity > 0) {
+    if (!perplexity(&engine, config.n_vocab, prompt, args.perplexity, &err)) {
+      std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
+      return 1;
+    }
+    return 0;
   }
 
   // The profile needs every query's mass (write_profile divides by how many saw a token).

@@ -91,22 +91,14 @@ void Matmul::run(std::initializer_list<MatmulTask> tasks, Activations& x) {
     n_chunks += (t.w->rows + chunk - 1) / chunk;
   }
   first_chunk.push_back(n_chunks);
-  std::atomic<uint32_t> next{0};
-  auto job = [&](uint32_t thread) {
-    for (uint32_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
-         c = next.fetch_add(1, std::memory_order_relaxed)) {
-      size_t t = 0;
-      while (first_chunk[t + 1] <= c) ++t;
-      const MatmulTask& task = tasks.begin()[t];
-      const uint32_t first = (c - first_chunk[t]) * chunk;
-      run_rows(task, first, std::min(chunk, task.w->rows - first), x, &scratch_[thread]);
-    }
+  auto job = [&](uint32_t c, uint32_t thread) {
+    size_t t = 0;
+    while (first_chunk[t + 1] <= c) ++t;
+    const MatmulTask& task = tasks.begin()[t];
+    const uint32_t first = (c - first_chunk[t]) * chunk;
+    run_rows(task, first, std::min(chunk, task.w->rows - first), x, &scratch_[thread]);
   };
-  if (threads == 1) {
-    job(0);
-  } else {
-    pool_->run(job);
-  }
+  pool_->run(n_chunks, job);
 }
 
 }  // namespace engine

@@ -1,14 +1,18 @@
-// The engine's matmul threads: the calling thread plus size() - 1 workers. A job runs
-// once on every thread (index 0 on the caller) and run() returns when all are done.
-// Between jobs a worker spins for up to kSpinMicros (a decode step runs a matmul every
-// few tens of microseconds, and waking a sleeping thread costs about as much as the
-// matmul), then sleeps on a futex (std::atomic::wait). rest() sends the workers to sleep
-// at once: the engine calls it before kvgc runs its own attention threads
-// (KVGC_THREADS > 1), so the two pools never compete for the same cores.
+// The engine's matmul threads: the calling thread plus size() - 1 workers share the
+// chunks of a job. The caller never waits for a worker to start: it claims chunks itself
+// from the first moment, workers join as they wake, and run() returns when every chunk is
+// done. So a worker the OS has not scheduled (a shared machine) slows a job by at most the
+// chunk it holds, never by a whole time slice. Between jobs a worker spins for up to
+// kSpinMicros (a decode step runs a matmul every few tens of microseconds), then sleeps on
+// a condition variable. rest() sends the workers to sleep at once: the engine calls
+// it before kvgc runs its own attention threads (KVGC_THREADS > 1), so the two pools never
+// compete for the same cores.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -16,7 +20,8 @@ namespace engine {
 
 class ThreadPool {
  public:
-  static constexpr uint32_t kSpinMicros = 1000;
+  static constexpr uint32_t kSpinMicros = 100;
+  static constexpr uint32_t kMaxChunks = (1u << 24) - 1;
 
   // `threads` >= 1 (0 is taken as 1). If the system refuses a thread, the pool runs
   // with the ones it got (size() says how many).
@@ -27,10 +32,14 @@ class ThreadPool {
 
   uint32_t size() const { return uint32_t(workers_.size()) + 1; }
 
-  // Runs job(index) for every index in [0, size()) and waits for all of them.
+  // Runs job(chunk, thread) once for every chunk in [0, n_chunks) (at most kMaxChunks),
+  // each on some thread (0 is the caller, 1.. the workers), and returns when all are done.
   template <class Job>
-  void run(Job& job) {
-    run_erased([](void* context, uint32_t index) { (*static_cast<Job*>(context))(index); },
+  void run(uint32_t n_chunks, Job& job) {
+    run_erased(n_chunks,
+               [](void* context, uint32_t chunk, uint32_t thread) {
+                 (*static_cast<Job*>(context))(chunk, thread);
+               },
                &job);
   }
 
@@ -41,17 +50,27 @@ class ThreadPool {
   static uint32_t available_cpus();
 
  private:
-  void run_erased(void (*fn)(void*, uint32_t), void* context);
-  void work(uint32_t index);
+  using Fn = void (*)(void*, uint32_t, uint32_t);
+  void run_erased(uint32_t n_chunks, Fn fn, void* context);
+  // Claims and runs chunks of the current job until none is left; false if none was.
+  bool work_on_job(uint32_t thread);
+  void work(uint32_t thread);
 
   std::vector<std::thread> workers_;
-  void (*fn_)(void*, uint32_t) = nullptr;
+  Fn fn_ = nullptr;
   void* context_ = nullptr;
-  std::atomic<uint32_t> generation_{0};  // bumped for each job (and to stop)
-  std::atomic<uint32_t> pending_{0};     // workers still running the current job
-  std::atomic<uint32_t> sleepers_{0};    // workers blocked in generation_.wait
+  // The current job's chunks: job serial (16 bits) | chunk count (24) | next chunk (24).
+  // A worker claims a chunk by a CAS on this word, so it runs only chunks of the job it
+  // saw, and the job's fn_/context_ stay valid until its claimed chunk is done.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<uint32_t> done_{0};        // chunks of the current job finished
+  std::atomic<uint32_t> wake_{0};        // bumped for each job (and to stop)
+  std::atomic<uint32_t> sleepers_{0};    // workers asleep on sleep_ (changed under mutex_)
+  std::mutex mutex_;
+  std::condition_variable sleep_;
   std::atomic<bool> resting_{false};
   std::atomic<bool> stop_{false};
+  uint32_t serial_ = 0;
 };
 
 }  // namespace engine

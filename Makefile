@@ -4,7 +4,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo demo-alloc model test sanitize fuzz cuda-emu bench clean
+.PHONY: all deps build demo demo-alloc model test sanitize fuzz fuzz-tokenizer cuda-emu bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -79,6 +79,11 @@ fuzz: deps
 	  grep -E "^#[0-9]+ +DONE|^Done|stat::number_of_executed_units|ERROR|SUMMARY" build-fuzz/fuzz-$$f.log; \
 	  [ $$rc = 0 ] || { tail -n 40 build-fuzz/fuzz-$$f.log; exit 1; }; \
 	done
+
+# The tokenizer's harness alone (the real vocabulary if the model is downloaded, else a
+# generated one).
+fuzz-tokenizer:
+	$(MAKE) fuzz FUZZERS=tokenizer
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc

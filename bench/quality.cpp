@@ -14,7 +14,6 @@
 // Every configuration gets its own heap, created with explicit options (ignoring the
 // KVGC_* environment) on the CPU. Tables go to stdout, per-run lines to stderr, every run
 // as a JSON line to --results, data files and plots to --out.
-#include <cblas.h>
 
 #include <cmath>
 #include <cstdio>
@@ -86,7 +85,7 @@ void usage(FILE* out) {
       "  --text FILE    prose for the needle and perplexity parts (default jargon-intro.txt)\n"
       "  --text2 FILE   the second haystack, needle2 (default debian-policy.txt)\n"
       "  --out DIR      data files, plots (default %s); names start with quick- or full-\n"
-      "  --jobs N       engines side by side, one BLAS thread each (default 2)\n"
+      "  --jobs N       engines side by side, one matmul thread each (default 2)\n"
       "  --no-plots     do not run gnuplot\n",
       parts.c_str(), engine::kDefaultModelFile, KVGC_QUALITY_OUT_DIR);
 }
@@ -209,9 +208,9 @@ int main(int argc, char** argv) {
                  args.model.c_str());
     return 1;
   }
-  // Engines side by side, one BLAS thread each (kvgc's CPU attention is single-threaded,
-  // so two engines keep both cores busier than one engine with two BLAS threads).
-  openblas_set_num_threads(args.jobs > 1 ? 1 : 2);
+  // Engines side by side, one matmul thread each (kvgc's CPU attention is single-threaded,
+  // so two engines keep both cores busier than one engine with two matmul threads).
+  engine::set_default_threads(args.jobs > 1 ? 1 : 2);
   const auto start = Clock::now();
 
   std::string err;

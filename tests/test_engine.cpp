@@ -10,107 +10,21 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
 #include "engine/tokenizer.hpp"
+#include "fuzz/tiny_gguf.hpp"
+#include "fuzz/tokenizer_reference.hpp"
 #include "gguf.hpp"
 
 namespace {
 
-using gguf::ValueType;
-
-// Little-endian GGUF v3 bytes, section by section.
-struct TinyGgufWriter {
-  std::string meta;     // key/value pairs
-  std::string infos;    // tensor infos
-  std::string data;     // tensor data, each tensor aligned
-  uint64_t n_kv = 0, n_tensors = 0;
-
-  template <class T>
-  static void put(std::string* out, T v) {
-    char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    out->append(b, sizeof(T));
-  }
-  static void put_string(std::string* out, const std::string& s) {
-    put<uint64_t>(out, s.size());
-    *out += s;
-  }
-  void key(const std::string& k, ValueType type) {
-    put_string(&meta, k);
-    put(&meta, uint32_t(type));
-    ++n_kv;
-  }
-  void u32(const std::string& k, uint32_t v) {
-    key(k, ValueType::kUInt32);
-    put(&meta, v);
-  }
-  void f32(const std::string& k, float v) {
-    key(k, ValueType::kFloat32);
-    put(&meta, v);
-  }
-  void str(const std::string& k, const std::string& v) {
-    key(k, ValueType::kString);
-    put_string(&meta, v);
-  }
-  void strings(const std::string& k, const std::vector<std::string>& values) {
-    key(k, ValueType::kArray);
-    put(&meta, uint32_t(ValueType::kString));
-    put<uint64_t>(&meta, values.size());
-    for (const std::string& v : values) put_string(&meta, v);
-  }
-  void ints(const std::string& k, const std::vector<int32_t>& values) {
-    key(k, ValueType::kArray);
-    put(&meta, uint32_t(ValueType::kInt32));
-    put<uint64_t>(&meta, values.size());
-    for (int32_t v : values) put(&meta, v);
-  }
-  void tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type,
-              const std::string& bytes) {
-    data.append((32 - data.size() % 32) % 32, '\0');
-    put_string(&infos, name);
-    put(&infos, uint32_t(dims.size()));
-    for (uint64_t d : dims) put(&infos, d);
-    put(&infos, type);
-    put<uint64_t>(&infos, data.size());
-    data += bytes;
-    ++n_tensors;
-  }
-  std::string finish() const {
-    std::string out = "GGUF";
-    put(&out, uint32_t(3));
-    put(&out, n_tensors);
-    put(&out, n_kv);
-    out += meta + infos;
-    out.append((32 - out.size() % 32) % 32, '\0');
-    return out + data;
-  }
-};
-
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else {
-    s += char(0xc0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3f));
-  }
-  return s;
-}
-
-// GPT-2's byte-to-unicode stand-ins (all below U+0800, so two UTF-8 bytes at most).
-std::vector<std::string> byte_tokens() {
-  std::vector<std::string> out(256);
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-    out[b] = utf8(printable ? b : next++);
-  }
-  return out;
-}
+using kvgc_test::byte_tokens;
+using kvgc_test::TinyGgufWriter;
 
 // A tiny vocabulary: three control tokens, every byte, and merges spelling "hello",
 // " world" and " the".
@@ -131,8 +45,21 @@ struct TinyVocab {
   }
 };
 
+// What a test changes in the tiny model file: metadata, a tensor left out, retyped or
+// reshaped, or every F32 weight huge (logits overflow).
+struct Variant {
+  uint32_t block_count = 2, embd = 32, heads = 4, kv_heads = 2;
+  float rms_eps = 1e-5f;
+  std::string drop;        // a tensor left out
+  std::string retype;      // a tensor written with type `new_type` (bytes as F32's)
+  uint32_t new_type = 0;
+  std::string reshape;     // a tensor whose first dim gets +32
+  bool all_f32 = false;    // every matrix F32 (token_embd included)
+  float huge = 0.0f;       // F32 weights drawn from [-huge, huge] instead of [-0.3, 0.3]
+};
+
 // A random-weight llama with 2 layers, embedding 32, 4 heads over 2 KV heads of 8, ffn 48.
-// token_embd is Q8_0, two matrices are Q4_1, the rest F32.
+// token_embd is Q8_0, two matrices are Q4_1, the rest F32 (unless the variant says).
 struct TinyModelFile {
   static constexpr uint32_t kEmbd = 32, kFf = 48, kHeads = 4, kKvHeads = 2, kHeadDim = 8;
   std::mt19937 rng{1234};
@@ -162,18 +89,18 @@ struct TinyModelFile {
     return out;
   }
 
-  std::string build(const TinyVocab& vocab) {
+  std::string build(const TinyVocab& vocab, const Variant& v = {}) {
     TinyGgufWriter w;
     w.str("general.architecture", "llama");
-    w.u32("llama.block_count", 2);
+    w.u32("llama.block_count", v.block_count);
     w.u32("llama.context_length", 256);
-    w.u32("llama.embedding_length", kEmbd);
+    w.u32("llama.embedding_length", v.embd);
     w.u32("llama.feed_forward_length", kFf);
-    w.u32("llama.attention.head_count", kHeads);
-    w.u32("llama.attention.head_count_kv", kKvHeads);
+    w.u32("llama.attention.head_count", v.heads);
+    w.u32("llama.attention.head_count_kv", v.kv_heads);
     w.u32("llama.rope.dimension_count", kHeadDim);
     w.f32("llama.rope.freq_base", 10000.0f);
-    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.f32("llama.attention.layer_norm_rms_epsilon", v.rms_eps);
     w.str("tokenizer.ggml.model", "gpt2");
     w.str("tokenizer.ggml.pre", "smollm");
     w.strings("tokenizer.ggml.tokens", vocab.tokens);
@@ -183,66 +110,89 @@ struct TinyModelFile {
     w.u32("tokenizer.ggml.eos_token_id", 2);
     const uint64_t n_vocab = vocab.tokens.size();
     const uint64_t q = kHeads * kHeadDim, kv = kKvHeads * kHeadDim;
-    w.tensor("token_embd.weight", {kEmbd, n_vocab}, engine::kGgmlQ8_0,
-             q8_0_bytes(kEmbd * n_vocab));
-    w.tensor("output_norm.weight", {kEmbd}, engine::kGgmlF32, f32_bytes(kEmbd, 0.8f, 1.2f));
+    const float s = v.huge > 0 ? v.huge : 0.3f;
+    auto tensor = [&](const std::string& name, std::vector<uint64_t> dims, uint32_t type) {
+      if (name == v.drop) return;
+      if (name == v.reshape) dims[0] += 32;
+      const uint64_t n = dims.size() == 1 ? dims[0] : dims[0] * dims[1];
+      if (v.all_f32 && dims.size() == 2) type = engine::kGgmlF32;
+      std::string bytes = type == engine::kGgmlQ8_0   ? q8_0_bytes(n)
+                          : type == engine::kGgmlQ4_1 ? q4_1_bytes(n)
+                          : dims.size() == 1          ? f32_bytes(n, 0.8f, 1.2f)
+                                                      : f32_bytes(n, -s, s);
+      if (name == v.retype) type = v.new_type, bytes = f32_bytes(n, -s, s);
+      w.tensor(name, dims, type, bytes);
+    };
+    tensor("token_embd.weight", {kEmbd, n_vocab}, engine::kGgmlQ8_0);
+    tensor("output_norm.weight", {kEmbd}, engine::kGgmlF32);
     for (int layer = 0; layer < 2; ++layer) {
       const std::string p = "blk." + std::to_string(layer) + ".";
-      const float s = 0.3f;
-      w.tensor(p + "attn_norm.weight", {kEmbd}, 0, f32_bytes(kEmbd, 0.8f, 1.2f));
-      if (layer == 1) {
-        w.tensor(p + "attn_q.weight", {kEmbd, q}, engine::kGgmlQ4_1, q4_1_bytes(kEmbd * q));
-      } else {
-        w.tensor(p + "attn_q.weight", {kEmbd, q}, 0, f32_bytes(kEmbd * q, -s, s));
-      }
-      w.tensor(p + "attn_k.weight", {kEmbd, kv}, 0, f32_bytes(kEmbd * kv, -s, s));
-      w.tensor(p + "attn_v.weight", {kEmbd, kv}, 0, f32_bytes(kEmbd * kv, -s, s));
-      w.tensor(p + "attn_output.weight", {q, kEmbd}, 0, f32_bytes(q * kEmbd, -s, s));
-      w.tensor(p + "ffn_norm.weight", {kEmbd}, 0, f32_bytes(kEmbd, 0.8f, 1.2f));
-      w.tensor(p + "ffn_gate.weight", {kEmbd, kFf}, engine::kGgmlQ4_1,
-               q4_1_bytes(kEmbd * kFf));
-      w.tensor(p + "ffn_up.weight", {kEmbd, kFf}, 0, f32_bytes(kEmbd * kFf, -s, s));
-      w.tensor(p + "ffn_down.weight", {kFf, kEmbd}, 0, f32_bytes(kFf * kEmbd, -s, s));
+      tensor(p + "attn_norm.weight", {kEmbd}, engine::kGgmlF32);
+      tensor(p + "attn_q.weight", {kEmbd, q}, layer == 1 ? engine::kGgmlQ4_1 : engine::kGgmlF32);
+      tensor(p + "attn_k.weight", {kEmbd, kv}, engine::kGgmlF32);
+      tensor(p + "attn_v.weight", {kEmbd, kv}, engine::kGgmlF32);
+      tensor(p + "attn_output.weight", {q, kEmbd}, engine::kGgmlF32);
+      tensor(p + "ffn_norm.weight", {kEmbd}, engine::kGgmlF32);
+      tensor(p + "ffn_gate.weight", {kEmbd, kFf}, engine::kGgmlQ4_1);
+      tensor(p + "ffn_up.weight", {kEmbd, kFf}, engine::kGgmlF32);
+      tensor(p + "ffn_down.weight", {kFf, kEmbd}, engine::kGgmlF32);
     }
     return w.finish();
   }
 };
 
-// Writes the tiny model to a temporary file and loads it; removes the file at scope exit.
-struct TinyModel {
+// Writes `bytes` to a temporary GGUF and opens it; removes the file at scope exit.
+struct TempGguf {
   std::filesystem::path path;
   gguf::File file;
-  engine::Model model;
-  engine::Tokenizer tokenizer;
-
-  TinyModel() {
+  TempGguf(const std::string& bytes, const std::string& tag) {
     path = std::filesystem::temp_directory_path() /
-           ("kvgc_test_engine_" + std::to_string(getpid()) + ".gguf");
-    const std::string bytes = TinyModelFile().build(TinyVocab());
+           ("kvgc_test_engine_" + tag + "_" + std::to_string(getpid()) + ".gguf");
     std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-    std::string err;
-    REQUIRE_MESSAGE(file.open(path.string(), &err), err);
-    REQUIRE_MESSAGE(engine::load_model(file, &model, &err), err);
-    REQUIRE_MESSAGE(tokenizer.load(file, &err), err);
   }
-  ~TinyModel() {
+  bool open(std::string* err) { return file.open(path.string(), err); }
+  ~TempGguf() {
     file.close();
     std::error_code ec;
     std::filesystem::remove(path, ec);
   }
 };
 
+// The tiny model (a variant of it) written, opened and loaded.
+struct TinyModel {
+  TempGguf gguf;
+  engine::Model model;
+  engine::Tokenizer tokenizer;
+
+  explicit TinyModel(const Variant& v = {})
+      : gguf(TinyModelFile().build(TinyVocab(), v), "model") {
+    std::string err;
+    REQUIRE_MESSAGE(gguf.open(&err), err);
+    REQUIRE_MESSAGE(engine::load_model(gguf.file, &model, &err), err);
+    REQUIRE_MESSAGE(tokenizer.load(gguf.file, &err), err);
+  }
+};
+
 // The llama forward in float64 with dense causal attention over plain arrays: the last
-// token's logits.
-std::vector<double> reference_logits(const engine::Model& m, const std::vector<int32_t>& ids) {
+// token's logits. With `quantize_inputs`, the input of every Q4_1/Q8_0 matmul is first
+// rounded as the engine's quantised path rounds it (to float, then 8 bits per block of
+// 32), so only the float arithmetic differs from the engine's.
+std::vector<double> reference_logits(const engine::Model& m, const std::vector<int32_t>& ids,
+                                     bool quantize_inputs = false) {
   const engine::Config& c = m.config;
   const size_t n = ids.size(), E = c.n_embd, D = c.head_dim;
-  const size_t H = c.n_heads, KV = c.n_kv_heads, F = c.n_ff;
-  auto matvec = [](const std::vector<float>& w, const std::vector<double>& x, size_t rows) {
-    std::vector<double> out(rows, 0.0);
-    const size_t cols = x.size();
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t i = 0; i < cols; ++i) out[r] += double(w[r * cols + i]) * x[i];
+  const size_t H = c.n_heads, KV = c.n_kv_heads;
+  auto matvec = [&](const engine::Matrix& w, std::vector<double> x) {
+    const std::vector<float> dense = engine::dequantize_matrix(w);
+    if (quantize_inputs && (w.type == engine::kGgmlQ4_1 || w.type == engine::kGgmlQ8_0)) {
+      const std::vector<float> xf(x.begin(), x.end());
+      engine::QuantRows q;
+      engine::quantize_rows(xf.data(), 1, uint32_t(xf.size()), &q);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = double(q.q[i]) * q.d[i / 32];
+    }
+    std::vector<double> out(w.rows, 0.0);
+    for (size_t r = 0; r < w.rows; ++r) {
+      for (size_t i = 0; i < w.cols; ++i) out[r] += double(dense[r * w.cols + i]) * x[i];
     }
     return out;
   };
@@ -267,15 +217,17 @@ std::vector<double> reference_logits(const engine::Model& m, const std::vector<i
   };
   std::vector<std::vector<double>> x(n, std::vector<double>(E));
   for (size_t t = 0; t < n; ++t) {
-    for (size_t i = 0; i < E; ++i) x[t][i] = m.token_embd[size_t(ids[t]) * E + i];
+    std::vector<float> row(E);
+    engine::dequantize_row(m.token_embd, uint32_t(ids[t]), row.data());
+    for (size_t i = 0; i < E; ++i) x[t][i] = row[i];
   }
   for (const engine::LayerWeights& w : m.layers) {
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (size_t t = 0; t < n; ++t) {
       const std::vector<double> xn = norm(x[t], w.attn_norm);
-      q[t] = matvec(w.wq, xn, H * D);
-      k[t] = matvec(w.wk, xn, KV * D);
-      v[t] = matvec(w.wv, xn, KV * D);
+      q[t] = matvec(w.wq, xn);
+      k[t] = matvec(w.wk, xn);
+      v[t] = matvec(w.wv, xn);
       rope(&q[t], H, t);
       rope(&k[t], KV, t);
     }
@@ -297,19 +249,19 @@ std::vector<double> reference_logits(const engine::Model& m, const std::vector<i
           for (size_t d = 0; d < D; ++d) att[h * D + d] += scores[s] / total * v[s][kvh * D + d];
         }
       }
-      const std::vector<double> o = matvec(w.wo, att, E);
+      const std::vector<double> o = matvec(w.wo, att);
       for (size_t i = 0; i < E; ++i) x[t][i] += o[i];
     }
     for (size_t t = 0; t < n; ++t) {
       const std::vector<double> xn = norm(x[t], w.ffn_norm);
-      std::vector<double> g = matvec(w.w_gate, xn, F);
-      const std::vector<double> u = matvec(w.w_up, xn, F);
-      for (size_t i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      const std::vector<double> d = matvec(w.w_down, g, E);
+      std::vector<double> g = matvec(w.w_gate, xn);
+      const std::vector<double> u = matvec(w.w_up, xn);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const std::vector<double> d = matvec(w.w_down, g);
       for (size_t i = 0; i < E; ++i) x[t][i] += d[i];
     }
   }
-  return matvec(m.token_embd, norm(x[n - 1], m.output_norm), c.n_vocab);
+  return matvec(m.output_weights(), norm(x[n - 1], m.output_norm));
 }
 
 // max |a - b| over max |b|: relative to the logits' scale, so logits near zero do not
@@ -331,6 +283,47 @@ kvgc_heap_options full_policy_options() {
   opts.flags = KVGC_OPT_IGNORE_ENV;
   opts.budget_bytes = 64ull << 20;
   return opts;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Inputs for tokenizer comparisons: the vendored texts, random bytes, random text over a
+// small alphabet (where random vocabularies merge deeply) with special tokens mixed in,
+// and long single pieces.
+std::vector<std::string> tokenizer_inputs() {
+  std::vector<std::string> out;
+  for (const char* path : {KVGC_QUALITY_DATA_DIR "/jargon-intro.txt",
+                           KVGC_QUALITY_DATA_DIR "/gpl-3.txt", KVGC_TEST_DATA_DIR "/passage.txt"}) {
+    out.push_back(read_text(path));
+    REQUIRE_MESSAGE(out.back().size() > 1000, path);
+  }
+  std::mt19937 rng(99);
+  for (int i = 0; i < 300; ++i) {
+    std::string bytes(rng() % 300, '\0');
+    for (char& c : bytes) c = char(rng() & 0xff);
+    out.push_back(bytes);
+  }
+  const std::string alphabet = "abcde 01\n\t'";
+  for (int i = 0; i < 300; ++i) {
+    std::string text;
+    const size_t n = rng() % 400;
+    while (text.size() < n) {
+      if (rng() % 50 == 0) text += rng() % 2 ? "<|im_start|>" : "<|im_end|>";
+      text += alphabet[rng() % alphabet.size()];
+    }
+    out.push_back(text);
+  }
+  out.push_back(std::string(3000, 'a'));
+  out.push_back(std::string(2000, ' '));
+  std::string ab;
+  for (int i = 0; i < 1500; ++i) ab += "ab";
+  out.push_back(ab);
+  return out;
 }
 
 }  // namespace
@@ -410,67 +403,230 @@ TEST_CASE("engine: byte-level BPE encodes, decodes and recognises special tokens
         "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
-TEST_CASE("engine: forward over a kvgc heap matches a float64 dense-attention forward") {
-  TinyModel tiny;
-  const engine::Config& c = tiny.model.config;
-  REQUIRE(c.n_layers == 2);
-  REQUIRE(c.n_heads == 4);
-  REQUIRE(c.n_kv_heads == 2);
-  REQUIRE(c.head_dim == 8);
-  CHECK(tiny.model.output.empty());  // tied to the Q8_0 token_embd
-
-  const std::vector<int32_t> ids =
-      tiny.tokenizer.encode("<|im_start|>user\nhello world, the 42 é!<|im_end|>\n");
-  REQUIRE(ids.size() >= 18);
-  REQUIRE(ids.size() <= 30);
-  const std::vector<double> want = reference_logits(tiny.model, ids);
-  const kvgc_heap_options opts = full_policy_options();
-  std::string err;
-
-  SUBCASE("one prefill chunk") {
-    engine::Engine eng;
-    REQUIRE_MESSAGE(eng.init(tiny.model, &opts, &err), err);
-    std::vector<float> logits(c.n_vocab);
-    REQUIRE_MESSAGE(eng.forward(ids.data(), uint32_t(ids.size()), logits.data(), &err), err);
-    CHECK(eng.position() == ids.size());
-    CHECK(max_relative_error(logits, want) <= 1e-4);
-  }
-  SUBCASE("prefill, then token-by-token decode") {
-    engine::Engine eng;
-    REQUIRE_MESSAGE(eng.init(tiny.model, &opts, &err), err);
-    const uint32_t prefill = uint32_t(ids.size()) - 5;
-    REQUIRE_MESSAGE(eng.forward(ids.data(), prefill, nullptr, &err), err);
-    std::vector<float> logits(c.n_vocab);
-    for (size_t t = prefill; t < ids.size(); ++t) {
-      REQUIRE_MESSAGE(eng.forward(&ids[t], 1, logits.data(), &err), err);
+TEST_CASE("engine: the priority-queue BPE equals the rescanning reference, token for token") {
+  const std::vector<std::string> inputs = tokenizer_inputs();
+  const TinyVocab tiny;
+  struct Case {
+    const char* name;
+    kvgc_test::Vocab vocab;
+  } cases[] = {{"tiny", {tiny.tokens, tiny.types, tiny.merges}},
+               {"random 400", kvgc_test::random_vocab(1, 400)},
+               {"random 1500", kvgc_test::random_vocab(2, 1500)}};
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    TempGguf gguf(kvgc_test::vocab_gguf(c.vocab), "vocab");
+    std::string err;
+    REQUIRE_MESSAGE(gguf.open(&err), err);
+    engine::Tokenizer tok;
+    kvgc_test::ReferenceTokenizer ref;
+    REQUIRE_MESSAGE(tok.load(gguf.file, &err), err);
+    REQUIRE(ref.load(gguf.file));
+    size_t compared = 0, differ = 0, tokens = 0, first_differ = SIZE_MAX;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (const bool special : {false, true}) {
+        const std::vector<int32_t> got = tok.encode(inputs[i], special);
+        ++compared;
+        tokens += got.size();
+        if (got != ref.encode(inputs[i], special)) {
+          ++differ;
+          first_differ = std::min(first_differ, i);
+        }
+      }
     }
-    CHECK(max_relative_error(logits, want) <= 1e-4);
-
-    kvgc_stats stats;
-    kvgc_stats_init(&stats);
-    REQUIRE(kvgc_get_stats(eng.heap(), &stats) == KVGC_OK);
-    CHECK(stats.live_tokens == ids.size() * c.n_layers);  // policy full keeps everything
-    CHECK(stats.steps == 6);
+    CAPTURE(first_differ);
+    CHECK(differ == 0);
+    CHECK(compared == 2 * inputs.size());
+    MESSAGE(std::string(c.name) << ": " << compared << " encodings, " << tokens << " tokens compared");
   }
 }
 
-TEST_CASE("engine: the loader names what is missing or unsupported") {
-  TinyModel tiny;
-  engine::Model model;
-  std::string err;
-  gguf::File empty_llama;
-  TinyGgufWriter w;
-  w.str("general.architecture", "llama");
-  w.u32("llama.block_count", 1);
-  w.u32("llama.embedding_length", 32);
-  w.u32("llama.feed_forward_length", 32);
-  w.u32("llama.attention.head_count", 4);
-  const std::filesystem::path path = tiny.path.string() + ".bad";
-  const std::string bytes = w.finish();
-  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-  REQUIRE_MESSAGE(empty_llama.open(path.string(), &err), err);
-  CHECK_FALSE(engine::load_model(empty_llama, &model, &err));
-  CHECK(err.find("token_embd.weight") != std::string::npos);
-  empty_llama.close();
-  std::filesystem::remove(path);
+// Tolerances, as max |error| over max |logit|:
+// - exact matmuls, f32 K/V: only float rounding (sums of a few dozen products): 1e-4;
+// - f16 K/V adds the rounding of q, k, v and the attention output to 11 bits (2^-12
+//   relative each, compounded over 2 layers): 2e-3;
+// - quantised activations against a reference that rounds its inputs the same way: the
+//   same float rounding, except where upstream float noise moves an activation across a
+//   rounding boundary (one step, d = max/127, in one element of a 32-block): 2e-3;
+// - quantised activations against the unrounded reference: each activation is off by up
+//   to d/2, which is max|x|/254 of its block (0.4% of the largest): measured 0.5-1.2% on
+//   this model, bound 3e-2.
+TEST_CASE("engine: forward over a kvgc heap matches a float64 dense-attention forward") {
+  struct Config {
+    const char* name;
+    Variant variant;
+    engine::MatmulMode matmul;
+    kvgc_dtype kv;
+    bool reference_quantizes;
+    double tolerance;
+  };
+  Variant all_f32;
+  all_f32.all_f32 = true;
+  const Config configs[] = {
+      {"all F32 weights, f32 K/V", all_f32, engine::MatmulMode::Quantized, KVGC_DTYPE_F32, false, 1e-4},
+      {"exact matmuls, f32 K/V", {}, engine::MatmulMode::Exact, KVGC_DTYPE_F32, false, 1e-4},
+      {"exact matmuls, f16 K/V", {}, engine::MatmulMode::Exact, KVGC_DTYPE_F16, false, 2e-3},
+      {"q8 activations, f32 K/V, rounding reference", {}, engine::MatmulMode::Quantized, KVGC_DTYPE_F32, true, 2e-3},
+      {"q8 activations, f32 K/V", {}, engine::MatmulMode::Quantized, KVGC_DTYPE_F32, false, 3e-2},
+      {"q8 activations, f16 K/V (the default)", {}, engine::MatmulMode::Quantized, KVGC_DTYPE_F16, false, 3e-2},
+  };
+  for (const Config& config : configs) {
+    CAPTURE(config.name);
+    TinyModel tiny(config.variant);
+    const engine::Config& c = tiny.model.config;
+    REQUIRE(c.n_layers == 2);
+    REQUIRE(c.n_heads == 4);
+    REQUIRE(c.n_kv_heads == 2);
+    REQUIRE(c.head_dim == 8);
+    CHECK(tiny.model.output.data == nullptr);  // tied to token_embd
+
+    const std::vector<int32_t> ids =
+        tiny.tokenizer.encode("<|im_start|>user\nhello world, the 42 é!<|im_end|>\n");
+    REQUIRE(ids.size() >= 18);
+    REQUIRE(ids.size() <= 30);
+    const std::vector<double> want = reference_logits(tiny.model, ids, config.reference_quantizes);
+    const kvgc_heap_options opts = full_policy_options();
+    engine::EngineOptions eopts;
+    eopts.matmul = config.matmul;
+    eopts.kv_dtype = config.kv;
+    std::string err;
+
+    for (const uint32_t threads : {1u, 3u}) {
+      CAPTURE(threads);
+      eopts.threads = threads;
+      engine::Engine chunk;
+      REQUIRE_MESSAGE(chunk.init(tiny.model, &opts, &err, eopts), err);
+      CHECK(chunk.kv_model().dtype == config.kv);
+      CHECK(chunk.options().threads == threads);
+      std::vector<float> logits(c.n_vocab);
+      REQUIRE_MESSAGE(chunk.forward(ids.data(), uint32_t(ids.size()), logits.data(), &err), err);
+      CHECK(chunk.position() == ids.size());
+      const double chunk_error = max_relative_error(logits, want);
+      CHECK(chunk_error <= config.tolerance);
+
+      // Prefill, then token-by-token decode: the same logits.
+      engine::Engine decode;
+      REQUIRE_MESSAGE(decode.init(tiny.model, &opts, &err, eopts), err);
+      const uint32_t prefill = uint32_t(ids.size()) - 5;
+      REQUIRE_MESSAGE(decode.forward(ids.data(), prefill, nullptr, &err), err);
+      for (size_t t = prefill; t < ids.size(); ++t) {
+        REQUIRE_MESSAGE(decode.forward(&ids[t], 1, logits.data(), &err), err);
+      }
+      const double decode_error = max_relative_error(logits, want);
+      CHECK(decode_error <= config.tolerance);
+      MESSAGE(config.name << ", " << threads << " thread(s): max relative error " << chunk_error
+                          << " (one chunk), " << decode_error << " (decode)");
+
+      kvgc_stats stats;
+      kvgc_stats_init(&stats);
+      REQUIRE(kvgc_get_stats(decode.heap(), &stats) == KVGC_OK);
+      CHECK(stats.live_tokens == ids.size() * c.n_layers);  // policy full keeps everything
+      CHECK(stats.steps == 6);
+    }
+  }
 }
+
+// Loads a variant of the tiny model; the loader's error (empty if it loaded).
+std::string load_error(const Variant& v) {
+  TempGguf gguf(TinyModelFile().build(TinyVocab(), v), "variant");
+  std::string err;
+  if (!gguf.open(&err)) return "gguf: " + err;  // the reader's own checks came first
+  engine::Model model;
+  if (engine::load_model(gguf.file, &model, &err)) return "";
+  CHECK_FALSE(err.empty());
+  return err;
+}
+
+TEST_CASE("engine: the loader bounds every count and names what is wrong, before allocating") {
+  auto with = [](auto change) {
+    Variant v;
+    change(v);
+    return load_error(v);
+  };
+  CHECK(load_error({}) == "");
+  // #13: a block count of 4e9 reached layers.assign and aborted with bad_alloc.
+  std::string err = with([](Variant& v) { v.block_count = 4000000000u; });
+  CHECK(err.find("llama.block_count is 4000000000") != std::string::npos);
+  err = with([](Variant& v) { v.block_count = 3; });  // beyond the tensors the file holds
+  CHECK(err.find("needs at least 27 tensors (9 a block); the file holds 20") != std::string::npos);
+  err = with([](Variant& v) { v.embd = 1000000000u; });
+  CHECK(err.find("llama.embedding_length is 1000000000") != std::string::npos);
+  err = with([](Variant& v) { v.heads = 0; });
+  CHECK(err.find("llama.attention.head_count is 0") != std::string::npos);
+  err = with([](Variant& v) { v.kv_heads = 3; });
+  CHECK(err.find("unsupported attention shape: 4 heads, 3 kv heads") != std::string::npos);
+  err = with([](Variant& v) { v.rms_eps = NAN; });
+  CHECK(err.find("layer_norm_rms_epsilon") != std::string::npos);
+  err = with([](Variant& v) { v.drop = "token_embd.weight"; });
+  CHECK(err.find("missing tensor token_embd.weight") != std::string::npos);
+  err = with([](Variant& v) { v.drop = "blk.1.ffn_up.weight"; });
+  CHECK(err.find("missing tensor blk.1.ffn_up.weight") != std::string::npos);
+  err = with([](Variant& v) { v.reshape = "blk.0.attn_k.weight"; });
+  CHECK(err.find("tensor blk.0.attn_k.weight has shape (64, 16), expected (32, 16)") !=
+        std::string::npos);
+  err = with([](Variant& v) { v.retype = "blk.0.attn_q.weight", v.new_type = 2; });  // Q4_0
+  CHECK(err.find("tensor blk.0.attn_q.weight has type Q4_0, which kvgc-run cannot multiply "
+                 "(supported: F32, F16, Q4_1, Q8_0)") != std::string::npos);
+  err = with([](Variant& v) { v.retype = "blk.1.ffn_norm.weight", v.new_type = 30; });  // BF16
+  CHECK(err.find("tensor blk.1.ffn_norm.weight has type BF16") != std::string::npos);
+  // Rows of 48 elements are not whole Q8_0 blocks, though the 1536 elements are (the GGUF
+  // reader refuses it first).
+  err = with([](Variant& v) { v.retype = "blk.0.ffn_down.weight", v.new_type = engine::kGgmlQ8_0; });
+  CHECK(err.find("blk.0.ffn_down.weight") != std::string::npos);
+  CHECK(err.find("block of 32") != std::string::npos);
+}
+
+TEST_CASE("engine: logits that turn NaN or infinite end the forward pass with an error") {
+  Variant huge;
+  huge.huge = 1e30f;
+  TinyModel tiny(huge);
+  const kvgc_heap_options opts = full_policy_options();
+  const std::vector<int32_t> ids = tiny.tokenizer.encode("hello world");
+  for (const kvgc_dtype kv : {KVGC_DTYPE_F16, KVGC_DTYPE_F32}) {
+    engine::EngineOptions eopts;
+    eopts.kv_dtype = kv;
+    engine::Engine e;
+    std::string err;
+    REQUIRE_MESSAGE(e.init(tiny.model, &opts, &err, eopts), err);
+    std::vector<float> logits(tiny.model.config.n_vocab);
+    CHECK_FALSE(e.forward(ids.data(), uint32_t(ids.size()), logits.data(), &err));
+    CAPTURE(err);
+    CHECK((err.find("not finite") != std::string::npos ||
+           err.find("finite") != std::string::npos));
+  }
+}
+
+#ifdef KVGC_RUN_EXE
+// kvgc-run's exit status and stderr on `model` (a crafted file).
+int run_kvgc_run(const std::filesystem::path& model, std::string* output) {
+  const std::string command = std::string(KVGC_RUN_EXE) + " --model '" + model.string() +
+                              "' --prompt 'hello world' --max-tokens 4 --threads 1 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  size_t got = 0;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, got);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_CASE("engine: kvgc-run ends every failure with a message and exit status 1") {
+  Variant crafted;
+  crafted.block_count = 4000000000u;  // aborted with bad_alloc (exit 134) before the bounds
+  TempGguf bad(TinyModelFile().build(TinyVocab(), crafted), "crafted");
+  std::string output;
+  CHECK(run_kvgc_run(bad.path, &output) == 1);
+  CHECK(output.find("kvgc-run: metadata llama.block_count is 4000000000") != std::string::npos);
+
+  Variant huge;
+  huge.huge = 1e30f;  // logits overflow: printed nothing and exited 0 before the check
+  TempGguf broken(TinyModelFile().build(TinyVocab(), huge), "huge");
+  output.clear();
+  CHECK(run_kvgc_run(broken.path, &output) == 1);
+  CHECK(output.find("finite") != std::string::npos);
+
+  TempGguf fine(TinyModelFile().build(TinyVocab()), "fine");
+  output.clear();
+  CHECK(run_kvgc_run(fine.path, &output) == 0);
+  CHECK(output.find("decode") != std::string::npos);
+}
+#endif

@@ -4,7 +4,7 @@
 set -euo pipefail
 # gnuplot-nox: the PNG plots of bench/quality (kvgc-bench-quality). nlohmann-json3-dev:
 # the config.json reader of kvgc-plan (tools/json.cpp).
-pkgs=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev libboost-dev libgoogle-perftools-dev cmake libopenblas-dev gnuplot-nox nlohmann-json3-dev)
+pkgs=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev libboost-dev libgoogle-perftools-dev cmake gnuplot-nox nlohmann-json3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,8 +1,7 @@
 #include "engine/forward.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -23,18 +22,12 @@ class KvgcTimer {
   Clock::time_point start_;
 };
 
+std::atomic<uint32_t> g_default_threads{1};
+
 }  // namespace
 
-void matmul(const float* x, const float* w, float* out, uint32_t n, uint32_t cols,
-            uint32_t rows) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(cols), 1.0f, w, int(cols), x, 1,
-                0.0f, out, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(cols), 1.0f, x,
-                int(cols), w, int(cols), 0.0f, out, int(rows));
-  }
-}
+void set_default_threads(uint32_t threads) { g_default_threads.store(std::max(1u, threads)); }
+uint32_t default_threads() { return g_default_threads.load(); }
 
 int32_t argmax(const float* logits, uint32_t n) {
   return int32_t(std::max_element(logits, logits + n) - logits);
@@ -67,23 +60,39 @@ bool Engine::kvgc_failed(kvgc_status status, const char* call, std::string* err)
   return true;
 }
 
-bool Engine::init(const Model& model, const kvgc_heap_options* options, std::string* err) {
+bool Engine::init(const Model& model, const kvgc_heap_options* options, std::string* err,
+                  const EngineOptions& engine_options) {
+  if (engine_options.kv_dtype != KVGC_DTYPE_F16 && engine_options.kv_dtype != KVGC_DTYPE_F32) {
+    if (err) *err = "EngineOptions.kv_dtype must be KVGC_DTYPE_F16 or KVGC_DTYPE_F32";
+    return false;
+  }
   model_ = &model;
+  options_ = engine_options;
   const Config& c = model.config;
   kvgc_model_desc_init(&kv_model_);
   kv_model_.n_layers = c.n_layers;
   kv_model_.n_q_heads = c.n_heads;
   kv_model_.n_kv_heads = c.n_kv_heads;
   kv_model_.head_dim = c.head_dim;
-  kv_model_.dtype = KVGC_DTYPE_F32;
+  kv_model_.dtype = options_.kv_dtype;
   if (kvgc_failed(kvgc_heap_create(&kv_model_, options, &heap_), "kvgc_heap_create", err) ||
       kvgc_failed(kvgc_seq_create(heap_, 0, &seq_), "kvgc_seq_create", err)) {
     return false;
   }
+  kvgc_heap_options effective;
+  kvgc_heap_options_init(&effective);
+  if (kvgc_heap_get_options(heap_, &effective) == KVGC_OK && effective.device == KVGC_DEVICE_CPU)
+    kvgc_threads_ = std::max(1u, effective.cpu_threads);
+  pool_ = std::make_unique<ThreadPool>(options_.threads ? options_.threads : default_threads());
+  options_.threads = pool_->size();
+  matmul_ = std::make_unique<Matmul>(pool_.get(), options_.matmul);
+
   inv_freq_.resize(c.head_dim / 2);
   for (uint32_t i = 0; i < c.head_dim / 2; ++i) {
     inv_freq_[i] = float(std::pow(double(c.rope_base), -2.0 * i / c.head_dim));
   }
+  rope_cos_.resize(kChunkTokens * size_t(c.head_dim / 2));
+  rope_sin_.resize(rope_cos_.size());
   const size_t q_width = size_t(c.n_heads) * c.head_dim;
   const size_t kv_width = size_t(c.n_kv_heads) * c.head_dim;
   x_.resize(kChunkTokens * size_t(c.n_embd));
@@ -95,75 +104,116 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
   v_.resize(k_.size());
   gate_.resize(kChunkTokens * size_t(c.n_ff));
   up_.resize(gate_.size());
+  if (options_.kv_dtype == KVGC_DTYPE_F16) {
+    q16_.resize(q_.size());
+    att16_.resize(q_.size());
+    k16_.resize(k_.size());
+    v16_.resize(k_.size());
+  }
   return true;
+}
+
+// The chunk's rotation angles, once for all layers and both q and k.
+void Engine::rope_table(uint32_t n) {
+  const uint32_t half = model_->config.head_dim / 2;
+  for (uint32_t t = 0; t < n; ++t) {
+    const double pos = double(position_ + t);
+    for (uint32_t i = 0; i < half; ++i) {
+      const double angle = pos * inv_freq_[i];
+      rope_cos_[size_t(t) * half + i] = float(std::cos(angle));
+      rope_sin_[size_t(t) * half + i] = float(std::sin(angle));
+    }
+  }
 }
 
 // llama's "normal" RoPE: pairs (x[2i], x[2i+1]) of each head rotated by pos * inv_freq[i].
 void Engine::apply_rope(float* x, uint32_t n, uint32_t n_heads) const {
-  const uint32_t head_dim = model_->config.head_dim;
+  const uint32_t head_dim = model_->config.head_dim, half = head_dim / 2;
   for (uint32_t t = 0; t < n; ++t) {
-    const double pos = double(position_ + t);
-    for (uint32_t i = 0; i < head_dim / 2; ++i) {
-      const double angle = pos * inv_freq_[i];
-      const float cos_a = float(std::cos(angle)), sin_a = float(std::sin(angle));
-      for (uint32_t h = 0; h < n_heads; ++h) {
-        float* pair = x + (size_t(t) * n_heads + h) * head_dim + 2 * i;
-        const float a = pair[0], b = pair[1];
-        pair[0] = a * cos_a - b * sin_a;
-        pair[1] = a * sin_a + b * cos_a;
+    const float* cos_t = &rope_cos_[size_t(t) * half];
+    const float* sin_t = &rope_sin_[size_t(t) * half];
+    for (uint32_t h = 0; h < n_heads; ++h) {
+      float* head = x + (size_t(t) * n_heads + h) * head_dim;
+      for (uint32_t i = 0; i < half; ++i) {
+        const float a = head[2 * i], b = head[2 * i + 1];
+        head[2 * i] = a * cos_t[i] - b * sin_t[i];
+        head[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
       }
     }
   }
 }
 
+// K/V of the chunk into the cache, then its attention, in the kvgc model dtype.
+bool Engine::attend(uint32_t layer, uint32_t n, bool scores, std::string* err) {
+  const Config& c = model_->config;
+  const size_t q_count = size_t(n) * c.n_heads * c.head_dim;
+  const size_t kv_count = size_t(n) * c.n_kv_heads * c.head_dim;
+  const bool f16 = options_.kv_dtype == KVGC_DTYPE_F16;
+  if (f16) {
+    const Kernels& k = kernels();
+    k.f32_to_f16(q_.data(), q_count, q16_.data());
+    k.f32_to_f16(k_.data(), kv_count, k16_.data());
+    k.f32_to_f16(v_.data(), kv_count, v16_.data());
+  }
+  // kvgc's own attention threads get the cores: the matmul workers sleep meanwhile.
+  if (kvgc_threads_ > 1) pool_->rest();
+  {
+    KvgcTimer timer(&kvgc_seconds_);
+    kvgc_attend_params params;
+    kvgc_attend_params_init(&params);
+    if (!scores) params.flags |= KVGC_ATTEND_NO_SCORES;
+    const void* k = f16 ? static_cast<const void*>(k16_.data()) : k_.data();
+    const void* v = f16 ? static_cast<const void*>(v16_.data()) : v_.data();
+    const void* q = f16 ? static_cast<const void*>(q16_.data()) : q_.data();
+    void* out = f16 ? static_cast<void*>(att16_.data()) : att_.data();
+    if (kvgc_failed(kvgc_append(heap_, seq_, layer, k, v, n, nullptr), "kvgc_append", err) ||
+        kvgc_failed(kvgc_attend(heap_, seq_, layer, q, n, out, &params, nullptr),
+                    "kvgc_attend", err)) {
+      return false;
+    }
+  }
+  if (f16) kernels().f16_to_f32(att16_.data(), q_count, att_.data());
+  return true;
+}
+
 bool Engine::run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err) {
   const Config& c = model_->config;
-  const uint32_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
+  const uint32_t q_width = c.n_heads * c.head_dim;
   for (uint32_t t = 0; t < n; ++t) {
     if (tokens[t] < 0 || uint32_t(tokens[t]) >= c.n_vocab) {
       if (err) *err = "token id " + std::to_string(tokens[t]) + " is outside the vocabulary";
       return false;
     }
-    std::memcpy(&x_[size_t(t) * c.n_embd], &model_->token_embd[size_t(tokens[t]) * c.n_embd],
-                c.n_embd * sizeof(float));
+    dequantize_row(model_->token_embd, uint32_t(tokens[t]), &x_[size_t(t) * c.n_embd]);
   }
+  rope_table(n);
   for (uint32_t layer = 0; layer < c.n_layers; ++layer) {
     const LayerWeights& w = model_->layers[layer];
     for (uint32_t t = 0; t < n; ++t) {
       rms_norm(&x_[size_t(t) * c.n_embd], w.attn_norm.data(), &xb_[size_t(t) * c.n_embd],
                c.n_embd, c.rms_eps);
     }
-    matmul(xb_.data(), w.wq.data(), q_.data(), n, c.n_embd, q_width);
-    matmul(xb_.data(), w.wk.data(), k_.data(), n, c.n_embd, kv_width);
-    matmul(xb_.data(), w.wv.data(), v_.data(), n, c.n_embd, kv_width);
+    input_.set(xb_.data(), n, c.n_embd);
+    matmul_->run({{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}}, input_);
     apply_rope(q_.data(), n, c.n_heads);
     apply_rope(k_.data(), n, c.n_kv_heads);
-    {
-      KvgcTimer timer(&kvgc_seconds_);
-      kvgc_attend_params params;
-      kvgc_attend_params_init(&params);
-      if (!scores) params.flags |= KVGC_ATTEND_NO_SCORES;
-      if (kvgc_failed(kvgc_append(heap_, seq_, layer, k_.data(), v_.data(), n, nullptr),
-                      "kvgc_append", err) ||
-          kvgc_failed(kvgc_attend(heap_, seq_, layer, q_.data(), n, att_.data(), &params,
-                                  nullptr), "kvgc_attend", err)) {
-        return false;
-      }
-    }
-    matmul(att_.data(), w.wo.data(), proj_.data(), n, q_width, c.n_embd);
+    if (!attend(layer, n, scores, err)) return false;
+    input_.set(att_.data(), n, q_width);
+    matmul_->run({{&w.wo, proj_.data()}}, input_);
     for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
 
     for (uint32_t t = 0; t < n; ++t) {
       rms_norm(&x_[size_t(t) * c.n_embd], w.ffn_norm.data(), &xb_[size_t(t) * c.n_embd],
                c.n_embd, c.rms_eps);
     }
-    matmul(xb_.data(), w.w_gate.data(), gate_.data(), n, c.n_embd, c.n_ff);
-    matmul(xb_.data(), w.w_up.data(), up_.data(), n, c.n_embd, c.n_ff);
+    input_.set(xb_.data(), n, c.n_embd);
+    matmul_->run({{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}}, input_);
     for (size_t i = 0; i < size_t(n) * c.n_ff; ++i) {
       const float g = gate_[i];
       gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];  // SiLU(gate) * up
     }
-    matmul(gate_.data(), w.w_down.data(), proj_.data(), n, c.n_ff, c.n_embd);
+    input_.set(gate_.data(), n, c.n_ff);
+    matmul_->run({{&w.w_down, proj_.data()}}, input_);
     for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
   }
   position_ += n;
@@ -176,11 +226,26 @@ bool Engine::step(std::string* err) {
   return status == KVGC_EBUDGET || !kvgc_failed(status, "kvgc_step", err);
 }
 
-void Engine::project(uint32_t row, float* logits) {
+bool Engine::project(uint32_t first_row, uint32_t n, float* logits, std::string* err) {
   const Config& c = model_->config;
-  rms_norm(&x_[size_t(row) * c.n_embd], model_->output_norm.data(), xb_.data(), c.n_embd,
-           c.rms_eps);
-  matmul(xb_.data(), model_->output_weights(), logits, 1, c.n_embd, c.n_vocab);
+  for (uint32_t t = 0; t < n; ++t) {
+    rms_norm(&x_[size_t(first_row + t) * c.n_embd], model_->output_norm.data(),
+             &xb_[size_t(t) * c.n_embd], c.n_embd, c.rms_eps);
+  }
+  input_.set(xb_.data(), n, c.n_embd);
+  matmul_->run({{&model_->output_weights(), logits}}, input_);
+  for (size_t i = 0; i < size_t(n) * c.n_vocab; ++i) {
+    if (!std::isfinite(logits[i])) {
+      if (err) {
+        *err = "the logits at position " +
+               std::to_string(position_ - (uint64_t(n) - i / c.n_vocab)) +
+               " are not finite (NaN or infinity): the model's weights are broken or its "
+               "activations overflow";
+      }
+      return false;
+    }
+  }
+  return true;
 }
 
 bool Engine::forward(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err,
@@ -196,20 +261,15 @@ bool Engine::forward(const int32_t* tokens, uint32_t n_tokens, float* logits, st
     // A chunk either scores or not: split it where scoring starts.
     if (done < pass.scored_from) last = std::min(last, pass.scored_from - done);
     if (!run_chunk(tokens + done, last, done >= pass.scored_from, err)) return false;
-    if (pass.all_logits != nullptr) {
-      // All rows at once: one GEMM over the chunk's normalised rows.
-      for (uint32_t t = 0; t < last; ++t)
-        rms_norm(&x_[size_t(t) * c.n_embd], model_->output_norm.data(),
-                 &xb_[size_t(t) * c.n_embd], c.n_embd, c.rms_eps);
-      matmul(xb_.data(), model_->output_weights(), pass.all_logits + size_t(done) * c.n_vocab,
-             last, c.n_embd, c.n_vocab);
+    // All rows at once: one matmul over the chunk's normalised rows.
+    if (pass.all_logits != nullptr &&
+        !project(0, last, pass.all_logits + size_t(done) * c.n_vocab, err)) {
+      return false;
     }
     if (pass.step && !step(err)) return false;
   }
-  if (logits != nullptr) project(last - 1, logits);
-  return true;
+  return logits == nullptr || project(last - 1, 1, logits, err);
 }
-
 bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err,
                      PrefillMode mode, const std::function<void(uint32_t)>& progress) {
   Pass pass;

@@ -1,22 +1,41 @@
 // The llama forward pass over a kvgc-managed KV cache: every K/V byte lives in a kvgc
 // heap, and attention is kvgc_attend over it, so the cache policy (full, generational,
-// h2o, ...) decides what each step attends to.
+// h2o, ...) decides what each step attends to. The matmuls multiply the weights in their
+// file types (matmul.hpp) on the engine's own threads.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/matmul.hpp"
 #include "engine/model.hpp"
+#include "engine/thread_pool.hpp"
 #include "kvgc.h"
 
 namespace engine {
 
+// The engine's own choices (the cache's come from kvgc_heap_options and KVGC_*).
+struct EngineOptions {
+  // The kvgc model dtype: K, V and Q go to kvgc in it, attention comes back in it. F16
+  // (the default, what llama.cpp and vLLM keep) or F32.
+  kvgc_dtype kv_dtype = KVGC_DTYPE_F16;
+  // Matmul threads, the calling thread included; 0: default_threads().
+  uint32_t threads = 0;
+  MatmulMode matmul = MatmulMode::Quantized;
+};
+
+// The thread count of engines whose options say 0: 1 unless set. (A process running
+// several engines side by side gives each one thread; kvgc-run passes --threads.)
+void set_default_threads(uint32_t threads);
+uint32_t default_threads();
+
 class Engine {
  public:
   // Tokens per prefill chunk: each layer appends the chunk's K/V, then attends with
-  // n_q = chunk, so the matmuls are GEMMs.
+  // n_q = chunk, and every weight block a matmul loads serves the whole chunk.
   static constexpr uint32_t kChunkTokens = 64;
 
   Engine() = default;
@@ -24,9 +43,11 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Creates the heap and one sequence for `model` (which must outlive the engine).
-  // options == nullptr: kvgc's defaults, then the KVGC_* environment variables.
-  bool init(const Model& model, const kvgc_heap_options* options, std::string* err);
+  // Creates the heap and one sequence for `model` (which must outlive the engine), and
+  // the matmul threads. options == nullptr: kvgc's defaults, then the KVGC_* environment
+  // variables. False with *err if kvgc refuses (or the dtype is not F16 or F32).
+  bool init(const Model& model, const kvgc_heap_options* options, std::string* err,
+            const EngineOptions& engine_options = {});
 
   // How a prompt enters the cache (see prefill()).
   enum class PrefillMode : uint8_t {
@@ -53,7 +74,8 @@ class Engine {
 
   // Runs `n_tokens` tokens at the next positions, kChunkTokens at a time. If `logits` is
   // not null it receives the last token's n_vocab logits. False with *err when kvgc
-  // fails (KVGC_EBUDGET is advisory: ignored).
+  // fails (KVGC_EBUDGET is advisory: ignored), a token is outside the vocabulary, or a
+  // logit it computes is NaN or infinite (a broken or overflowing model).
   bool forward(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err,
                const Pass& pass);
   bool forward(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err) {
@@ -71,34 +93,42 @@ class Engine {
   const kvgc_model_desc& kv_model() const { return kv_model_; }
   // Wall time spent inside kvgc calls so far.
   double kvgc_seconds() const { return kvgc_seconds_; }
+  const EngineOptions& options() const { return options_; }  // threads: as started
+  uint32_t kvgc_threads() const { return kvgc_threads_; }    // the heap's attention threads
 
  private:
   bool run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err);
   bool step(std::string* err);  // kvgc_step; KVGC_EBUDGET is advisory
   bool pool_scores(std::string* err);
-  // Final norm + output projection of chunk row `row` into logits[n_vocab].
-  void project(uint32_t row, float* logits);
+  // Final norm + output projection of chunk rows [first_row, first_row + n) into
+  // logits[n][n_vocab]; false if a logit is not finite.
+  bool project(uint32_t first_row, uint32_t n, float* logits, std::string* err);
   bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
+  bool attend(uint32_t layer, uint32_t n, bool scores, std::string* err);
+  void rope_table(uint32_t n);  // cos/sin of the chunk's positions
   void apply_rope(float* x, uint32_t n, uint32_t n_heads) const;
 
   const Model* model_ = nullptr;
+  EngineOptions options_;
   kvgc_model_desc kv_model_{};
   kvgc_heap* heap_ = nullptr;
   kvgc_seq seq_ = 0;
+  uint32_t kvgc_threads_ = 1;
   uint64_t position_ = 0;
   double kvgc_seconds_ = 0.0;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Matmul> matmul_;
+  Activations input_;            // the current matmul input
   std::vector<float> inv_freq_;  // RoPE: base^(-2i/head_dim)
+  std::vector<float> rope_cos_, rope_sin_;  // [kChunkTokens][head_dim / 2]
   // Scratch for one chunk, [kChunkTokens][width].
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
+  std::vector<uint16_t> q16_, k16_, v16_, att16_;  // the same in f16 (kv_dtype F16)
   // Score pooling scratch, one segment's live tokens.
   std::vector<float> pool_score_, pool_delta_;
   std::vector<int32_t> pool_pos_;
   std::vector<uint32_t> pool_order_;
 };
-
-// out[n][rows] = x[n][cols] * W^T for W [rows][cols]: GEMV for one token, else GEMM.
-void matmul(const float* x, const float* w, float* out, uint32_t n, uint32_t cols,
-            uint32_t rows);
 
 // Index of the largest of n logits (greedy decoding; the first on ties).
 int32_t argmax(const float* logits, uint32_t n);

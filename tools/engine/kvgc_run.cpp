@@ -1,15 +1,18 @@
 // kvgc-run: a small reference engine. Runs a llama GGUF (SmolLM2-135M-Instruct by
 // default) on the CPU with its whole KV cache in a kvgc heap, streams the generated text,
 // and reports what the cache policy (KVGC_POLICY, KVGC_TOKEN_BUDGET, ...) did.
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <fstream>
+#include <new>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,16 +34,23 @@ struct Args {
   uint64_t seed = 42;
   std::string profile;  // --profile FILE: per-layer attention entropy over the prompt
   engine::Engine::PrefillMode prefill = engine::Engine::PrefillMode::Observe;
+  engine::EngineOptions engine;
+  bool ignore_eos = false;        // benchmarks: always generate max_tokens
+  bool print_prompt_ids = false;  // print the prompt's token ids and stop
+  uint32_t perplexity = 0;        // > 0: perplexity of the prompt's first N + 1 tokens
 };
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: kvgc-run [--model PATH] [--prompt TEXT] [--chat] [--max-tokens N]\n"
-               "                [--temperature T] [--seed S] [--prefill observe|stream]\n"
-               "                [--profile FILE]\n"
+               "usage: kvgc-run [--model PATH] [--prompt TEXT | --prompt-file FILE] [--chat]\n"
+               "                [--max-tokens N] [--temperature T] [--seed S]\n"
+               "                [--prefill observe|stream] [--profile FILE] [--threads N]\n"
+               "                [--kv-dtype f16|f32] [--matmul q8|exact] [--ignore-eos]\n"
+               "                [--print-prompt-ids] [--perplexity N]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
+               "  --prompt-file F  the prompt, read from file F\n"
                "  --chat           wrap the prompt in the model's ChatML template\n"
                "  --max-tokens N   tokens to generate at most (default 128)\n"
                "  --temperature T  0 (default) is greedy; above 0 samples\n"
@@ -52,34 +62,100 @@ void usage(FILE* out) {
                "                   its budget, but facts are judged before the question is read)\n"
                "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
+               "  --threads N      matmul threads, this one included (default: the CPUs this\n"
+               "                   process may run on, %u here). kvgc's attention uses\n"
+               "                   KVGC_THREADS (default 1); the matmul threads sleep while it\n"
+               "                   runs, so N and KVGC_THREADS up to the CPU count never\n"
+               "                   oversubscribe them\n"
+               "  --kv-dtype D     f16 (default) or f32: the dtype of the K/V kvgc holds\n"
+               "  --matmul M       q8 (default): activations quantised to 8 bits per block of\n"
+               "                   32 against the Q4_1/Q8_0 weights, as llama.cpp does; exact:\n"
+               "                   weight rows dequantised to f32 (slower; no activation\n"
+               "                   rounding)\n"
+               "  --ignore-eos     generate --max-tokens tokens even past an end token\n"
+               "  --print-prompt-ids  print the prompt's token ids (comma-separated) and exit\n"
+               "  --perplexity N   instead of generating: the perplexity of the prompt's tokens\n"
+               "                   1..N, each predicted from those before it (teacher forcing;\n"
+               "                   KVGC_POLICY=full for the full cache)\n"
                "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
                "KVGC_TOKEN_BUDGET=25%%).\n",
                engine::kDefaultModelFile, engine::Engine::kObserveTokens,
-               engine::Engine::kChunkTokens);
+               engine::Engine::kChunkTokens, engine::ThreadPool::available_cpus());
+}
+
+// A whole decimal number in [lo, hi], or false.
+bool parse_uint(const char* text, uint64_t lo, uint64_t hi, uint64_t* out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
+  args->engine.threads = engine::ThreadPool::available_cpus();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    auto bad = [&](const char* what) {
+      std::fprintf(stderr, "kvgc-run: %s must be %s, not '%s'\n", arg.c_str(), what,
+                   argv[i]);
+      return false;
+    };
     const char* v = nullptr;
+    uint64_t n = 0;
     if (arg == "--help" || arg == "-h") {
       usage(stdout);
       std::exit(0);
     } else if (arg == "--chat") {
       args->chat = true;
+    } else if (arg == "--ignore-eos") {
+      args->ignore_eos = true;
+    } else if (arg == "--print-prompt-ids") {
+      args->print_prompt_ids = true;
     } else if (arg == "--model" && (v = value())) {
       args->model = v;
     } else if (arg == "--prompt" && (v = value())) {
       args->prompt = v;
+    } else if (arg == "--prompt-file" && (v = value())) {
+      std::ifstream in(v, std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in) {
+        std::fprintf(stderr, "kvgc-run: cannot read the prompt file '%s'\n", v);
+        return false;
+      }
+      args->prompt = text.str();
     } else if (arg == "--max-tokens" && (v = value())) {
-      args->max_tokens = uint32_t(std::strtoul(v, nullptr, 10));
+      if (!parse_uint(v, 0, UINT32_MAX, &n)) return bad("a count of tokens");
+      args->max_tokens = uint32_t(n);
+    } else if (arg == "--perplexity" && (v = value())) {
+      if (!parse_uint(v, 1, UINT32_MAX - 1, &n)) return bad("a count of tokens >= 1");
+      args->perplexity = uint32_t(n);
+    } else if (arg == "--threads" && (v = value())) {
+      if (!parse_uint(v, 1, 1024, &n)) return bad("a thread count in 1..1024");
+      args->engine.threads = uint32_t(n);
     } else if (arg == "--temperature" && (v = value())) {
-      args->temperature = std::strtof(v, nullptr);
+      char* end = nullptr;
+      args->temperature = std::strtof(v, &end);
+      if (*end != '\0' || !std::isfinite(args->temperature) || args->temperature < 0)
+        return bad("a temperature >= 0");
     } else if (arg == "--seed" && (v = value())) {
-      args->seed = std::strtoull(v, nullptr, 10);
+      if (!parse_uint(v, 0, UINT64_MAX, &n)) return bad("a whole number");
+      args->seed = n;
     } else if (arg == "--profile" && (v = value())) {
       args->profile = v;
+    } else if (arg == "--kv-dtype" && (v = value())) {
+      const std::string dtype = v;
+      if (dtype != "f16" && dtype != "f32") return bad("f16 or f32");
+      args->engine.kv_dtype = dtype == "f16" ? KVGC_DTYPE_F16 : KVGC_DTYPE_F32;
+    } else if (arg == "--matmul" && (v = value())) {
+      const std::string mode = v;
+      if (mode != "q8" && mode != "exact") return bad("q8 or exact");
+      args->engine.matmul =
+          mode == "q8" ? engine::MatmulMode::Quantized : engine::MatmulMode::Exact;
     } else if (arg == "--prefill" && (v = value())) {
       const std::string mode = v;
       if (mode == "observe") {
@@ -87,8 +163,7 @@ bool parse_args(int argc, char** argv, Args* args) {
       } else if (mode == "stream") {
         args->prefill = engine::Engine::PrefillMode::Stream;
       } else {
-        std::fprintf(stderr, "kvgc-run: --prefill must be observe or stream, not '%s'\n", v);
-        return false;
+        return bad("observe or stream");
       }
     } else {
       std::fprintf(stderr, "kvgc-run: unknown or incomplete argument '%s'\n", arg.c_str());
@@ -153,6 +228,34 @@ bool write_profile(kvgc_heap* heap, kvgc_seq seq, uint32_t layers, uint64_t prom
   return ok;
 }
 
+// Teacher-forced perplexity of tokens[1..n] (each predicted from those before it), in
+// chunks so the logits held stay one chunk's.
+bool perplexity(engine::Engine* engine, uint32_t n_vocab, const std::vector<int32_t>& tokens,
+                uint32_t n, std::string* err) {
+  if (tokens.size() < size_t(n) + 1) {
+    *err = "--perplexity " + std::to_string(n) + " needs " + std::to_string(n + 1) +
+           " prompt tokens; the prompt has " + std::to_string(tokens.size());
+    return false;
+  }
+  constexpr uint32_t kPiece = engine::Engine::kChunkTokens;
+  std::vector<float> logits(size_t(kPiece) * n_vocab);
+  engine::Engine::Pass pass;
+  pass.all_logits = logits.data();
+  double nll = 0;
+  const auto start = Clock::now();
+  for (uint32_t done = 0; done < n; done += kPiece) {
+    const uint32_t piece = std::min(kPiece, n - done);
+    if (!engine->forward(&tokens[done], piece, nullptr, err, pass)) return false;
+    for (uint32_t j = 0; j < piece; ++j) {
+      nll -= engine::log_prob(&logits[size_t(j) * n_vocab], n_vocab, tokens[done + j + 1]);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("perplexity %.4f over %u tokens (%.1f tok/s)\n", std::exp(nll / n), n,
+              seconds > 0 ? n / seconds : 0.0);
+  return true;
+}
+
 // Prints the longest complete UTF-8 prefix of `pending`, keeping a split character.
 void flush_utf8(std::string* pending) {
   size_t end = pending->size();
@@ -170,7 +273,7 @@ void flush_utf8(std::string* pending) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   Args args;
   if (!parse_args(argc, argv, &args)) return 2;
   if (!std::filesystem::exists(args.model)) {
@@ -181,11 +284,6 @@ int main(int argc, char** argv) {
                  args.model.c_str());
     return 1;
   }
-  // Attention stays on one thread (the heap's default; KVGC_THREADS overrides): with
-  // OpenBLAS on both cores, a second attention thread made decode 6-11% slower on a
-  // 2-core machine (docs/PERF.md).
-  openblas_set_num_threads(2);
-
   std::string err;
   gguf::File file;
   engine::Model model;
@@ -196,17 +294,29 @@ int main(int argc, char** argv) {
     return 1;
   }
   const engine::Config& config = model.config;
-  engine::Engine engine;
-  if (!engine.init(model, nullptr, &err)) {
-    std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
-    return 1;
-  }
   const std::string text =
       args.chat ? engine::apply_chat_template({{"user", args.prompt}}, true) : args.prompt;
   const std::vector<int32_t> prompt = tokenizer.encode(text);
   if (prompt.empty()) {
     std::fprintf(stderr, "kvgc-run: the prompt is empty\n");
     return 2;
+  }
+  if (args.print_prompt_ids) {
+    for (size_t i = 0; i < prompt.size(); ++i) std::printf("%s%d", i ? "," : "", prompt[i]);
+    std::printf("\n");
+    return 0;
+  }
+  engine::Engine engine;
+  if (!engine.init(model, nullptr, &err, args.engine)) {
+    std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
+    return 1;
+  }
+  if (args.perplexity > 0) {
+    if (!perplexity(&engine, config.n_vocab, prompt, args.perplexity, &err)) {
+      std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());
+      return 1;
+    }
+    return 0;
   }
 
   // The profile needs every query's mass (write_profile divides by how many saw a token).
@@ -243,7 +353,8 @@ int main(int argc, char** argv) {
   const auto decode_start = Clock::now();
   while (generated < args.max_tokens) {
     const int32_t token = sample(logits, args.temperature, &rng);
-    if (token == tokenizer.eos() || token == end_of_text || token == im_end) break;
+    if (!args.ignore_eos && (token == tokenizer.eos() || token == end_of_text || token == im_end))
+      break;
     ++generated;
     pending += tokenizer.token_bytes(token);
     flush_utf8(&pending);
@@ -296,6 +407,13 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "  tokens demoted       %llu\n",
                (unsigned long long)stats.tokens_demoted);
   std::fprintf(stderr, "  compactions          %llu\n", (unsigned long long)stats.compactions);
+  std::fprintf(stderr, "  engine               %u matmul thread%s (%s kernels, %s), "
+                       "%u attention thread%s, K/V %s\n",
+               engine.options().threads, engine.options().threads == 1 ? "" : "s",
+               engine::kernels().name,
+               args.engine.matmul == engine::MatmulMode::Quantized ? "q8 activations" : "exact",
+               engine.kvgc_threads(), engine.kvgc_threads() == 1 ? "" : "s",
+               args.engine.kv_dtype == KVGC_DTYPE_F16 ? "f16" : "f32");
   std::fprintf(stderr, "  time in kvgc         %.1f%%\n",
                total_s > 0 ? 100.0 * engine.kvgc_seconds() / total_s : 0.0);
   std::fprintf(stderr, "  prefill              %.1f tok/s (%.2f s)\n",
@@ -303,4 +421,19 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "  decode               %.1f tok/s (%.2f s)\n",
                decode_s > 0 ? decode_steps / decode_s : 0.0, decode_s);
   return 0;
+}
+
+// Every failure ends with a message and a non-zero exit, exceptions included (an
+// allocation the system refuses, say): never an abort.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "\nkvgc-run: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\nkvgc-run: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "\nkvgc-run: unexpected error\n");
+  }
+  return 1;
 }

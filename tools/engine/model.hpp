@@ -1,21 +1,17 @@
 // A llama-architecture model read from GGUF: its shape (from the metadata) and its
-// weights, dequantised to f32 once at load so the forward pass is plain BLAS.
+// weights, which stay in their file types inside the file's mapping (matmul.hpp
+// multiplies them in place); only the norm vectors are copied out as f32.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/matmul.hpp"
+#include "engine/quant.hpp"
 #include "gguf.hpp"
 
 namespace engine {
-
-// ggml tensor types the loader can dequantise.
-constexpr uint32_t kGgmlF32 = 0;
-constexpr uint32_t kGgmlF16 = 1;
-constexpr uint32_t kGgmlQ4_1 = 3;
-constexpr uint32_t kGgmlQ8_0 = 8;
-constexpr uint32_t kQuantBlock = 32;  // elements per Q4_1 / Q8_0 block
 
 struct Config {
   uint32_t n_layers = 0;
@@ -30,45 +26,50 @@ struct Config {
   float rms_eps = 1e-5f;
 };
 
-// Matrices are row-major [out][in], the GGUF layout (dims (in, out)): out = W x.
+// Limits the loader holds every file to before it allocates anything: far above any
+// llama model of this engine's class (SmolLM2-135M: 30 layers, 576 wide, 9 heads of 64,
+// 49,152 tokens), far below what would exhaust memory or overflow a 32-bit index.
+struct ModelLimits {
+  static constexpr uint32_t kMaxLayers = 1024;
+  static constexpr uint32_t kMaxEmbd = 65536;
+  static constexpr uint32_t kMaxFf = 1u << 20;
+  static constexpr uint32_t kMaxHeads = 1024;
+  static constexpr uint32_t kMaxHeadDim = 1024;
+  static constexpr uint32_t kMaxVocab = 1u << 24;
+  static constexpr uint64_t kMaxContext = uint64_t(1) << 24;
+  static constexpr uint32_t kTensorsPerLayer = 9;
+};
+
+// Matrices are [out][in] (GGUF dims (in, out)): out = W x.
 struct LayerWeights {
   std::vector<float> attn_norm;  // [n_embd]
-  std::vector<float> wq;         // [n_heads * head_dim][n_embd]
-  std::vector<float> wk;         // [n_kv_heads * head_dim][n_embd]
-  std::vector<float> wv;         // [n_kv_heads * head_dim][n_embd]
-  std::vector<float> wo;         // [n_embd][n_heads * head_dim]
+  Matrix wq;                     // [n_heads * head_dim][n_embd]
+  Matrix wk;                     // [n_kv_heads * head_dim][n_embd]
+  Matrix wv;                     // [n_kv_heads * head_dim][n_embd]
+  Matrix wo;                     // [n_embd][n_heads * head_dim]
   std::vector<float> ffn_norm;   // [n_embd]
-  std::vector<float> w_gate;     // [n_ff][n_embd]
-  std::vector<float> w_up;       // [n_ff][n_embd]
-  std::vector<float> w_down;     // [n_embd][n_ff]
+  Matrix w_gate;                 // [n_ff][n_embd]
+  Matrix w_up;                   // [n_ff][n_embd]
+  Matrix w_down;                 // [n_embd][n_ff]
 };
 
+// Points into the gguf::File it was loaded from, which must stay open while it is used.
 struct Model {
   Config config;
-  std::vector<float> token_embd;   // [n_vocab][n_embd]
+  Matrix token_embd;               // [n_vocab][n_embd]
   std::vector<float> output_norm;  // [n_embd]
-  std::vector<float> output;       // [n_vocab][n_embd]; empty when tied to token_embd
+  Matrix output;                   // [n_vocab][n_embd]; data == nullptr when tied
   std::vector<LayerWeights> layers;
 
-  const float* output_weights() const {
-    return output.empty() ? token_embd.data() : output.data();
-  }
+  const Matrix& output_weights() const { return output.data ? output : token_embd; }
+  // Bytes of weights a decode step streams (every matrix once).
+  uint64_t weight_bytes() const;
 };
 
-// IEEE half to float, subnormals and infinities included.
-float f16_to_f32(uint16_t half);
-
-// Bytes of `n_elements` elements of `ggml_type`, or 0 for a type this loader cannot read
-// (or a block type whose count is not a whole number of blocks).
-uint64_t tensor_bytes(uint32_t ggml_type, uint64_t n_elements);
-
-// Dequantises `n_elements` elements of `ggml_type` at `data` into `out`. False (with *err)
-// for a type this loader does not support.
-bool dequantize(uint32_t ggml_type, const uint8_t* data, uint64_t n_elements, float* out,
-                std::string* err);
-
-// Reads the llama config and every weight from an open GGUF file. False with *err naming
-// the missing key or tensor, the unexpected shape, or the unsupported type.
+// Reads the llama config and every weight from an open GGUF file. False with *err
+// naming the key or tensor: a missing one, a count outside ModelLimits or beyond what
+// the file holds, an unexpected shape, or a type the engine cannot multiply. Nothing is
+// allocated before the counts are checked.
 bool load_model(const gguf::File& file, Model* model, std::string* err);
 
 // The model the tools use by default (what tools/fetch-model.sh installs), and where:

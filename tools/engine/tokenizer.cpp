@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <queue>
 
 namespace engine {
 namespace {
@@ -202,19 +203,22 @@ bool Tokenizer::load(const gguf::File& file, std::string* err) {
     }
     for (size_t i = 0; i < types->size(); ++i) types_[i] = int32_t((*types)[i]);
   }
-  ids_.clear();
-  specials_.clear();
+  symbol_ids_.clear();
+  symbol_text_.clear();
+  symbol_token_.clear();
+  for (auto& bucket : specials_) bucket.clear();
+  std::vector<int32_t> specials;
   for (size_t i = 0; i < tokens_.size(); ++i) {
-    ids_.emplace(tokens_[i], int32_t(i));
+    const int32_t symbol = intern(tokens_[i]);
+    if (symbol_token_[size_t(symbol)] < 0) symbol_token_[size_t(symbol)] = int32_t(i);
     if ((types_[i] == kTokenControl || types_[i] == kTokenUserDefined) && !tokens_[i].empty()) {
-      specials_.push_back(int32_t(i));
+      specials.push_back(int32_t(i));
     }
   }
-  std::stable_sort(specials_.begin(), specials_.end(), [&](int32_t a, int32_t b) {
+  std::stable_sort(specials.begin(), specials.end(), [&](int32_t a, int32_t b) {
     return tokens_[size_t(a)].size() > tokens_[size_t(b)].size();
   });
-  merge_ranks_.clear();
-  for (size_t i = 0; i < merges->size(); ++i) merge_ranks_.emplace((*merges)[i], int32_t(i));
+  for (int32_t id : specials) specials_[uint8_t(tokens_[size_t(id)][0])].push_back(id);
 
   // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the rest are
   // moved to U+0100 onwards in byte order.
@@ -225,11 +229,33 @@ bool Tokenizer::load(const gguf::File& file, std::string* err) {
     const uint32_t cp = printable ? b : next++;
     byte_to_unicode_[b] = encode_utf8(cp);
     unicode_to_byte_[cp] = uint8_t(b);
+    byte_symbol_[b] = intern(byte_to_unicode_[b]);
   }
-  const bool has_bytes = ids_.count(byte_to_unicode_[uint8_t('a')]) &&
-                         ids_.count(byte_to_unicode_[uint8_t(' ')]);
-  if (!has_bytes) {
+  if (find(byte_to_unicode_[uint8_t('a')]) < 0 || find(byte_to_unicode_[uint8_t(' ')]) < 0) {
     return fail("the vocabulary has no byte tokens; not a byte-level BPE vocabulary");
+  }
+  // A merge "left right" applies to adjacent symbols spelling left and right. Symbols
+  // are concatenations of byte stand-ins, none of which is a space, so only merges with
+  // exactly one space and two non-empty sides can ever apply; the first of duplicates
+  // wins.
+  merge_shift_ = 64 - 4;  // at least 16 slots, at most half full
+  while ((uint64_t(1) << (64 - merge_shift_)) < 2 * uint64_t(merges->size())) --merge_shift_;
+  merges_.assign(size_t(1) << (64 - merge_shift_), MergeSlot{kEmptyKey, {}});
+  for (size_t i = 0; i < merges->size(); ++i) {
+    const std::string& m = (*merges)[i];
+    const size_t space = m.find(' ');
+    if (space == std::string::npos || space == 0 || space + 1 == m.size() ||
+        m.find(' ', space + 1) != std::string::npos) {
+      continue;
+    }
+    const int32_t left = intern(m.substr(0, space));
+    const int32_t right = intern(m.substr(space + 1));
+    const int32_t result = intern(m.substr(0, space) + m.substr(space + 1));
+    const uint64_t key = uint64_t(uint32_t(left)) << 32 | uint32_t(right);
+    const size_t mask = merges_.size() - 1;
+    size_t slot = size_t((key * 0x9e3779b97f4a7c15ull) >> merge_shift_);
+    while (merges_[slot].key != kEmptyKey && merges_[slot].key != key) slot = (slot + 1) & mask;
+    if (merges_[slot].key == kEmptyKey) merges_[slot] = {key, {int32_t(i), result}};
   }
   const std::string pre = file.get_string("tokenizer.ggml.pre").value_or("default");
   split_digits_ = pre == "smollm" || pre == "starcoder" || pre == "refact";
@@ -238,38 +264,86 @@ bool Tokenizer::load(const gguf::File& file, std::string* err) {
   return true;
 }
 
-void Tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>* out) const {
-  std::vector<std::string> symbols;
-  symbols.reserve(piece.size());
-  for (char c : piece) symbols.push_back(byte_to_unicode_[uint8_t(c)]);
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const auto it = merge_ranks_.find(symbols[i] + " " + symbols[i + 1]);
-      if (it != merge_ranks_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
-      }
-    }
-    if (best_rank == INT32_MAX) break;
-    symbols[best] += symbols[best + 1];
-    symbols.erase(symbols.begin() + std::ptrdiff_t(best) + 1);
+int32_t Tokenizer::intern(const std::string& text) {
+  const auto [it, added] = symbol_ids_.emplace(text, int32_t(symbol_text_.size()));
+  if (added) {
+    symbol_text_.push_back(&it->first);
+    symbol_token_.push_back(-1);
   }
-  for (const std::string& symbol : symbols) {
-    const auto it = ids_.find(symbol);
-    if (it != ids_.end()) {
-      out->push_back(it->second);
+  return it->second;
+}
+
+const Tokenizer::Merge* Tokenizer::find_merge(int32_t left, int32_t right) const {
+  if (merges_.empty()) return nullptr;
+  const uint64_t key = uint64_t(uint32_t(left)) << 32 | uint32_t(right);
+  const size_t mask = merges_.size() - 1;
+  for (size_t slot = size_t((key * 0x9e3779b97f4a7c15ull) >> merge_shift_);;
+       slot = (slot + 1) & mask) {
+    if (merges_[slot].key == key) return &merges_[slot].merge;
+    if (merges_[slot].key == kEmptyKey) return nullptr;
+  }
+}
+
+// BPE over one piece: repeatedly merge the adjacent pair of lowest rank, the leftmost of
+// equals. The symbols form a linked list over the piece's byte positions and every
+// adjacent pair that has a merge waits in a min-heap keyed (rank, position); a popped
+// pair whose symbols have changed since it was pushed is stale and skipped. An n-byte
+// piece starts with n - 1 pairs and each merge pushes at most 2, so it costs at most 3n
+// heap operations: O(n log n) (the rescanning merge it replaced was O(n^2)).
+void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) const {
+  struct Symbol {
+    int32_t id;          // -1 once merged into its left neighbour
+    int32_t prev, next;  // positions of the neighbours, -1 / n at the ends
+  };
+  struct Pair {
+    int32_t rank, left, right;
+    bool operator>(const Pair& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  const int32_t n = int32_t(piece.size());
+  std::vector<Symbol> symbols(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) symbols[size_t(i)] = {byte_symbol_[uint8_t(piece[size_t(i)])], i - 1, i + 1};
+  std::vector<Pair> heap_storage;
+  heap_storage.reserve(size_t(n));
+  std::priority_queue<Pair, std::vector<Pair>, std::greater<Pair>> pairs(
+      std::greater<Pair>(), std::move(heap_storage));
+  auto push = [&](int32_t left, int32_t right) {
+    if (left < 0 || right >= n) return;
+    if (const Merge* m = find_merge(symbols[size_t(left)].id, symbols[size_t(right)].id)) {
+      pairs.push({m->rank, left, right});
+    }
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i, i + 1);
+  while (!pairs.empty()) {
+    const Pair p = pairs.top();
+    pairs.pop();
+    Symbol& left = symbols[size_t(p.left)];
+    Symbol& right = symbols[size_t(p.right)];
+    if (left.id < 0 || right.id < 0 || left.next != p.right) continue;  // stale
+    const Merge* m = find_merge(left.id, right.id);
+    if (m == nullptr || m->rank != p.rank) continue;  // a symbol changed: stale
+    left.id = m->result;
+    right.id = -1;
+    left.next = right.next;
+    if (right.next < n) symbols[size_t(right.next)].prev = p.left;
+    push(left.prev, p.left);
+    push(p.left, left.next);
+  }
+  for (int32_t i = 0; i < n; i = symbols[size_t(i)].next) {
+    const int32_t symbol = symbols[size_t(i)].id;
+    if (const int32_t token = symbol_token_[size_t(symbol)]; token >= 0) {
+      out->push_back(token);
       continue;
     }
     // A merge whose result is not in the vocabulary: fall back to its bytes. Bytes with
     // no token of their own (SmolLM has none for 0xC0, which UTF-8 never uses, or for a
     // few control characters) are dropped, as the reference tokenizer drops them.
-    for (const CodePoint& cp : decode_utf8(symbol)) {
+    for (const CodePoint& cp : decode_utf8(*symbol_text_[size_t(symbol)])) {
       const auto byte = unicode_to_byte_.find(cp.value);
       if (byte == unicode_to_byte_.end()) continue;
-      const auto id = ids_.find(byte_to_unicode_[byte->second]);
-      if (id != ids_.end()) out->push_back(id->second);
+      const int32_t id = symbol_token_[size_t(byte_symbol_[byte->second])];
+      if (id >= 0) out->push_back(id);
     }
   }
 }
@@ -285,7 +359,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   while (i < text.size()) {
     int32_t special = -1;
     if (parse_special) {
-      for (int32_t id : specials_) {
+      for (int32_t id : specials_[uint8_t(text[i])]) {
         if (text.substr(i).starts_with(tokens_[size_t(id)])) {
           special = id;
           break;
@@ -333,8 +407,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 int32_t Tokenizer::find(std::string_view token) const {
-  const auto it = ids_.find(std::string(token));
-  return it == ids_.end() ? -1 : it->second;
+  const auto it = symbol_ids_.find(std::string(token));
+  return it == symbol_ids_.end() ? -1 : symbol_token_[size_t(it->second)];
 }
 
 std::string apply_chat_template(const std::vector<ChatMessage>& messages,

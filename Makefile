@@ -40,7 +40,8 @@ test: build
 # ASan+UBSan (with LeakSanitizer) over the unit suite, fault sweeps and stress included
 # (not kvgc-oom-sweep and kvgc-parser-peak: they replace malloc, which ASan owns);
 # TSan over the threads tests and the stress tests (CPU backend; one with attention
-# split over 2 workers). Sanitized code is several times slower: timeouts doubled.
+# split over 2 workers; the tools are not built there: no thread of theirs is under test).
+# Sanitized code is several times slower: timeouts doubled.
 sanitize: deps
 	[ -f build-asan/build.ninja ] || meson setup build-asan -Dbuildtype=debug \
 	  -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
@@ -48,7 +49,7 @@ sanitize: deps
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 meson test -C build-asan --no-rebuild --print-errorlogs --suite unit \
 	  --timeout-multiplier 2
 	[ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Db_lundef=false \
-	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false
+	  -Dcuda=disabled -Dtcmalloc=disabled -Dbench=false -Dtools=false
 	ninja -C build-tsan
 	meson test -C build-tsan --no-rebuild --print-errorlogs unit --test-args='-tc=threads*'
 	meson test -C build-tsan --no-rebuild --print-errorlogs stress stress-threads --timeout-multiplier 2

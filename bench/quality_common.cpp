@@ -18,6 +18,11 @@ Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL}; }
 // fraction of the f16 full cache's bytes) instead of a token budget: the equal-bytes rows.
 std::vector<Config> retrieval_configs() {
   return {
+      {.name = "default", .policy = KVGC_POLICY_GENERATIONAL, .library_defaults = true},
+#if QUALITY_HAVE_LADDER
+      {.name = "default@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true},
+#endif
       {.name = "generational", .policy = KVGC_POLICY_GENERATIONAL},
       {.name = "h2o", .policy = KVGC_POLICY_H2O},
       {.name = "streaming", .policy = KVGC_POLICY_STREAMING},
@@ -50,6 +55,11 @@ std::vector<Config> retrieval_configs() {
 std::vector<Config> perplexity_configs() {
   return {
       // StreamingLLM's baseline: a plain sliding window, no attention sinks.
+      {.name = "default", .policy = KVGC_POLICY_GENERATIONAL, .library_defaults = true},
+#if QUALITY_HAVE_LADDER
+      {.name = "default@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true},
+#endif
       {.name = "window(no sinks)", .policy = KVGC_POLICY_STREAMING, .sinks = 0},
       {.name = "streaming", .policy = KVGC_POLICY_STREAMING},
       {.name = "h2o", .policy = KVGC_POLICY_H2O},
@@ -122,19 +132,21 @@ kvgc_heap_options base_options(const Bench& bench, const Config& config, uint64_
   kvgc_heap_options_init(&options);
   options.flags = KVGC_OPT_IGNORE_ENV;
   options.device = KVGC_DEVICE_CPU;
-  options.policy = config.policy;
-  options.sinks = config.sinks;
-  options.window = kWindow;
   options.page_tokens = kPageTokens;
-  options.demote = kvgc_demote(config.demote);
+  if (!config.library_defaults) {
+    options.policy = config.policy;
+    options.sinks = config.sinks;
+    options.window = kWindow;
+    options.demote = kvgc_demote(config.demote);
+#if QUALITY_HAVE_LADDER
+    options.recent_decay = config.recent_decay;
+#endif
+  }
   options.layer_budget = config.split;
   options.score_noise = config.score_noise;
   // Page-level results applied within each kvgc_step (which tokens die is the same either
   // way): the bytes read right after a step are what that step left.
   options.harvest = KVGC_HARVEST_IMMEDIATE;
-#if QUALITY_HAVE_LADDER
-  options.recent_decay = config.recent_decay;
-#endif
   if (config.split == KVGC_LAYER_BUDGET_ENTROPY) {
     options.layer_weights = bench.layer_weights.data();
     options.n_layer_weights = uint32_t(bench.layer_weights.size());

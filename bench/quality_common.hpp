@@ -46,6 +46,9 @@ struct Config {
   Budget budget = Budget::Tokens;
   double recent_decay = 1.0;  // 0.4: generational's intermediate tier (1 = h2o's score)
   double score_noise = 0.0;   // Laplace scale on ranking scores
+  // What a user gets: policy, sinks, young window, ladder and recent decay as
+  // kvgc_heap_options_init sets them (the fields above are ignored but the budget's kind).
+  bool library_defaults = false;
 };
 
 Config full_config();

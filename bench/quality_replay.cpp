@@ -229,7 +229,12 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
   return s == KVGC_EBUDGET || kvgc_ok(s, "kvgc_step", heap, err);
 }
 
-bool replayable(const Config& config) { return config.recent_decay == 1.0; }
+bool replayable(const Config& config) {
+  kvgc_heap_options defaults;
+  kvgc_heap_options_init(&defaults);
+  const double decay = config.library_defaults ? defaults.recent_decay : config.recent_decay;
+  return decay == 1.0;
+}
 
 bool prefill_or_replay(const Bench& bench, const Config& config, const Snapshot& snap,
                        const std::vector<int32_t>& prompt, engine::Engine* engine,

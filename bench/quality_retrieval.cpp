@@ -193,7 +193,8 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
           if (!fresh.init(*bench.model, &options, e) ||
               !fresh.prefill(prompt.tokens.data(), uint32_t(n), logits.data(), e,
                              PrefillMode::Observe) ||
-              !compare_replay(bench, *engine, offset, fresh, config.demote != KVGC_DEMOTE_OFF,
+              !compare_replay(bench, *engine, offset, fresh,
+                              config.demote != KVGC_DEMOTE_OFF || config.library_defaults,
                               &same, &what, e) ||
               !decode(bench, &fresh, logits, task.answer_tokens, prompt.expect, &fresh_text, e))
             return false;

@@ -48,6 +48,8 @@ std::vector<Config> retrieval_configs() {
        .budget = Budget::Bytes, .recent_decay = 0.99},
       {.name = "generational+ladder+recent0.99@bytes", .policy = KVGC_POLICY_GENERATIONAL,
        .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes, .recent_decay = 0.99},
+      {.name = "generational+ladder+recent0.95@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes, .recent_decay = 0.95},
 #endif
   };
 }
@@ -85,6 +87,12 @@ std::vector<Config> perplexity_configs() {
       {.name = "generational@bytes", .policy = KVGC_POLICY_GENERATIONAL,
        .budget = Budget::Bytes},
       {.name = "generational+ladder@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes},
+      {.name = "generational+ladder+recent0.95@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes, .recent_decay = 0.95},
+      {.name = "h2o+ladder@bytes", .policy = KVGC_POLICY_H2O, .demote = KVGC_DEMOTE_LADDER,
+       .budget = Budget::Bytes},
+      {.name = "streaming+ladder@bytes", .policy = KVGC_POLICY_STREAMING,
        .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes},
 #endif
   };

@@ -199,7 +199,7 @@ typedef struct kvgc_heap_options {
   uint64_t token_budget;   /* 0: none. Live tokens per segment, absolute */
   double token_budget_fraction; /* 0: none. Live tokens per segment / sequence length */
   uint32_t sinks;          /* 4 */
-  uint32_t window;         /* 64: the young window, never evicted */
+  uint32_t window;         /* 32 (0.4; 64 before): the young window, never evicted */
   uint32_t page_tokens;    /* 16: slots per page, 1..256 */
   double compact_threshold;/* 0.25: segment fragmentation that triggers compaction */
   kvgc_demote demote;      /* LADDER (0.4; OFF before): int8, then int4, then eviction */

@@ -40,6 +40,7 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.policy == KVGC_POLICY_GENERATIONAL);
   CHECK(o.page_tokens == 16);
   CHECK(o.sinks == 4);
+  CHECK(o.window == 32);
   CHECK(o.harvest == KVGC_HARVEST_DEFERRED);
   CHECK(o.cpu_threads == 1);
   CHECK(o.recent_decay == doctest::Approx(0.95));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gguf.hpp"
+#include "utf8_of.hpp"
 
 namespace kvgc_test {
 
@@ -85,17 +86,6 @@ struct TinyGgufWriter {
     return out + data;
   }
 };
-
-inline std::string utf8_of(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else {
-    s += char(0xc0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3f));
-  }
-  return s;
-}
 
 // GPT-2's byte-to-unicode stand-ins (all below U+0800, so two UTF-8 bytes at most).
 inline std::vector<std::string> byte_tokens() {

@@ -16,6 +16,7 @@
 
 #include "engine/tokenizer.hpp"
 #include "gguf.hpp"
+#include "utf8_of.hpp"
 
 namespace kvgc_test {
 
@@ -48,7 +49,7 @@ class ReferenceTokenizer {
     for (uint32_t b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
       const uint32_t cp = printable ? b : next++;
-      byte_to_unicode_[b] = utf8(cp);
+      byte_to_unicode_[b] = utf8_of(cp);
       unicode_to_byte_[byte_to_unicode_[b]] = uint8_t(b);
     }
     const std::string pre = file.get_string("tokenizer.ggml.pre").value_or("default");
@@ -85,17 +86,6 @@ class ReferenceTokenizer {
   }
 
  private:
-  static std::string utf8(uint32_t cp) {
-    std::string s;
-    if (cp < 0x80) {
-      s += char(cp);
-    } else {
-      s += char(0xc0 | (cp >> 6));
-      s += char(0x80 | (cp & 0x3f));
-    }
-    return s;
-  }
-
   void encode_piece(const std::string& piece, std::vector<int32_t>* out) const {
     std::vector<std::string> symbols;
     for (char c : piece) symbols.push_back(byte_to_unicode_[uint8_t(c)]);

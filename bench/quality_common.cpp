@@ -81,6 +81,8 @@ std::vector<Config> perplexity_configs() {
        .demote = KVGC_DEMOTE_LADDER},
       {.name = "generational+recent0.99", .policy = KVGC_POLICY_GENERATIONAL,
        .recent_decay = 0.99},
+      {.name = "generational+recent0.95", .policy = KVGC_POLICY_GENERATIONAL,
+       .recent_decay = 0.95},
       {.name = "generational+recent0.9", .policy = KVGC_POLICY_GENERATIONAL,
        .recent_decay = 0.9},
       {.name = "streaming@bytes", .policy = KVGC_POLICY_STREAMING, .budget = Budget::Bytes},

@@ -20,6 +20,11 @@ export PKG_CONFIG_PATH="$root/$libdir/pkgconfig"
 cc -std=c11 "$src/tests/consumer/main.c" -o "$tmp/pc-consumer" \
   $(pkg-config --define-variable=prefix="$root" --cflags --libs kvgc)
 LD_LIBRARY_PATH="$root/$libdir" "$tmp/pc-consumer"
+# The package's version is the header's.
+header_version=$(sed -n 's/^#define KVGC_VERSION_STRING "\(.*\)"$/\1/p' "$root/include/kvgc.h")
+pc_version=$(pkg-config --modversion kvgc)
+[ "$header_version" = "$pc_version" ] || {
+  echo "version mismatch: kvgc.h says $header_version, kvgc.pc $pc_version"; exit 1; }
 # CMake package config.
 if command -v cmake >/dev/null; then
   cmake -S "$src/tests/consumer" -B "$tmp/cmake" -DCMAKE_PREFIX_PATH="$root" >/dev/null

@@ -55,13 +55,13 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 4
+#define KVGC_VERSION_MINOR 5
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.4.0"
+#define KVGC_VERSION_STRING "0.5.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
-/* The library's version string ("0.4.0"); equals KVGC_VERSION_STRING of its build. */
+/* The library's version string ("0.5.0"); equals KVGC_VERSION_STRING of its build. */
 KVGC_API const char* kvgc_version(void);
 /* The library's KVGC_VERSION_NUMBER, to compare against the header's at run time. */
 KVGC_API int kvgc_version_number(void);
@@ -240,12 +240,22 @@ typedef struct kvgc_heap_options {
    * ranks its intermediate tier by it and its long-term tier by the accumulated score;
    * 1 makes the two the same (H2O's). */
   double recent_decay;           /* 0.95 */
+  /* Added in 0.5: pipeline parallelism. The heap holds layers [first_layer, first_layer +
+   * model->n_layers) of a model of total_layers layers (0: model->n_layers, the whole
+   * model), so each pipeline rank runs a heap of its own. Every `layer` argument of the
+   * API stays local (0 .. model->n_layers - 1); layer budgets (uniform, pyramid, entropy:
+   * layer_weights then holds total_layers weights, a profile file total_layers lines) and
+   * the random policy's draws are indexed by the global layer, so the ranks' heaps make
+   * exactly the decisions one heap over every layer makes. Nothing crosses ranks. */
+  uint32_t first_layer;          /* 0 */
+  uint32_t total_layers;         /* 0: model->n_layers */
 } kvgc_heap_options;
 
-/* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads) and of 0.3 (no byte budget), still
- * accepted by kvgc_heap_create and kvgc_heap_get_options. */
+/* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads), 0.3 (no byte budget) and 0.4 (no
+ * layer range), still accepted by kvgc_heap_create and kvgc_heap_get_options. */
 #define KVGC_HEAP_OPTIONS_0_2_SIZE (offsetof(kvgc_heap_options, cpu_threads))
 #define KVGC_HEAP_OPTIONS_0_3_SIZE (offsetof(kvgc_heap_options, byte_budget))
+#define KVGC_HEAP_OPTIONS_0_4_SIZE (offsetof(kvgc_heap_options, first_layer))
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
 KVGC_API kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts);
@@ -398,6 +408,151 @@ KVGC_API kvgc_status kvgc_read_scores(kvgc_heap* heap, kvgc_seq seq, uint32_t la
 KVGC_API kvgc_status kvgc_read_classes(kvgc_heap* heap, kvgc_seq seq, uint32_t layer,
                                        uint8_t* cls_out, uint64_t capacity, uint64_t* n_out,
                                        void* stream);
+
+/* ---- batches (added in 0.5) ---------------------------------------------------- */
+/* Serving many sequences at once: plan once per engine step, then one call per layer for
+ * the whole batch (on CUDA each is a single launch over every sequence), then one GC call.
+ *
+ *   kvgc_batch_plan(b, seqs, n_new, n, &failed, stream);   once per engine step
+ *   for each layer:
+ *     kvgc_batch_append(b, layer, k, v, stream);           the step's new K/V rows
+ *     kvgc_batch_attend(b, layer, q, out, params, stream); their queries
+ *   kvgc_batch_step(b, stream);                            every sequence's GC
+ *
+ * Rows are in batch order: sequence i's n_new[i] rows follow sequence i-1's, so k, v, q
+ * and out are [sum n_new][heads][head_dim] in the model dtype. A sequence may bring one
+ * row (decode) or a chunk of its prompt (chunked prefill) in the same batch; n_new[i] = 0
+ * keeps it in the batch without new tokens (it attends nothing, its GC still runs).
+ * Every call computes exactly what the per-sequence calls compute (kvgc_append, then
+ * kvgc_attend with n_q = n_new[i], then kvgc_step per sequence): bit for bit on the CPU
+ * with one thread; with cpu_threads > 1 only a sequence long enough to be split across
+ * threads may differ, by summation order.
+ *
+ * The plan stays valid until the batch's kvgc_batch_step or its next plan. A call on the
+ * heap that changes a planned sequence's pages in between (a per-sequence append or
+ * step, kvgc_seq_destroy, a fork of it is fine) makes the plan stale: the batch's calls
+ * then fail with KVGC_EINVAL and change nothing; plan again. One plan per heap at a time:
+ * planning a batch makes the heap's other batches' plans stale (their device tables share
+ * one region of the arena). Pages a plan reserved for layers that were never appended go
+ * back at the next plan, the step or kvgc_batch_destroy. */
+typedef struct kvgc_batch kvgc_batch;
+
+/* A batch object for `heap`, reused step after step (its host arrays grow to the largest
+ * batch planned and are kept). */
+KVGC_API kvgc_status kvgc_batch_create(kvgc_heap* heap, kvgc_batch** batch_out);
+/* Frees the batch and returns the pages its plan still reserves. NULL is a no-op. The
+ * heap must outlive its batches. */
+KVGC_API void kvgc_batch_destroy(kvgc_batch* batch);
+
+/* Plans one engine step over n_seqs distinct live sequences of the batch's heap: applies
+ * their pending GC results, reserves the pages every layer needs for n_new[i] new tokens
+ * of sequence i, and (CUDA) uploads the step's page tables, append runs and attention
+ * work list for every layer in one copy on `stream`. All or nothing: when the pages do
+ * not fit (after applying every pending GC result and compacting the batch's fragmented
+ * segments), KVGC_ENOMEM, or KVGC_EBUDGET past a tenant's quota, and *failed_out (may be
+ * NULL) is the index of the first sequence, in batch order, that did not fit: every
+ * sequence before it did, so an engine preempts that one (or a later one) and plans
+ * again. KVGC_ENOTFOUND for an unknown sequence and KVGC_EINVAL for a repeated one, with
+ * *failed_out its index. n_seqs may be 0 (an empty step). */
+KVGC_API kvgc_status kvgc_batch_plan(kvgc_batch* batch, const kvgc_seq* seqs,
+                                     const uint32_t* n_new, uint32_t n_seqs,
+                                     uint32_t* failed_out, void* stream);
+
+/* Appends every planned sequence's new rows to `layer` (k and v: [sum n_new][n_kv_heads]
+ * [head_dim], batch order, on the heap's device). Once per layer per plan; KVGC_EINVAL if
+ * this layer was already appended. Never allocates pages: the plan reserved them. */
+KVGC_API kvgc_status kvgc_batch_append(kvgc_batch* batch, uint32_t layer, const void* k,
+                                       const void* v, void* stream);
+
+/* Attention of every planned sequence's new rows over its cache at `layer`, fused with
+ * the H2O signal: q and out are [sum n_new][n_q_heads][head_dim], batch order; row j of
+ * sequence i is its query at position length - n_new[i] + j, as kvgc_attend. The layer
+ * must have been appended in this plan (KVGC_EINVAL otherwise); it may be attended more
+ * than once. Long sequences are split across SMs (CPU: threads), short ones share them. */
+KVGC_API kvgc_status kvgc_batch_attend(kvgc_batch* batch, uint32_t layer, const void* q,
+                                       void* out, const kvgc_attend_params* params,
+                                       void* stream);
+
+/* Every planned sequence's kvgc_step. The plan is spent (pages reserved for layers that
+ * were not appended go back first). KVGC_EBUDGET as kvgc_step, for any sequence, after
+ * every sequence's GC has run; the first failure of another kind stops the walk. */
+KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
+
+/* ---- bring your own attention: the page layout and a batch's page tables (0.5) ---- */
+/* Engines with their own paged attention kernels read kvgc's pages directly, through this
+ * layout, and hand the attention mass back with kvgc_batch_observe. The layout is part of
+ * the ABI: KVGC_PAGE_LAYOUT_VERSION changes whenever any offset rule below does.
+ *
+ * A page of class `cls` is page_bytes bytes at arena_base + offset (kvgc_batch_view) and
+ * holds page_tokens slots of one segment for all its KV heads:
+ *   live    uint32[ceil(page_tokens/32)] at live_offset: bit s%32 of word s/32 set = slot s
+ *           holds a live token (a dead slot's other fields are garbage: skip it)
+ *   pos     int32[page_tokens]  at pos_offset: the token's position in its sequence
+ *   score   float[page_tokens]  at score_offset: accumulated attention mass (read only)
+ *   recent  float[page_tokens]  at recent_offset: decayed recent mass (read only)
+ *   gen     uint8[page_tokens]  at gen_offset: bits 0-1 the kvgc_generation, 2-7 an age
+ *   K, V    at k_offset, v_offset: element d of head h of slot s starts at byte
+ *           h * head_stride + s * slot_stride + (FP16: d * dtype bytes; INT8: d; INT4: d/2,
+ *           the low nibble for even d, the high for odd)
+ *   FP16    elements in the model dtype (f16, bf16; f32 for f32 models)
+ *   INT8    x = q * scale, q int8, scale the 16-bit word at kq_offset (K) or vq_offset (V)
+ *           + 2 * ((h * page_tokens + s) * qwords); f16 for f16 models, else bf16
+ *   INT4    x = n * scale + zero, n the nibble; for group g = d / group, scale and zero are
+ *           16-bit words 2g and 2g+1 from kq_offset/vq_offset + 2 * ((h * page_tokens + s)
+ *           * qwords), typed as INT8's scale
+ * Pages of one segment are listed in read order (FP16, then INT4, then INT8 pages); a
+ * slot's attention order does not matter, its position does (causal masks). */
+#define KVGC_PAGE_LAYOUT_VERSION 1
+
+typedef struct kvgc_page_layout {
+  size_t struct_size;
+  uint32_t version;      /* KVGC_PAGE_LAYOUT_VERSION of the library */
+  kvgc_storage_class cls;
+  kvgc_dtype dtype;      /* the model's */
+  uint32_t page_tokens, n_kv_heads, head_dim;
+  uint32_t group;        /* INT4: elements per scale/zero pair; else head_dim */
+  uint32_t qwords;       /* 16-bit quantisation words per (head, slot): FP16 0, INT8 1,
+                            INT4 2 * head_dim / group */
+  uint64_t page_bytes;
+  uint64_t live_offset, pos_offset, score_offset, recent_offset, gen_offset;
+  uint64_t k_offset, v_offset, kq_offset, vq_offset;  /* kq/vq: 0 for FP16 */
+  uint64_t head_stride, slot_stride;
+} kvgc_page_layout;
+
+/* Fills *out (set out->struct_size first, or zero it and set struct_size) for class cls. */
+KVGC_API kvgc_status kvgc_page_layout_get(const kvgc_heap* heap, kvgc_storage_class cls,
+                                          kvgc_page_layout* out);
+
+/* One layer of a planned batch, as device arrays (host arrays on the CPU backend) valid
+ * until the plan is spent or stale. Sequence i's pages are page_offset[page_indptr[i] ..
+ * page_indptr[i+1]) with their classes in page_class, every page already holding the
+ * step's new tokens once kvgc_batch_append(layer) has run (their live bits are set by it;
+ * before it the reserved pages' slots read as dead). Its queries are rows [q_indptr[i],
+ * q_indptr[i+1]) at positions q_pos0[i] + j. */
+typedef struct kvgc_batch_view {
+  size_t struct_size;
+  uint32_t n_seqs;
+  uint32_t n_pages;             /* this layer's pages over the whole batch */
+  uint32_t n_rows;              /* sum of n_new */
+  uint32_t page_tokens;
+  void* arena_base;             /* device address every offset counts from */
+  const uint32_t* page_indptr;  /* [n_seqs + 1] */
+  const uint64_t* page_offset;  /* [n_pages] bytes from arena_base */
+  const uint8_t* page_class;    /* [n_pages] kvgc_storage_class */
+  const uint32_t* q_indptr;     /* [n_seqs + 1] */
+  const int32_t* q_pos0;        /* [n_seqs] */
+} kvgc_batch_view;
+
+/* The planned batch's page tables for `layer`. */
+KVGC_API kvgc_status kvgc_batch_export(kvgc_batch* batch, uint32_t layer, kvgc_batch_view* out);
+
+/* Hands in the attention mass an engine's own kernel gave every slot of `layer`'s pages:
+ * mass is float32 [view.n_pages][page_tokens] (slot-indexed, on the heap's device), entry
+ * p * page_tokens + s for slot s of the view's page p; dead slots' entries are ignored.
+ * As kvgc_observe per segment: each slot's recent score is multiplied by recent_decay once,
+ * then the mass is added; values are clamped as for kvgc_observe. */
+KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const float* mass,
+                                        void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
 #define KVGC_STATS_VERSION 3

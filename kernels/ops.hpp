@@ -14,11 +14,17 @@ namespace kvgc {
 // page and owns all of it: its live mask (bits past the run are cleared) and the K/V and
 // metadata of the slots past the run, which it zeroes (scrubbing: a recycled page never
 // shows its previous owner's bytes). Later runs into the same page only add.
+//
+// Positions: token i of the run has position op.first_pos + src_token + i + pos_delta.
+// A single segment's append leaves pos_delta at 0; a batch (one op over many segments,
+// src_token counting rows of the whole batch) sets op.first_pos = 0 and pos_delta to the
+// segment's length minus its first row.
 struct AppendRun {
   uint8_t* page;
   uint32_t first_slot;
   uint32_t count;
   uint32_t src_token;
+  int32_t pos_delta = 0;
 };
 
 struct AppendOp {
@@ -27,8 +33,11 @@ struct AppendOp {
   const void* v;
   int64_t first_pos;      // position of source token 0
   uint32_t sinks;         // positions below this are sinks (kGenSink), others young
-  const AppendRun* runs;  // host array
+  const AppendRun* runs;  // host array (pinned on device backends when dev_runs is set)
   uint32_t n_runs;
+  // Device backends: the same runs already in device memory (a batch uploads every
+  // layer's runs once, at plan); null: the executor ships `runs` itself.
+  const AppendRun* dev_runs = nullptr;
 };
 
 // One page of a segment as the ops see it. Read order is the segment's FP16 pages, then
@@ -55,12 +64,18 @@ struct GatherOp {
 // Adds mass[row] to the score of the slot at each read-order row, and to its recent
 // score after multiplying that by `decay`. On a device it is enqueued on the engine's
 // stream and never synchronises.
+//
+// by_slot (a batch's observe, for engines that run their own attention over exported
+// pages): mass is indexed by page and slot instead, mass[p * page_tokens + slot] for
+// page p of `pages`; dead slots' entries are ignored.
 struct ObserveOp {
   PageLayout layout[KVGC_CLASS_COUNT];
   const SegPage* pages;
   uint32_t n_pages;
   const float* mass;  // [live rows], heap's device
   float decay = 1.0f; // recent = recent * decay + mass
+  bool by_slot = false;
+  const SegPage* dev_pages = nullptr;  // device backends: `pages` already on the device
 };
 
 // The ranking key of a policy: accumulated score (h2o, generational's long-term tier),
@@ -159,6 +174,21 @@ namespace kvgc {
 // q_pos0 + i and sees live slots with position <= its own (causal by position, so a
 // prefill chunk attends to the cache and its own earlier tokens). GQA: q head j reads
 // kv head j / (q_heads / kv_heads). Softmax in fp32; out in the model dtype.
+//
+// A batch: with n_seqs > 0 the op is many segments at once (one launch on a device):
+// sequence i reads pages [seqs[i].first_page, + n_pages) of `pages` (their out_row
+// relative to the sequence), and its queries are rows [q_row, q_row + n_q) of q and out;
+// n_live, n_q, q_pos0 and recent_decay above are then unused. n_seqs == 0 is one segment,
+// described by those fields (the per-sequence kvgc_attend). Each sequence's result is
+// exactly what the op over that sequence alone computes.
+struct AttendSeq {
+  uint32_t first_page, n_pages;
+  uint64_t n_live;       // rows over its pages (an upper bound on live slots)
+  uint32_t q_row, n_q;
+  int64_t q_pos0;        // position of its first query
+  float recent_decay;    // the per-query decay raised to n_q
+};
+
 struct AttendOp {
   PageLayout layout[KVGC_CLASS_COUNT];
   const SegPage* pages;  // read order
@@ -173,6 +203,32 @@ struct AttendOp {
   float recent_decay = 1.0f;  // with add_scores: recent = recent * recent_decay + mass
   void* scratch = nullptr;     // device executors: the heap's scratch (CPU: unused)
   size_t scratch_bytes = 0;
+  const AttendSeq* seqs = nullptr;  // a batch (host array; pinned on device backends)
+  uint32_t n_seqs = 0;
+  // Device backends: `pages` and `seqs` already in device memory (uploaded by the batch's
+  // plan); null: the executor ships them itself.
+  const SegPage* dev_pages = nullptr;
+  const AttendSeq* dev_seqs = nullptr;
 };
+
+// The one-segment op that sequence i of a batch amounts to (its pages, queries, rows).
+inline AttendOp attend_seq_op(const AttendOp& op, uint32_t i) {
+  const AttendSeq& s = op.seqs[i];
+  const size_t row_bytes = size_t(op.q_heads) * op.layout[0].head_dim * dtype_bytes(op.layout[0].dtype);
+  AttendOp one = op;
+  one.pages = op.pages + s.first_page;
+  one.n_pages = s.n_pages;
+  one.n_live = s.n_live;
+  one.q = static_cast<const uint8_t*>(op.q) + size_t(s.q_row) * row_bytes;
+  one.out = static_cast<uint8_t*>(op.out) + size_t(s.q_row) * row_bytes;
+  one.n_q = s.n_q;
+  one.q_pos0 = s.q_pos0;
+  one.recent_decay = s.recent_decay;
+  one.seqs = nullptr;
+  one.n_seqs = 0;
+  one.dev_pages = nullptr;
+  one.dev_seqs = nullptr;
+  return one;
+}
 
 }  // namespace kvgc

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../../allocator/host_memory.hpp"
+#include "thread_pool.hpp"
 
 #include "attend_internal.hpp"
 #include "../score.hpp"
@@ -106,7 +107,8 @@ const char* simd_name() {
   return l == 2 ? "AVX-512" : l == 1 ? "AVX2/F16C" : "portable";
 }
 
-void attend(const AttendOp& op, ThreadPool* pool) {
+namespace {
+void attend_one(const AttendOp& op, ThreadPool* pool) {
   const PageLayout& L0 = op.layout[0];
   const uint32_t hd = L0.head_dim, kv_heads = L0.n_kv_heads, group = op.q_heads / kv_heads;
   const kvgc_dtype dt = L0.dtype;
@@ -180,6 +182,41 @@ void attend(const AttendOp& op, ThreadPool* pool) {
       float& recent = reinterpret_cast<float*>(slots[j].page + L.recent_off)[slots[j].slot];
       recent = accumulate_score(recent * op.recent_decay, mass[j]);
     }
+}
+
+}  // namespace
+
+// A batch: sequences one after the other on one thread (exactly the per-sequence calls).
+// With a pool, a sequence long enough to split (at least two workers' minimum of slots,
+// and more than a worker's share of the whole batch) runs alone, split-K across the
+// pool as a single call would; the rest are spread over the workers, a whole sequence
+// per task (longest first), each computed exactly as a one-thread call computes it.
+void attend(const AttendOp& op, ThreadPool* pool) {
+  if (op.n_seqs == 0) return attend_one(op, pool);
+  if (!pool || pool->size() < 2 || op.n_seqs == 1) {
+    for (uint32_t i = 0; i < op.n_seqs; ++i) attend_one(attend_seq_op(op, i), pool);
+    return;
+  }
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < op.n_seqs; ++i) total += op.seqs[i].n_live * op.seqs[i].n_q;
+  const uint64_t share = total / pool->size();
+  host::vector<uint32_t> rest;
+  rest.reserve(op.n_seqs);
+  for (uint32_t i = 0; i < op.n_seqs; ++i) {
+    const AttendSeq& s = op.seqs[i];
+    if (s.n_live >= 2 * split_min_slots() && s.n_live * s.n_q > share)
+      attend_one(attend_seq_op(op, i), pool);
+    else
+      rest.push_back(i);
+  }
+  std::stable_sort(rest.begin(), rest.end(), [&](uint32_t a, uint32_t b) {
+    return op.seqs[a].n_live * op.seqs[a].n_q > op.seqs[b].n_live * op.seqs[b].n_q;
+  });
+  // Tasks are claimed in order; at most 65535 per run.
+  for (size_t base = 0; base < rest.size(); base += 65535) {
+    const unsigned n = unsigned(std::min<size_t>(65535, rest.size() - base));
+    pool->run(n, [&](unsigned t) { attend_one(attend_seq_op(op, rest[base + t]), nullptr); });
+  }
 }
 
 }  // namespace kvgc::cpu

@@ -45,7 +45,7 @@ void append(const AppendOp& op) {
         std::memcpy(page + L.k_off + dst, k + src * token_bytes + h * row, row);
         std::memcpy(page + L.v_off + dst, v + src * token_bytes + h * row, row);
       }
-      const int64_t p = op.first_pos + int64_t(src);
+      const int64_t p = op.first_pos + int64_t(src) + run.pos_delta;
       pos[slot] = int32_t(p);
       score[slot] = 0.f;
       recent[slot] = 0.f;

@@ -109,8 +109,9 @@ void observe(const ObserveOp& op) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
     uint64_t row = sp.out_row;
+    const uint64_t page_row = uint64_t(p) * L.page_tokens;
     for_live(sp.page, L, [&](uint32_t s) {
-      const float m = op.mass[row++];  // NaN, inf, < 0 add nothing (kernels/score.hpp)
+      const float m = op.by_slot ? op.mass[page_row + s] : op.mass[row++];  // NaN, inf, < 0 add nothing (kernels/score.hpp)
       float& score = score_at(sp.page, L, s);
       score = accumulate_score(score, m);
       float& recent = recent_at(sp.page, L, s);

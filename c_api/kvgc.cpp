@@ -23,6 +23,13 @@ struct kvgc_heap : kvgc::host::HostAllocated {
   std::unique_ptr<kvgc::ManagedHeap> impl;
 };
 
+struct kvgc_batch : kvgc::host::HostAllocated {
+  static constexpr uint64_t kMagic = 0x6b7667632d626174ull;  // "kvgc-bat"
+  uint64_t magic = kMagic;
+  kvgc_heap* heap = nullptr;
+  kvgc::BatchPlan plan;
+};
+
 namespace {
 
 // The calling thread's last error, in storage of its own: recording an error never
@@ -76,7 +83,8 @@ Status check_heap(const kvgc_heap* h, const char* fn) {
 
 // The sizes of kvgc_heap_options that earlier versions compiled against.
 bool older_options_size(size_t size) {
-  return size == KVGC_HEAP_OPTIONS_0_2_SIZE || size == KVGC_HEAP_OPTIONS_0_3_SIZE;
+  return size == KVGC_HEAP_OPTIONS_0_2_SIZE || size == KVGC_HEAP_OPTIONS_0_3_SIZE ||
+         size == KVGC_HEAP_OPTIONS_0_4_SIZE;
 }
 
 // Structs that only grow: the caller's struct_size must name a size this library knows.
@@ -123,6 +131,20 @@ kvgc_status with_heap(kvgc_heap* h, const char* fn, F&& f, Mutates m = Mutates::
   });
 }
 
+Status attend_options(const kvgc::ManagedHeap& h, const kvgc_attend_params* params, const char* fn,
+                      float* scale, bool* scores) {
+  *scale = 1.0f / std::sqrt(float(h.model().head_dim));
+  *scores = true;
+  if (!params) return Status::Ok();
+  KVGC_TRY(check_struct_size(params->struct_size, sizeof *params, (std::string(fn) + ": params").c_str()));
+  if (!(params->scale >= 0 && std::isfinite(params->scale)))
+    return fail(KVGC_EINVAL, std::string(fn) + ": params->scale must be finite and >= 0 (0 = default)");
+  if (params->flags & ~KVGC_ATTEND_NO_SCORES)
+    return fail(KVGC_EINVAL, std::string(fn) + ": params->flags has unknown bits");
+  if (params->scale > 0) *scale = params->scale;
+  *scores = !(params->flags & KVGC_ATTEND_NO_SCORES);
+  return Status::Ok();
+}
 }  // namespace
 
 extern "C" {
@@ -202,7 +224,7 @@ kvgc_status kvgc_heap_create(const kvgc_model_desc* model, const kvgc_heap_optio
     kvgc_heap_options o;
     kvgc::options_defaults(&o);
     if (opts) {
-      // 0.2 and 0.3 callers (a smaller struct) keep the defaults of the fields they lack.
+      // 0.2, 0.3 and 0.4 callers (a smaller struct) keep the defaults of the fields they lack.
       if (!older_options_size(opts->struct_size))
         KVGC_TRY(check_struct_size(opts->struct_size, sizeof o, "opts"));
       std::memcpy(&o, opts, opts->struct_size);
@@ -341,17 +363,9 @@ kvgc_status kvgc_attend(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const voi
                         uint32_t n_q, void* out, const kvgc_attend_params* params,
                         void* stream) {
   return with_heap(heap, "kvgc_attend", [&](kvgc::ManagedHeap& h) -> Status {
-    float scale = 1.0f / std::sqrt(float(h.model().head_dim));
-    bool scores = true;
-    if (params) {
-      KVGC_TRY(check_struct_size(params->struct_size, sizeof *params, "kvgc_attend: params"));
-      if (!(params->scale >= 0 && std::isfinite(params->scale)))
-        return fail(KVGC_EINVAL, "kvgc_attend: params->scale must be finite and >= 0 (0 = default)");
-      if (params->flags & ~KVGC_ATTEND_NO_SCORES)
-        return fail(KVGC_EINVAL, "kvgc_attend: params->flags has unknown bits");
-      if (params->scale > 0) scale = params->scale;
-      scores = !(params->flags & KVGC_ATTEND_NO_SCORES);
-    }
+    float scale;
+    bool scores;
+    KVGC_TRY(attend_options(h, params, "kvgc_attend", &scale, &scores));
     return h.attend(seq, layer, q, n_q, out, scale, scores, stream);
   }, Mutates::Yes);
 }
@@ -367,6 +381,105 @@ kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
     KVGC_TRY(h.stats(&full));
     full.struct_size = size;
     std::memcpy(out, &full, size);
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"
+
+// ---- batches --------------------------------------------------------------------
+
+namespace {
+template <class F>
+kvgc_status with_batch(kvgc_batch* b, const char* fn, F&& f, Mutates m = Mutates::Yes) noexcept {
+  if (!b || b->magic != kvgc_batch::kMagic)
+    return record(nullptr, KVGC_EINVAL, fn, !b ? ": batch is NULL" : ": batch is not a live kvgc_batch");
+  return with_heap(b->heap, fn, [&](kvgc::ManagedHeap& h) { return f(h, b->plan); }, m);
+}
+
+}  // namespace
+
+extern "C" {
+
+kvgc_status kvgc_batch_create(kvgc_heap* heap, kvgc_batch** batch_out) {
+  if (!batch_out) return record(heap, KVGC_EINVAL, "kvgc_batch_create: batch_out is NULL");
+  *batch_out = nullptr;
+  return with_heap(heap, "kvgc_batch_create", [&](kvgc::ManagedHeap&) -> Status {
+    auto* b = new kvgc_batch();  // bad_alloc: KVGC_ENOMEM
+    b->heap = heap;
+    *batch_out = b;
+    return Status::Ok();
+  });
+}
+
+void kvgc_batch_destroy(kvgc_batch* batch) {
+  if (!batch || batch->magic != kvgc_batch::kMagic) return;
+  (void)with_batch(batch, "kvgc_batch_destroy", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) {
+    h.batch_destroy(p);
+    return Status::Ok();
+  });
+  batch->magic = 0;
+  delete batch;
+}
+
+kvgc_status kvgc_batch_plan(kvgc_batch* batch, const kvgc_seq* seqs, const uint32_t* n_new,
+                            uint32_t n_seqs, uint32_t* failed_out, void* stream) {
+  return with_batch(batch, "kvgc_batch_plan", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) {
+    return h.batch_plan(p, seqs, n_new, n_seqs, failed_out, stream);
+  });
+}
+
+kvgc_status kvgc_batch_append(kvgc_batch* batch, uint32_t layer, const void* k, const void* v,
+                              void* stream) {
+  return with_batch(batch, "kvgc_batch_append", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) {
+    return h.batch_append(p, layer, k, v, stream);
+  });
+}
+
+kvgc_status kvgc_batch_attend(kvgc_batch* batch, uint32_t layer, const void* q, void* out,
+                              const kvgc_attend_params* params, void* stream) {
+  return with_batch(batch, "kvgc_batch_attend", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) -> Status {
+    float scale;
+    bool scores;
+    KVGC_TRY(attend_options(h, params, "kvgc_batch_attend", &scale, &scores));
+    return h.batch_attend(p, layer, q, out, scale, scores, stream);
+  });
+}
+
+kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const float* mass, void* stream) {
+  return with_batch(batch, "kvgc_batch_observe", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) {
+    return h.batch_observe(p, layer, mass, stream);
+  });
+}
+
+kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream) {
+  return with_batch(batch, "kvgc_batch_step", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) {
+    return h.batch_step(p, stream);
+  });
+}
+
+kvgc_status kvgc_batch_export(kvgc_batch* batch, uint32_t layer, kvgc_batch_view* out) {
+  return with_batch(batch, "kvgc_batch_export", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) -> Status {
+    if (!out) return fail(KVGC_EINVAL, "kvgc_batch_export: out is NULL");
+    KVGC_TRY(check_struct_size(out->struct_size, sizeof *out, "kvgc_batch_export: out"));
+    kvgc_batch_view v{};
+    v.struct_size = sizeof v;
+    KVGC_TRY(h.batch_export(p, layer, &v));
+    *out = v;
+    return Status::Ok();
+  }, Mutates::No);
+}
+
+kvgc_status kvgc_page_layout_get(const kvgc_heap* heap, kvgc_storage_class cls, kvgc_page_layout* out) {
+  return with_heap(const_cast<kvgc_heap*>(heap), "kvgc_page_layout_get", [&](kvgc::ManagedHeap& h) -> Status {
+    if (!out) return fail(KVGC_EINVAL, "kvgc_page_layout_get: out is NULL");
+    KVGC_TRY(check_struct_size(out->struct_size, sizeof *out, "kvgc_page_layout_get: out"));
+    if (kvgc::raw_enum(cls) < 0 || kvgc::raw_enum(cls) >= KVGC_CLASS_COUNT)
+      return fail(KVGC_EINVAL, "kvgc_page_layout_get: cls must be KVGC_CLASS_FP16, _INT4 or _INT8");
+    kvgc_page_layout l{};
+    l.struct_size = sizeof l;
+    h.page_layout(kvgc::raw_enum(cls), &l);
+    *out = l;
     return Status::Ok();
   });
 }

@@ -96,12 +96,14 @@ Status ManagedHeap::check() {
       if (s.tenant == tenant)
         for (const Segment& seg : s.layers)
           for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += seg.table[c].pages.size() * layout_[c].bytes;
+    bytes += batch_reserved_bytes(tenant);  // a plan's pages for layers not appended yet
     if (bytes != t.bytes)
       return bad("tenant " + std::to_string(tenant) + " is charged " + std::to_string(t.bytes) +
                  " bytes but holds " + std::to_string(bytes));
   }
   uint64_t pages_used = 0;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pages_used += pool_.counts(c).pages_used;
+  pages_in_tables += batch_reserved_pages();
   if (pages_used != pages_in_tables)
     return bad(std::to_string(pages_used - pages_in_tables) + " allocated pages belong to no segment");
   for (uint32_t slot = 0; slot < seq_slots_.size(); ++slot)

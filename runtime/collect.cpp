@@ -35,8 +35,10 @@ Status ManagedHeap::observe(kvgc_seq seq, uint32_t layer, const float* mass, uin
 }
 
 host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const SequenceState& s) {
-  const uint32_t n = uint32_t(s.layers.size());
-  host::vector<LayerBudget> out(n);
+  // Split over the whole model's layers (a pipeline rank holds a range of them), so that
+  // every rank gives a layer the budget one heap over all layers would.
+  const uint32_t n = total_layers_, local = uint32_t(s.layers.size()), first = first_layer_;
+  host::vector<LayerBudget> out(local);
   uint64_t length = 0;
   for (const Segment& seg : s.layers) length = std::max(length, seg.length);
   // The split keeps each layer at least its protected tokens where the mean allows.
@@ -53,7 +55,7 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
     tokens = uint64_t(std::ceil(opts_.token_budget_fraction * double(length)));
   if (tokens != kNoBudget) {
     const host::vector<uint64_t> per = split(tokens);
-    for (uint32_t l = 0; l < n; ++l) out[l].units = per[l] * fp16;
+    for (uint32_t l = 0; l < local; ++l) out[l].units = per[first + l] * fp16;
   }
   uint64_t bytes = opts_.byte_budget;
   if (opts_.byte_budget_fraction > 0) {
@@ -65,10 +67,10 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
     const uint32_t pt = opts_.page_tokens;
     const uint64_t mean = std::max<uint64_t>(1, uint64_t((unsigned __int128)bytes * pt / fp16));
     const host::vector<uint64_t> per = split(mean);
-    for (uint32_t l = 0; l < n; ++l) {
+    for (uint32_t l = 0; l < local; ++l) {
       out[l].bytes = opts_.layer_budget == KVGC_LAYER_BUDGET_UNIFORM
                          ? bytes
-                         : uint64_t((unsigned __int128)bytes * per[l] / mean);
+                         : uint64_t((unsigned __int128)bytes * per[first + l] / mean);
       out[l].units = std::min(out[l].units, out[l].bytes * pt);
     }
   }
@@ -114,6 +116,7 @@ void ManagedHeap::free_empty_pages(uint32_t tenant, PageTable& t) {
 Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget& budget,
                             void* stream, bool* short_of_budget) {
   Segment& seg = s.layers[layer];
+  ++seg.epoch;
   KVGC_TRY(settle(s.tenant, seg));  // the previous GC's results, usually long complete
   KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
   const uint32_t pt = opts_.page_tokens;
@@ -227,8 +230,8 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   op.key = g.key;
   op.noise = opts_.score_noise;
   op.seed = opts_.seed;
-  op.segment_salt = (uint64_t(s.slot) << 20) ^ layer;
-  op.epoch = ++gc_epoch_;
+  op.segment_salt = (uint64_t(s.slot) << 20) ^ (first_layer_ + layer);  // global: ranks agree
+  op.epoch = ++seg.draws;  // per segment (salted by it): pipeline ranks draw alike
   op.reclaim = g.reclaim;
   op.budget_bytes = budget.bytes;
   op.n_ladder = ladder_.n;
@@ -313,6 +316,7 @@ Status ManagedHeap::compact(uint32_t tenant, Segment& seg, int cls, void* stream
     counts[i] = {pool_.desc(t.pages[i]).used, pool_.desc(t.pages[i]).live};
   const CompactionPlan plan = plan_compaction(counts, opts_.page_tokens);
   if (plan.moves.empty()) return Status::Ok();
+  ++seg.epoch;
   host::vector<CompactMove> moves(plan.moves.size());
   for (size_t i = 0; i < moves.size(); ++i)
     moves[i] = {page_ptr(t.pages[plan.moves[i].dst]), page_ptr(t.pages[plan.moves[i].src]),

@@ -80,11 +80,11 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
       to.promote_blocked = from.promote_blocked;
     }
   } catch (...) {
-    seq_destroy(id);
+    (void)seq_destroy(id);
     throw;
   }
   if (!st.ok()) {
-    seq_destroy(id);
+    (void)seq_destroy(id);
     return st;
   }
   *out = id;

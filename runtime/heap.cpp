@@ -21,15 +21,21 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
     KVGC_TRY(options_from_env(
         &opts, [](const char* name) -> const char* { return std::getenv(name); }, &profile));
   KVGC_TRY(options_validate(opts));
+  // A pipeline rank's heap holds layers [first_layer, first_layer + n_layers) of the model.
+  const uint32_t total = opts.total_layers ? opts.total_layers : model.n_layers;
+  if (uint64_t(opts.first_layer) + model.n_layers > total)
+    return fail(KVGC_EINVAL, "opts->first_layer " + std::to_string(opts.first_layer) + " + model->n_layers " +
+                                 std::to_string(model.n_layers) + " exceeds opts->total_layers " +
+                                 std::to_string(total));
   std::vector<float> weights;
-  if (opts.layer_budget == KVGC_LAYER_BUDGET_ENTROPY) {
+  if (opts.layer_budget == KVGC_LAYER_BUDGET_ENTROPY) {  // one weight per global layer
     if (!profile.empty()) {
-      KVGC_TRY(read_layer_profile(profile, model.n_layers, "KVGC_LAYER_BUDGET", &weights));
+      KVGC_TRY(read_layer_profile(profile, total, "KVGC_LAYER_BUDGET", &weights));
     } else {
-      if (!opts.layer_weights || opts.n_layer_weights != model.n_layers)
+      if (!opts.layer_weights || opts.n_layer_weights != total)
         return fail(KVGC_EINVAL, "opts->layer_weights: KVGC_LAYER_BUDGET_ENTROPY needs one "
-                                 "weight per layer (" + std::to_string(model.n_layers) + ")");
-      weights.assign(opts.layer_weights, opts.layer_weights + model.n_layers);
+                                 "weight per layer of the model (" + std::to_string(total) + ")");
+      weights.assign(opts.layer_weights, opts.layer_weights + total);
       for (float w : weights)
         if (!(w > 0) || !std::isfinite(w))
           return fail(KVGC_EINVAL, "opts->layer_weights: weights must be finite and > 0");
@@ -42,6 +48,8 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->model_ = model;
   h->opts_ = opts;
   h->layer_weights_.assign(weights.begin(), weights.end());
+  h->first_layer_ = opts.first_layer;
+  h->total_layers_ = h->opts_.total_layers = total;
   std::string why;
   KVGC_TRY(make_backend(opts.device, opts.cuda_device, opts.cpu_threads, &h->backend_, &why));
   h->opts_.device = h->backend_->kind();
@@ -98,17 +106,29 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
       h->backend_->attend_scratch_bytes(max_tokens, model, pt),
       h->opts_.policy == KVGC_POLICY_FULL ? size_t(0)  // never selects
                                           : h->backend_->gc_scratch_bytes(max_slots, model, pt));
-  h->scratch_bytes_ = (scratch + slab - 1) / slab * slab;
-  if (h->scratch_bytes_ + slab > h->arena_bytes_)
+  // Device backends also keep the batch plans' tables there (one plan at a time): every
+  // page of the arena at most once, and per planned segment its runs and attention work.
+  const uint64_t max_pages = max_slots / pt + 1;
+  const size_t region = h->backend_->kind() == KVGC_DEVICE_CPU
+                            ? 0
+                            : batch_arrays_size(max_pages + uint64_t(kMaxBatch) * model.n_layers, max_pages,
+                                                model.n_layers, kMaxBatch);
+  const size_t tail = (scratch + region + slab - 1) / slab * slab;  // whole slabs
+  if (tail + slab > h->arena_bytes_)
     return fail(KVGC_EINVAL, "KVGC_BUDGET / opts->budget_bytes: the budget (" +
                                  std::to_string(h->arena_bytes_) +
                                  " bytes) leaves no room for pages after the device scratch (" +
-                                 std::to_string(h->scratch_bytes_) + " bytes)");
-  h->scratch_ = static_cast<uint8_t*>(h->arena_) + (h->arena_bytes_ - h->scratch_bytes_);
+                                 std::to_string(tail) + " bytes)");
+  h->scratch_ = static_cast<uint8_t*>(h->arena_) + (h->arena_bytes_ - tail);
+  h->scratch_bytes_ = tail - region;  // what the executors may use
+  if (region) {
+    h->batch_region_ = static_cast<uint8_t*>(h->scratch_) + h->scratch_bytes_;
+    h->batch_region_bytes_ = region;
+  }
 
   PoolConfig cfg;
   cfg.base = reinterpret_cast<uintptr_t>(h->arena_);
-  cfg.arena_bytes = h->arena_bytes_ - h->scratch_bytes_;
+  cfg.arena_bytes = h->arena_bytes_ - tail;
   cfg.slab_bytes = slab;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cfg.page_bytes[c] = h->layout_[c].bytes;
   std::string err;
@@ -161,6 +181,7 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   if ((uint64_t(slot) + 1) * model_.n_layers > kMaxSegments)
     return fail(KVGC_ENOMEM, "kvgc_seq_create: too many live sequences");
   SequenceState s;
+  s.id = next_seq_;
   s.tenant = tenant;
   s.slot = slot;
   s.layers.resize(model_.n_layers);
@@ -354,6 +375,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   seg.tier[kGenYoung] += n - sinks;
   seg.length += n;
   seg.since_minor = uint32_t(std::min<uint64_t>(uint64_t(seg.since_minor) + n, UINT32_MAX));
+  ++seg.epoch;
   counters_.appends += 1;
   counters_.tokens_appended += n;
 
@@ -535,7 +557,7 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->bytes_moved = counters_.bytes_moved;
   o->ebudget = counters_.ebudget;
   o->attends = counters_.attends;
-  o->scratch_bytes = scratch_bytes_;
+  o->scratch_bytes = scratch_bytes_ + batch_region_bytes_;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) o->tokens_demoted_to[c] = counters_.demoted_to[c];
   return Status::Ok();
 }

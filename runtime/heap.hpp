@@ -17,6 +17,7 @@
 #include "../gc/plan.hpp"
 #include "../kernels/page_layout.hpp"
 #include "backend.hpp"
+#include "batch.hpp"
 #include "pinned_pool.hpp"
 #include "staging_ring.hpp"
 
@@ -65,11 +66,17 @@ struct Segment {
   uint32_t minors_since_major = 0;
   bool promote_blocked = false;
   PendingGc gc;
+  // Bumped by every change to the segment's pages or their counts outside a batch's own
+  // calls (append, a GC, its harvest, compaction): a batch plan made before is stale.
+  uint64_t epoch = 0;
+  uint64_t draws = 0;  // rankings so far: salts the score noise of the next
 
   uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
 };
 
 struct SequenceState {
+  kvgc_seq id = 0;
+  uint64_t batch_mark = 0;         // the serial of the last plan that took it (duplicates)
   uint32_t tenant = 0;
   uint32_t slot = 0;               // index into ManagedHeap::seq_slots_; segment ids derive from it
   host::vector<Segment> layers;    // one segment per layer
@@ -129,6 +136,21 @@ class ManagedHeap : public host::HostAllocated {
   Status for_each_page(kvgc_seq seq, F&& f);
   Status attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t n_q, void* out,
                 float scale, bool add_scores, void* stream);
+  // Batches (batch.cpp): kvgc_batch_*. release returns the pages a plan reserved for
+  // layers never appended and spends the plan; destroy also frees the plan's arrays.
+  Status batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n,
+                    uint32_t* failed, void* stream);
+  Status batch_append(BatchPlan& b, uint32_t layer, const void* k, const void* v, void* stream);
+  Status batch_attend(BatchPlan& b, uint32_t layer, const void* q, void* out, float scale,
+                      bool add_scores, void* stream);
+  Status batch_observe(BatchPlan& b, uint32_t layer, const float* mass, void* stream);
+  Status batch_step(BatchPlan& b, void* stream);
+  Status batch_export(BatchPlan& b, uint32_t layer, kvgc_batch_view* out);
+  void batch_release(BatchPlan& b);
+  void batch_destroy(BatchPlan& b);
+  void page_layout(int cls, kvgc_page_layout* out) const;
+  uint32_t first_layer() const { return first_layer_; }
+  uint32_t total_layers() const { return total_layers_; }
   Status stats(kvgc_stats* out);  // a full struct; the C glue copies struct_size
   Status check();                     // the invariant walker
   uint64_t pending_gcs() const { return pending_; }  // segments whose GC is not applied yet
@@ -170,6 +192,12 @@ class ManagedHeap : public host::HostAllocated {
   Status harvest_reserve(PendingGc& p, size_t pages);
   void harvest_release(uint32_t tenant, Segment& seg);
 
+  // The batch plan's checks and layout (batch.cpp).
+  Status batch_live(BatchPlan& b, uint32_t layer, const char* fn);
+  Status batch_arrays(BatchPlan& b, size_t n_runs, size_t n_pages);
+  uint64_t batch_reserved_bytes(uint32_t tenant) const;  // pages a plan holds for the tenant
+  size_t batch_reserved_pages() const;
+
   // Frees the pages of `t` whose live count is zero, keeping the order of the others.
   void free_empty_pages(uint32_t tenant, PageTable& t);
   host::vector<LayerBudget> layer_budgets(const SequenceState& s);
@@ -194,12 +222,16 @@ class ManagedHeap : public host::HostAllocated {
   PolicyParams policy_;
   Ladder ladder_;  // the classes demotion may store tokens in (gc/ladder.hpp)
   host::vector<float> layer_weights_;  // KVGC_LAYER_BUDGET_ENTROPY: one per layer
-  uint64_t gc_epoch_ = 0;  // salts score noise: a fresh draw at every ranking
   uint64_t pending_ = 0;   // segments with a GC not yet applied
   StagingRing staging_;  // device backends: attention's page lists, in pinned memory
   PinnedPool pinned_;    // the GC's result blocks
   host::vector<void*> spare_events_;  // events of released segments, for reuse
   size_t events_made_ = 0;
+  uint32_t first_layer_ = 0, total_layers_ = 0;  // the model's layers this heap holds
+  BatchPlan* planned_ = nullptr;  // the batch whose plan is live (one per heap)
+  uint64_t plan_serial_ = 0;
+  uint8_t* batch_region_ = nullptr;  // device backends: the plans' tables (arena's end)
+  size_t batch_region_bytes_ = 0;
   // Scratch reused across calls so that the decode path does not allocate.
   host::vector<AppendRun> runs_;
   host::vector<SegPage> pages_;

@@ -194,7 +194,8 @@ void attend_one(const AttendOp& op, ThreadPool* pool) {
 void attend(const AttendOp& op, ThreadPool* pool) {
   if (op.n_seqs == 0) return attend_one(op, pool);
   if (!pool || pool->size() < 2 || op.n_seqs == 1) {
-    for (uint32_t i = 0; i < op.n_seqs; ++i) attend_one(attend_seq_op(op, i), pool);
+    for (uint32_t i = 0; i < op.n_seqs; ++i)
+      if (op.seqs[i].n_q) attend_one(attend_seq_op(op, i), pool);
     return;
   }
   uint64_t total = 0;
@@ -204,6 +205,7 @@ void attend(const AttendOp& op, ThreadPool* pool) {
   rest.reserve(op.n_seqs);
   for (uint32_t i = 0; i < op.n_seqs; ++i) {
     const AttendSeq& s = op.seqs[i];
+    if (!s.n_q) continue;  // no new rows: nothing attends
     if (s.n_live >= 2 * split_min_slots() && s.n_live * s.n_q > share)
       attend_one(attend_seq_op(op, i), pool);
     else

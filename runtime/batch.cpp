@@ -1,0 +1,542 @@
+// Batches: one engine step over many sequences (kvgc_batch_*; runtime/batch.hpp).
+//
+// plan    applies the batch's pending GC results, reserves every layer's pages for the
+//         step's new tokens (all or nothing, in batch order, so the first sequence that
+//         does not fit is the one to preempt), and writes each layer's op arrays once;
+//         a device gets them in one upload.
+// append  per layer: one AppendOp over every sequence's runs; the reserved pages join
+//         the page tables and the host counts move exactly as kvgc_append moves them.
+// attend  per layer: one AttendOp whose sequences are the batch's (kernels/ops.hpp).
+// step    every sequence's kvgc_step.
+//
+// A plan is checked at every call: the batch must be the heap's planned one and each
+// planned segment's epoch unchanged (heap.hpp: a per-sequence call that touched its pages
+// bumps it), so a stale plan fails instead of writing into pages that moved.
+#include "batch.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "heap.hpp"
+
+namespace kvgc {
+namespace {
+
+struct ArrayOffsets {
+  size_t runs, pages, aseqs, page_offset, page_indptr, q_indptr, q_pos0, page_class, total;
+};
+
+ArrayOffsets array_offsets(uint64_t n_runs, uint64_t n_pages, uint32_t L, uint32_t B) {
+  ArrayOffsets o{};
+  size_t at = 0;
+  auto take = [&](uint64_t bytes) {
+    const size_t r = at;
+    at = align_up(at + size_t(bytes), 16);
+    return r;
+  };
+  o.runs = take(n_runs * sizeof(AppendRun));
+  o.pages = take(n_pages * sizeof(SegPage));
+  o.aseqs = take(uint64_t(L) * B * sizeof(AttendSeq));
+  o.page_offset = take(n_pages * sizeof(uint64_t));
+  o.page_indptr = take(uint64_t(L) * (B + 1) * sizeof(uint32_t));
+  o.q_indptr = take(uint64_t(B + 1) * sizeof(uint32_t));
+  o.q_pos0 = take(uint64_t(L) * B * sizeof(int32_t));
+  o.page_class = take(n_pages);
+  o.total = at;
+  return o;
+}
+
+BatchPlan::Arrays arrays_at(uint8_t* base, const ArrayOffsets& o) {
+  BatchPlan::Arrays a;
+  a.runs = reinterpret_cast<AppendRun*>(base + o.runs);
+  a.pages = reinterpret_cast<SegPage*>(base + o.pages);
+  a.aseqs = reinterpret_cast<AttendSeq*>(base + o.aseqs);
+  a.page_offset = reinterpret_cast<uint64_t*>(base + o.page_offset);
+  a.page_indptr = reinterpret_cast<uint32_t*>(base + o.page_indptr);
+  a.q_indptr = reinterpret_cast<uint32_t*>(base + o.q_indptr);
+  a.q_pos0 = reinterpret_cast<int32_t*>(base + o.q_pos0);
+  a.page_class = base + o.page_class;
+  return a;
+}
+
+}  // namespace
+
+size_t batch_arrays_size(uint64_t n_runs, uint64_t n_pages, uint32_t n_layers, uint32_t n_seqs) {
+  return array_offsets(n_runs, n_pages, n_layers, n_seqs).total;
+}
+
+Status ManagedHeap::batch_arrays(BatchPlan& b, size_t n_runs, size_t n_pages) {
+  const uint32_t L = model_.n_layers, B = uint32_t(b.seqs.size());
+  const ArrayOffsets o = array_offsets(n_runs, n_pages, L, B);
+  if (b.upload_pending) {  // the last plan's upload reads the block: long done, usually
+    KVGC_TRY(backend_->event_wait(b.upload_event));
+    b.upload_pending = false;
+  }
+  if (o.total > b.block_bytes) {
+    const size_t want = std::max(o.total, b.block_bytes + b.block_bytes / 2);
+    void* p = nullptr;
+    KVGC_TRY(backend_->result_alloc(want, &p));
+    backend_->result_free(b.block, b.block_bytes);
+    b.block = static_cast<uint8_t*>(p);
+    b.block_bytes = want;
+  }
+  if (batch_region_ && o.total > batch_region_bytes_)  // sized for the largest plan
+    return fail(KVGC_EINTERNAL, "kvgc_batch_plan: the plan's tables (" + std::to_string(o.total) +
+                                    " bytes) exceed the heap's batch region");
+  b.host = arrays_at(b.block, o);
+  b.dev = batch_region_ ? arrays_at(batch_region_, o) : b.host;
+  return Status::Ok();
+}
+
+void ManagedHeap::batch_release(BatchPlan& b) {
+  if (!b.planned) return;
+  const uint32_t L = model_.n_layers, B = uint32_t(b.seqs.size());
+  for (uint32_t l = 0; l < L; ++l) {
+    if (b.appended[l]) continue;
+    for (uint32_t i = 0; i < B; ++i)
+      for (uint32_t r = b.res_off[l * B + i]; r < b.res_off[l * B + i + 1]; ++r)
+        drop_page(b.seqs[i].tenant, b.reserved[r]);
+  }
+  b.reserved.clear();
+  b.planned = false;
+  if (planned_ == &b) planned_ = nullptr;
+}
+
+void ManagedHeap::batch_destroy(BatchPlan& b) {
+  batch_release(b);
+  if (b.upload_pending) (void)backend_->event_wait(b.upload_event);
+  if (b.upload_event) backend_->event_destroy(b.upload_event);
+  backend_->result_free(b.block, b.block_bytes);
+  b.block = nullptr;
+  b.block_bytes = 0;
+}
+
+size_t ManagedHeap::batch_reserved_pages() const {
+  if (!planned_) return 0;
+  const BatchPlan& b = *planned_;
+  const uint32_t L = model_.n_layers, B = uint32_t(b.seqs.size());
+  size_t n = 0;
+  for (uint32_t l = 0; l < L; ++l)
+    if (!b.appended[l]) n += b.res_off[(l + 1) * B] - b.res_off[l * B];
+  return n;
+}
+
+uint64_t ManagedHeap::batch_reserved_bytes(uint32_t tenant) const {
+  if (!planned_) return 0;
+  const BatchPlan& b = *planned_;
+  const uint32_t L = model_.n_layers, B = uint32_t(b.seqs.size());
+  uint64_t pages = 0;
+  for (uint32_t l = 0; l < L; ++l)
+    for (uint32_t i = 0; i < B && !b.appended[l]; ++i)
+      if (b.seqs[i].tenant == tenant) pages += b.res_off[l * B + i + 1] - b.res_off[l * B + i];
+  return pages * layout_[KVGC_CLASS_FP16].bytes;
+}
+
+Status ManagedHeap::batch_live(BatchPlan& b, uint32_t layer, const char* fn) {
+  if (!b.planned)
+    return fail(KVGC_EINVAL, std::string(fn) + ": the batch has no plan (kvgc_batch_plan first; "
+                                               "kvgc_batch_step spends it)");
+  if (layer >= model_.n_layers)
+    return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
+                                 " is out of range (model has " + std::to_string(model_.n_layers) +
+                                 " layers)");
+  const uint32_t B = uint32_t(b.seqs.size());
+  for (uint32_t i = 0; i < B; ++i) {
+    const BatchPlan::Entry& e = b.seqs[i];
+    const bool alive = e.slot < seq_slots_.size() && seq_slots_[e.slot] == e.s && e.s->id == e.id;
+    if (!alive || e.s->layers[layer].epoch != b.epoch[layer * B + i])
+      return fail(KVGC_EINVAL, std::string(fn) + ": the plan is stale: seq " + std::to_string(e.id) +
+                                   (alive ? " changed" : " was destroyed") +
+                                   " since kvgc_batch_plan (plan again)");
+  }
+  return Status::Ok();
+}
+
+Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n,
+                               uint32_t* failed, void* stream) {
+  const char* fn = "kvgc_batch_plan";
+  auto at = [&](uint32_t i) {
+    if (failed) *failed = i;
+  };
+  if (n > kMaxBatch)
+    return fail(KVGC_EINVAL, std::string(fn) + ": n_seqs " + std::to_string(n) +
+                                 " exceeds the most one plan takes (" + std::to_string(kMaxBatch) + ")");
+  if (n && (!seqs || !n_new))
+    return fail(KVGC_EINVAL, std::string(fn) + ": seqs and n_new must not be NULL when n_seqs > 0");
+  // The previous plans are spent: this batch's, and the heap's other planned batch.
+  batch_release(b);
+  if (planned_) batch_release(*planned_);
+  const uint64_t serial = ++plan_serial_;
+  const uint32_t L = model_.n_layers, pt = opts_.page_tokens;
+  b.seqs.clear();
+  b.seqs.reserve(n);
+  uint64_t rows = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    auto it = seqs_.find(seqs[i]);
+    if (it == seqs_.end()) {
+      at(i);
+      return fail(KVGC_ENOTFOUND, std::string(fn) + ": seqs[" + std::to_string(i) + "] = " +
+                                      std::to_string(seqs[i]) + " is not a live sequence of this heap");
+    }
+    SequenceState& s = it->second;
+    if (s.batch_mark == serial) {
+      at(i);
+      return fail(KVGC_EINVAL, std::string(fn) + ": seqs[" + std::to_string(i) + "] = " +
+                                   std::to_string(seqs[i]) + " appears twice in the batch");
+    }
+    s.batch_mark = serial;
+    for (const Segment& seg : s.layers)
+      if (seg.length + n_new[i] > uint64_t(INT32_MAX)) {
+        at(i);
+        return fail(KVGC_EINVAL, std::string(fn) + ": n_new[" + std::to_string(i) + "] = " +
+                                     std::to_string(n_new[i]) + " would take seq " +
+                                     std::to_string(seqs[i]) + " past 2^31 positions");
+      }
+    b.seqs.push_back({&s, seqs[i], n_new[i], uint32_t(rows), s.slot, s.tenant});
+    rows += n_new[i];
+    if (rows > uint64_t(INT32_MAX)) {
+      at(i);
+      return fail(KVGC_EINVAL, std::string(fn) + ": the batch's rows (sum of n_new) pass 2^31");
+    }
+  }
+  for (BatchPlan::Entry& e : b.seqs)  // the previous step's GC results, usually complete
+    for (Segment& seg : e.s->layers) KVGC_TRY(settle(e.tenant, seg));
+
+  // All or nothing, in batch order: the first sequence whose pages do not fit.
+  const uint64_t page_bytes = layout_[KVGC_CLASS_FP16].bytes;
+  host::vector<uint64_t> need(n);
+  host::vector<std::pair<uint32_t, uint64_t>> tenant_need;  // few tenants: linear search
+  auto first_misfit = [&](kvgc_status* why) -> uint32_t {
+    tenant_need.clear();
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const BatchPlan::Entry& e = b.seqs[i];
+      need[i] = 0;
+      for (const Segment& seg : e.s->layers)
+        need[i] += seg.table[KVGC_CLASS_FP16].pages_needed(pool_, pt, e.n_new);
+      total += need[i];
+      if (!pool_.can_alloc(KVGC_CLASS_FP16, total)) {
+        *why = KVGC_ENOMEM;
+        return i;
+      }
+      if (need[i] && tenant_room(e.tenant) != UINT64_MAX) {
+        auto t = std::find_if(tenant_need.begin(), tenant_need.end(),
+                              [&](const auto& x) { return x.first == e.tenant; });
+        if (t == tenant_need.end()) t = tenant_need.insert(tenant_need.end(), {e.tenant, 0});
+        t->second += need[i] * page_bytes;
+        if (t->second > tenant_room(e.tenant)) {
+          *why = KVGC_EBUDGET;
+          return i;
+        }
+      }
+    }
+    return n;
+  };
+  kvgc_status why = KVGC_OK;
+  uint32_t misfit = first_misfit(&why);
+  if (misfit < n) {  // pages other GCs emptied come back, and the batch's holes
+    KVGC_TRY(settle_all());
+    for (BatchPlan::Entry& e : b.seqs)
+      for (Segment& seg : e.s->layers) KVGC_TRY(compact_fragmented(e.tenant, seg, stream));
+    misfit = first_misfit(&why);
+  }
+  if (misfit < n) {
+    at(misfit);
+    const BatchPlan::Entry& e = b.seqs[misfit];
+    if (why == KVGC_ENOMEM) {
+      ++counters_.enomem;
+      return fail(KVGC_ENOMEM, std::string(fn) + ": seqs[" + std::to_string(misfit) + "] = " +
+                                   std::to_string(e.id) + " does not fit: its " +
+                                   std::to_string(e.n_new) + " new tokens need " +
+                                   std::to_string(need[misfit]) +
+                                   " new pages beyond the sequences before it");
+    }
+    return fail(KVGC_EBUDGET, std::string(fn) + ": seqs[" + std::to_string(misfit) + "] = " +
+                                  std::to_string(e.id) + " would take tenant " +
+                                  std::to_string(e.tenant) + " past its quota");
+  }
+
+  // Sizes, then every host container, before the first page is taken.
+  uint64_t new_pages = 0, n_runs = 0, n_pages = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    new_pages += need[i];
+    for (const Segment& seg : b.seqs[i].s->layers)
+      for (const PageTable& t : seg.table) n_pages += t.pages.size();
+  }
+  n_runs = new_pages + uint64_t(L) * n;  // at most one tail run per segment
+  n_pages += new_pages;
+  KVGC_TRY(batch_arrays(b, size_t(n_runs), size_t(n_pages)));
+  b.appended.assign(L, 0);
+  b.epoch.resize(size_t(L) * n);
+  b.res_off.resize(size_t(L) * n + 1);
+  b.run_off.resize(L + 1);
+  b.page_off.resize(L + 1);
+  b.reserved.clear();
+  b.reserved.reserve(new_pages);
+  // Gives back the pages reserved for entries [0, upto] (upto's own may be partial).
+  auto drop_reserved = [&](size_t upto) {
+    for (size_t x = 0; x <= upto && x < size_t(L) * n; ++x) {
+      const size_t end = x < upto ? b.res_off[x + 1] : b.reserved.size();
+      for (size_t r = b.res_off[x]; r < end; ++r) drop_page(b.seqs[x % n].tenant, b.reserved[r]);
+    }
+    b.reserved.clear();
+  };
+  for (uint32_t l = 0; l < L; ++l)
+    for (uint32_t i = 0; i < n; ++i) {
+      b.res_off[l * n + i] = uint32_t(b.reserved.size());
+      const BatchPlan::Entry& e = b.seqs[i];
+      const uint64_t k = e.s->layers[l].table[KVGC_CLASS_FP16].pages_needed(pool_, pt, e.n_new);
+      for (uint64_t j = 0; j < k; ++j) {
+        const PageId p = take_page(*e.s, l, KVGC_CLASS_FP16);
+        if (p == kNoPage) {  // host descriptor growth failed: undo
+          drop_reserved(l * n + i);
+          ++counters_.enomem;
+          return fail(KVGC_ENOMEM, std::string(fn) + ": out of host memory for page descriptors");
+        }
+        b.reserved.push_back(p);
+      }
+    }
+  b.res_off[size_t(L) * n] = uint32_t(b.reserved.size());
+
+  // Each layer's arrays: runs (the tail's room, then each reserved page from slot 0),
+  // pages in read order with the new tokens counted, the attention work, the export.
+  const BatchPlan::Arrays& A = b.host;
+  uint32_t nr = 0, np = 0;
+  for (uint32_t l = 0; l < L; ++l) {
+    b.run_off[l] = nr;
+    b.page_off[l] = np;
+    A.page_indptr[l * (n + 1)] = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const BatchPlan::Entry& e = b.seqs[i];
+      const Segment& seg = e.s->layers[l];
+      const PageTable& f = seg.table[KVGC_CLASS_FP16];
+      const int32_t delta = int32_t(int64_t(seg.length) - int64_t(e.row0));
+      const uint32_t room = e.n_new ? f.tail_room(pool_, pt) : 0;
+      const uint32_t in_tail = std::min(room, e.n_new);
+      if (in_tail) A.runs[nr++] = {page_ptr(f.pages.back()), pt - room, in_tail, e.row0, delta};
+      uint32_t src = in_tail;
+      const uint32_t r0 = b.res_off[l * n + i], r1 = b.res_off[l * n + i + 1];
+      const uint32_t first = np - b.page_off[l];
+      uint64_t row = 0;
+      auto page = [&](PageId id, uint32_t cls, uint32_t rows) {
+        uint8_t* ptr = page_ptr(id);
+        A.pages[np] = {ptr, cls, row};
+        A.page_offset[np] = uint64_t(ptr - static_cast<uint8_t*>(arena_));
+        A.page_class[np] = uint8_t(cls);
+        ++np;
+        row += rows;
+      };
+      for (size_t j = 0; j < f.pages.size(); ++j)
+        page(f.pages[j], KVGC_CLASS_FP16,
+             pool_.desc(f.pages[j]).live + (j + 1 == f.pages.size() ? in_tail : 0));
+      for (uint32_t r = r0; r < r1; ++r) {
+        const uint32_t count = std::min(pt, e.n_new - src);
+        A.runs[nr++] = {page_ptr(b.reserved[r]), 0, count, e.row0 + src, delta};
+        page(b.reserved[r], KVGC_CLASS_FP16, count);
+        src += count;
+      }
+      for (int c = 1; c < KVGC_CLASS_COUNT; ++c)
+        for (PageId id : seg.table[c].pages) page(id, uint32_t(c), pool_.desc(id).live);
+      A.aseqs[l * n + i] = {first, np - b.page_off[l] - first, row, e.row0, e.n_new,
+                            int64_t(seg.length), float(std::pow(opts_.recent_decay, double(e.n_new)))};
+      A.page_indptr[l * (n + 1) + i + 1] = np - b.page_off[l];
+      A.q_pos0[l * n + i] = int32_t(seg.length);
+      b.epoch[l * n + i] = seg.epoch;
+    }
+  }
+  b.run_off[L] = nr;
+  b.page_off[L] = np;
+  for (uint32_t i = 0; i < n; ++i) A.q_indptr[i] = b.seqs[i].row0;
+  A.q_indptr[n] = uint32_t(rows);
+
+  if (batch_region_) {  // one upload of every layer's tables
+    const size_t bytes = array_offsets(n_runs, n_pages, L, n).total;
+    if (!b.upload_event) KVGC_TRY(backend_->event_create(&b.upload_event));
+    Status st = backend_->copy(batch_region_, b.block, bytes, CopyKind::HostToDevice, stream);
+    if (st.ok()) st = backend_->event_record(b.upload_event, stream);
+    if (!st.ok()) {
+      drop_reserved(size_t(L) * n);
+      return st;
+    }
+    b.upload_pending = true;
+  }
+  b.planned = true;
+  b.serial = serial;
+  b.n_rows = uint32_t(rows);
+  planned_ = &b;
+  return Status::Ok();
+}
+
+Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, const void* v,
+                                 void* stream) {
+  const char* fn = "kvgc_batch_append";
+  KVGC_TRY(batch_live(b, layer, fn));
+  if (b.appended[layer])
+    return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
+                                 " was already appended in this plan");
+  const uint32_t B = uint32_t(b.seqs.size()), pt = opts_.page_tokens;
+  if (b.n_rows) {
+    KVGC_TRY(backend_->check_pointer(k, "kvgc_batch_append: k"));
+    KVGC_TRY(backend_->check_pointer(v, "kvgc_batch_append: v"));
+    const uint32_t elem = dtype_bytes(model_.dtype);
+    if (uintptr_t(k) % elem || uintptr_t(v) % elem)
+      return fail(KVGC_EINVAL, std::string(fn) + ": k and v must be aligned to the dtype's " +
+                                   std::to_string(elem) + " bytes");
+  }
+  for (uint32_t i = 0; i < B; ++i) {  // may throw: nothing changed yet
+    PageTable& f = b.seqs[i].s->layers[layer].table[KVGC_CLASS_FP16];
+    f.pages.reserve(f.pages.size() + (b.res_off[layer * B + i + 1] - b.res_off[layer * B + i]));
+  }
+  const uint32_t r0 = b.run_off[layer], r1 = b.run_off[layer + 1];
+  if (r1 > r0) {
+    AppendOp op{layout_[KVGC_CLASS_FP16], k, v, 0, opts_.sinks, b.host.runs + r0, r1 - r0,
+                batch_region_ ? b.dev.runs + r0 : nullptr};
+    KVGC_TRY(backend_->append(op, stream));
+  }
+  // The host counts, as kvgc_append keeps them.
+  for (uint32_t i = 0; i < B; ++i) {
+    const BatchPlan::Entry& e = b.seqs[i];
+    if (!e.n_new) continue;
+    Segment& seg = e.s->layers[layer];
+    PageTable& f = seg.table[KVGC_CLASS_FP16];
+    uint32_t left = e.n_new;
+    if (const uint32_t room = f.tail_room(pool_, pt); room) {
+      const uint32_t c = std::min(room, left);
+      PageDesc& d = pool_.desc(f.pages.back());
+      d.used = uint16_t(d.used + c);
+      d.live = uint16_t(d.live + c);
+      left -= c;
+    }
+    for (uint32_t r = b.res_off[layer * B + i]; r < b.res_off[layer * B + i + 1]; ++r) {
+      const uint32_t c = std::min(pt, left);
+      PageDesc& d = pool_.desc(b.reserved[r]);
+      d.used = uint16_t(c);
+      d.live = uint16_t(c);
+      f.pages.push_back(b.reserved[r]);
+      left -= c;
+    }
+    f.used += e.n_new;
+    f.live += e.n_new;
+    const uint64_t sinks =
+        seg.length < opts_.sinks ? std::min<uint64_t>(opts_.sinks - seg.length, e.n_new) : 0;
+    seg.tier[kGenSink] += sinks;
+    seg.tier[kGenYoung] += e.n_new - sinks;
+    seg.length += e.n_new;
+    seg.since_minor = uint32_t(std::min<uint64_t>(uint64_t(seg.since_minor) + e.n_new, UINT32_MAX));
+    counters_.appends += 1;
+    counters_.tokens_appended += e.n_new;
+  }
+  b.appended[layer] = 1;
+  return Status::Ok();
+}
+
+Status ManagedHeap::batch_attend(BatchPlan& b, uint32_t layer, const void* q, void* out, float scale,
+                                 bool add_scores, void* stream) {
+  const char* fn = "kvgc_batch_attend";
+  KVGC_TRY(batch_live(b, layer, fn));
+  if (!b.appended[layer])
+    return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
+                                 " has not been appended in this plan (kvgc_batch_append first)");
+  if (b.n_rows == 0) return Status::Ok();
+  KVGC_TRY(backend_->check_pointer(q, "kvgc_batch_attend: q"));
+  KVGC_TRY(backend_->check_pointer(out, "kvgc_batch_attend: out"));
+  const uint32_t elem = dtype_bytes(model_.dtype);
+  if (uintptr_t(q) % elem || uintptr_t(out) % elem)
+    return fail(KVGC_EINVAL, std::string(fn) + ": q and out must be aligned to the dtype's " +
+                                 std::to_string(elem) + " bytes");
+  const uint32_t B = uint32_t(b.seqs.size());
+  const uint32_t p0 = b.page_off[layer];
+  AttendOp op{{layout_[0], layout_[1], layout_[2]}, b.host.pages + p0, b.page_off[layer + 1] - p0, 0,
+              q, 0, model_.n_q_heads, 0, scale, out, add_scores, 1.0f, scratch_, scratch_bytes_};
+  op.seqs = b.host.aseqs + size_t(layer) * B;
+  op.n_seqs = B;
+  if (batch_region_) {
+    op.dev_pages = b.dev.pages + p0;
+    op.dev_seqs = b.dev.aseqs + size_t(layer) * B;
+  }
+  KVGC_TRY(backend_->attend(op, stream));
+  for (const BatchPlan::Entry& e : b.seqs) counters_.attends += e.n_new > 0;
+  return Status::Ok();
+}
+
+Status ManagedHeap::batch_observe(BatchPlan& b, uint32_t layer, const float* mass, void* stream) {
+  const char* fn = "kvgc_batch_observe";
+  KVGC_TRY(batch_live(b, layer, fn));
+  if (!b.appended[layer])
+    return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
+                                 " has not been appended in this plan (kvgc_batch_append first)");
+  const uint32_t p0 = b.page_off[layer], n_pages = b.page_off[layer + 1] - p0;
+  if (n_pages == 0) return Status::Ok();
+  KVGC_TRY(backend_->check_pointer(mass, "kvgc_batch_observe: mass"));
+  if (uintptr_t(mass) % alignof(float))
+    return fail(KVGC_EINVAL, std::string(fn) + ": mass must be 4-byte aligned");
+  ObserveOp op{{layout_[0], layout_[1], layout_[2]}, b.host.pages + p0, n_pages, mass,
+               float(opts_.recent_decay)};
+  op.by_slot = true;
+  if (batch_region_) op.dev_pages = b.dev.pages + p0;
+  KVGC_TRY(backend_->observe(op, stream));
+  counters_.observes += b.seqs.size();
+  return Status::Ok();
+}
+
+Status ManagedHeap::batch_export(BatchPlan& b, uint32_t layer, kvgc_batch_view* v) {
+  KVGC_TRY(batch_live(b, layer, "kvgc_batch_export"));
+  const uint32_t B = uint32_t(b.seqs.size()), p0 = b.page_off[layer];
+  v->n_seqs = B;
+  v->n_pages = b.page_off[layer + 1] - p0;
+  v->n_rows = b.n_rows;
+  v->page_tokens = opts_.page_tokens;
+  v->arena_base = arena_;
+  v->page_indptr = b.dev.page_indptr + size_t(layer) * (B + 1);
+  v->page_offset = b.dev.page_offset + p0;
+  v->page_class = b.dev.page_class + p0;
+  v->q_indptr = b.dev.q_indptr;
+  v->q_pos0 = b.dev.q_pos0 + size_t(layer) * B;
+  return Status::Ok();
+}
+
+Status ManagedHeap::batch_step(BatchPlan& b, void* stream) {
+  KVGC_TRY(batch_live(b, 0, "kvgc_batch_step"));
+  batch_release(b);  // pages of layers never appended go back; the plan is spent
+  uint32_t short_seqs = 0;
+  Status first_short;
+  for (const BatchPlan::Entry& e : b.seqs) {
+    Status st = step(e.id, stream);
+    if (st.code == KVGC_EBUDGET) {
+      if (!short_seqs++) first_short = st;
+      continue;
+    }
+    KVGC_TRY(st);
+  }
+  if (short_seqs)
+    return fail(KVGC_EBUDGET, "kvgc_batch_step: " + std::to_string(short_seqs) +
+                                  " sequence(s) stay over budget; the first: " + first_short.msg);
+  return Status::Ok();
+}
+
+void ManagedHeap::page_layout(int cls, kvgc_page_layout* o) const {
+  const PageLayout& L = layout_[cls];
+  o->version = KVGC_PAGE_LAYOUT_VERSION;
+  o->cls = kvgc_storage_class(cls);
+  o->dtype = model_.dtype;
+  o->page_tokens = L.page_tokens;
+  o->n_kv_heads = L.n_kv_heads;
+  o->head_dim = L.head_dim;
+  o->group = L.group;
+  o->qwords = L.qwords;
+  o->page_bytes = L.bytes;
+  o->live_offset = L.live_off;
+  o->pos_offset = L.pos_off;
+  o->score_offset = L.score_off;
+  o->recent_offset = L.recent_off;
+  o->gen_offset = L.gen_off;
+  o->k_offset = L.k_off;
+  o->v_offset = L.v_off;
+  o->kq_offset = L.kq_off;
+  o->vq_offset = L.vq_off;
+  o->head_stride = L.head_stride;
+  o->slot_stride = L.slot_stride;
+}
+
+}  // namespace kvgc

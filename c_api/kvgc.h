@@ -500,8 +500,7 @@ KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
  *   INT4    x = n * scale + zero, n the nibble; for group g = d / group, scale and zero are
  *           16-bit words 2g and 2g+1 from kq_offset/vq_offset + 2 * ((h * page_tokens + s)
  *           * qwords), typed as INT8's scale
- * Pages of one segment are listed in read order (FP16, then INT4, then INT8 pages); a
- * slot's attention order does not matter, its position does (causal masks). */
+ * A slot's order in attention does not matter, its position does (causal masks). */
 #define KVGC_PAGE_LAYOUT_VERSION 1
 
 typedef struct kvgc_page_layout {
@@ -523,12 +522,12 @@ typedef struct kvgc_page_layout {
 KVGC_API kvgc_status kvgc_page_layout_get(const kvgc_heap* heap, kvgc_storage_class cls,
                                           kvgc_page_layout* out);
 
-/* One layer of a planned batch, as device arrays (host arrays on the CPU backend) valid
- * until the plan is spent or stale. Sequence i's pages are page_offset[page_indptr[i] ..
- * page_indptr[i+1]) with their classes in page_class, every page already holding the
- * step's new tokens once kvgc_batch_append(layer) has run (their live bits are set by it;
- * before it the reserved pages' slots read as dead). Its queries are rows [q_indptr[i],
- * q_indptr[i+1]) at positions q_pos0[i] + j. */
+/* One appended layer of a planned batch, as device arrays (host arrays on the CPU
+ * backend) valid until the plan is spent or stale. Sequence i's pages, the step's new
+ * tokens included, are page_offset[page_indptr[i] .. page_indptr[i+1]) with their classes
+ * in page_class, in kvgc's attention order (INT4, INT8, then FP16 pages; any order serves
+ * attention). Its queries are rows [q_indptr[i], q_indptr[i+1]) at positions q_pos0[i] + j.
+ * KVGC_EINVAL before kvgc_batch_append(layer): reserved pages hold nothing readable yet. */
 typedef struct kvgc_batch_view {
   size_t struct_size;
   uint32_t n_seqs;

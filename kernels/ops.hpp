@@ -187,11 +187,14 @@ struct AttendSeq {
   uint32_t q_row, n_q;
   int64_t q_pos0;        // position of its first query
   float recent_decay;    // the per-query decay raised to n_q
+  // Host executors: the sequence's pages where they already are (the segment's own
+  // attention list, runtime/batch.cpp), instead of pages + first_page; null: there.
+  const SegPage* host_pages = nullptr;
 };
 
 struct AttendOp {
   PageLayout layout[KVGC_CLASS_COUNT];
-  const SegPage* pages;  // read order
+  const SegPage* pages;  // any order (the runtime passes INT4, INT8, then FP16 pages)
   uint32_t n_pages;
   uint64_t n_live;       // live slots over all pages
   const void* q;         // [n_q][q_heads][head_dim] model dtype
@@ -216,7 +219,7 @@ inline AttendOp attend_seq_op(const AttendOp& op, uint32_t i) {
   const AttendSeq& s = op.seqs[i];
   const size_t row_bytes = size_t(op.q_heads) * op.layout[0].head_dim * dtype_bytes(op.layout[0].dtype);
   AttendOp one = op;
-  one.pages = op.pages + s.first_page;
+  one.pages = s.host_pages ? s.host_pages : op.pages + s.first_page;
   one.n_pages = s.n_pages;
   one.n_live = s.n_live;
   one.q = static_cast<const uint8_t*>(op.q) + size_t(s.q_row) * row_bytes;

@@ -200,21 +200,57 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       return fail(KVGC_EINVAL, std::string(fn) + ": the batch's rows (sum of n_new) pass 2^31");
     }
   }
-  for (BatchPlan::Entry& e : b.seqs)  // the previous step's GC results, usually complete
-    for (Segment& seg : e.s->layers) KVGC_TRY(settle(e.tenant, seg));
+  // One walk over the batch's segments (sequence-major: a sequence's segments are
+  // contiguous, and at B x L segments every other order misses the cache on each one):
+  // apply the previous step's GC results, count the pages each needs, make its attention
+  // list current, and note what the layout below needs, so nothing else touches them.
+  const bool device = batch_region_ != nullptr;
+  const size_t LB = size_t(L) * n;
+  b.cnt_new.resize(LB);
+  b.cnt_pages.resize(LB);
+  b.tail_room.resize(LB);
+  b.length.resize(LB);
+  b.rows.resize(LB);
+  b.tail.resize(LB);
+  b.epoch.resize(LB);
+  host::vector<uint64_t> need(n);
+  uint64_t new_pages = 0, n_pages = 0;
+  auto walk = [&]() -> Status {
+    new_pages = n_pages = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const BatchPlan::Entry& e = b.seqs[i];
+      need[i] = 0;
+      for (uint32_t l = 0; l < L; ++l) {
+        Segment& seg = e.s->layers[l];
+        KVGC_TRY(settle(e.tenant, seg));  // usually long complete
+        const PageTable& f = seg.table[KVGC_CLASS_FP16];
+        const size_t x = size_t(l) * n + i;
+        b.cnt_new[x] = uint32_t(f.pages_needed(pool_, pt, e.n_new));
+        b.tail_room[x] = e.n_new ? f.tail_room(pool_, pt) : 0;
+        b.tail[x] = b.tail_room[x] ? page_ptr(f.pages.back()) : nullptr;
+        const host::vector<SegPage>& list = attn_pages(seg);  // appends will extend it
+        seg.attn.reserve(list.size() + b.cnt_new[x]);
+        b.cnt_pages[x] = uint32_t(list.size()) + b.cnt_new[x];
+        b.length[x] = seg.length;
+        b.rows[x] = seg.attn_rows;
+        b.epoch[x] = seg.epoch;
+        need[i] += b.cnt_new[x];
+        n_pages += b.cnt_pages[x];
+      }
+      new_pages += need[i];
+    }
+    return Status::Ok();
+  };
+  KVGC_TRY(walk());
 
   // All or nothing, in batch order: the first sequence whose pages do not fit.
   const uint64_t page_bytes = layout_[KVGC_CLASS_FP16].bytes;
-  host::vector<uint64_t> need(n);
   host::vector<std::pair<uint32_t, uint64_t>> tenant_need;  // few tenants: linear search
   auto first_misfit = [&](kvgc_status* why) -> uint32_t {
     tenant_need.clear();
     uint64_t total = 0;
     for (uint32_t i = 0; i < n; ++i) {
       const BatchPlan::Entry& e = b.seqs[i];
-      need[i] = 0;
-      for (const Segment& seg : e.s->layers)
-        need[i] += seg.table[KVGC_CLASS_FP16].pages_needed(pool_, pt, e.n_new);
       total += need[i];
       if (!pool_.can_alloc(KVGC_CLASS_FP16, total)) {
         *why = KVGC_ENOMEM;
@@ -239,6 +275,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
     KVGC_TRY(settle_all());
     for (BatchPlan::Entry& e : b.seqs)
       for (Segment& seg : e.s->layers) KVGC_TRY(compact_fragmented(e.tenant, seg, stream));
+    KVGC_TRY(walk());
     misfit = first_misfit(&why);
   }
   if (misfit < n) {
@@ -257,96 +294,111 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
                                   std::to_string(e.tenant) + " past its quota");
   }
 
-  // Sizes, then every host container, before the first page is taken.
-  uint64_t new_pages = 0, n_runs = 0, n_pages = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    new_pages += need[i];
-    for (const Segment& seg : b.seqs[i].s->layers)
-      for (const PageTable& t : seg.table) n_pages += t.pages.size();
-  }
-  n_runs = new_pages + uint64_t(L) * n;  // at most one tail run per segment
-  n_pages += new_pages;
+  // Every host container before the first page is taken; arrays are layer-major, so each
+  // (layer, sequence) entry's place comes from prefix sums of the counts.
+  const uint64_t n_runs = new_pages + LB;  // at most one tail run per segment
   KVGC_TRY(batch_arrays(b, size_t(n_runs), size_t(n_pages)));
   b.appended.assign(L, 0);
-  b.epoch.resize(size_t(L) * n);
-  b.res_off.resize(size_t(L) * n + 1);
+  b.exported.assign(L, device ? 1 : 0);  // the device's arrays are written here; the CPU's on demand
+  b.res_off.resize(LB + 1);
+  b.run_start.resize(LB);
   b.run_off.resize(L + 1);
   b.page_off.resize(L + 1);
   b.reserved.clear();
-  b.reserved.reserve(new_pages);
-  // Gives back the pages reserved for entries [0, upto] (upto's own may be partial).
-  auto drop_reserved = [&](size_t upto) {
-    for (size_t x = 0; x <= upto && x < size_t(L) * n; ++x) {
-      const size_t end = x < upto ? b.res_off[x + 1] : b.reserved.size();
-      for (size_t r = b.res_off[x]; r < end; ++r) drop_page(b.seqs[x % n].tenant, b.reserved[r]);
-    }
-    b.reserved.clear();
-  };
-  for (uint32_t l = 0; l < L; ++l)
-    for (uint32_t i = 0; i < n; ++i) {
-      b.res_off[l * n + i] = uint32_t(b.reserved.size());
-      const BatchPlan::Entry& e = b.seqs[i];
-      const uint64_t k = e.s->layers[l].table[KVGC_CLASS_FP16].pages_needed(pool_, pt, e.n_new);
-      for (uint64_t j = 0; j < k; ++j) {
-        const PageId p = take_page(*e.s, l, KVGC_CLASS_FP16);
-        if (p == kNoPage) {  // host descriptor growth failed: undo
-          drop_reserved(l * n + i);
-          ++counters_.enomem;
-          return fail(KVGC_ENOMEM, std::string(fn) + ": out of host memory for page descriptors");
-        }
-        b.reserved.push_back(p);
-      }
-    }
-  b.res_off[size_t(L) * n] = uint32_t(b.reserved.size());
-
-  // Each layer's arrays: runs (the tail's room, then each reserved page from slot 0),
-  // pages in read order with the new tokens counted, the attention work, the export.
+  b.reserved.resize(new_pages);
   const BatchPlan::Arrays& A = b.host;
-  uint32_t nr = 0, np = 0;
+  uint32_t nr = 0, np = 0, nres = 0;
   for (uint32_t l = 0; l < L; ++l) {
     b.run_off[l] = nr;
     b.page_off[l] = np;
     A.page_indptr[l * (n + 1)] = 0;
     for (uint32_t i = 0; i < n; ++i) {
-      const BatchPlan::Entry& e = b.seqs[i];
-      const Segment& seg = e.s->layers[l];
-      const PageTable& f = seg.table[KVGC_CLASS_FP16];
-      const int32_t delta = int32_t(int64_t(seg.length) - int64_t(e.row0));
-      const uint32_t room = e.n_new ? f.tail_room(pool_, pt) : 0;
-      const uint32_t in_tail = std::min(room, e.n_new);
-      if (in_tail) A.runs[nr++] = {page_ptr(f.pages.back()), pt - room, in_tail, e.row0, delta};
-      uint32_t src = in_tail;
-      const uint32_t r0 = b.res_off[l * n + i], r1 = b.res_off[l * n + i + 1];
-      const uint32_t first = np - b.page_off[l];
-      uint64_t row = 0;
-      auto page = [&](PageId id, uint32_t cls, uint32_t rows) {
-        uint8_t* ptr = page_ptr(id);
-        A.pages[np] = {ptr, cls, row};
-        A.page_offset[np] = uint64_t(ptr - static_cast<uint8_t*>(arena_));
-        A.page_class[np] = uint8_t(cls);
-        ++np;
-        row += rows;
-      };
-      for (size_t j = 0; j < f.pages.size(); ++j)
-        page(f.pages[j], KVGC_CLASS_FP16,
-             pool_.desc(f.pages[j]).live + (j + 1 == f.pages.size() ? in_tail : 0));
-      for (uint32_t r = r0; r < r1; ++r) {
-        const uint32_t count = std::min(pt, e.n_new - src);
-        A.runs[nr++] = {page_ptr(b.reserved[r]), 0, count, e.row0 + src, delta};
-        page(b.reserved[r], KVGC_CLASS_FP16, count);
-        src += count;
-      }
-      for (int c = 1; c < KVGC_CLASS_COUNT; ++c)
-        for (PageId id : seg.table[c].pages) page(id, uint32_t(c), pool_.desc(id).live);
-      A.aseqs[l * n + i] = {first, np - b.page_off[l] - first, row, e.row0, e.n_new,
-                            int64_t(seg.length), float(std::pow(opts_.recent_decay, double(e.n_new)))};
+      const size_t x = size_t(l) * n + i;
+      b.res_off[x] = nres;
+      b.run_start[x] = nr;
+      const uint32_t in_tail = std::min(b.tail_room[x], b.seqs[i].n_new);
+      nres += b.cnt_new[x];
+      nr += (in_tail ? 1 : 0) + b.cnt_new[x];
+      A.aseqs[x].first_page = np - b.page_off[l];
+      np += b.cnt_pages[x];
       A.page_indptr[l * (n + 1) + i + 1] = np - b.page_off[l];
-      A.q_pos0[l * n + i] = int32_t(seg.length);
-      b.epoch[l * n + i] = seg.epoch;
     }
   }
+  b.res_off[LB] = nres;
   b.run_off[L] = nr;
   b.page_off[L] = np;
+
+  // Gives back the pages reserved so far (entries in sequence order, up to `upto`).
+  size_t taken = 0;
+  auto drop_reserved = [&] {
+    for (uint32_t i = 0; i < n && taken; ++i)
+      for (uint32_t l = 0; l < L && taken; ++l) {
+        const size_t x = size_t(l) * n + i;
+        for (uint32_t r = b.res_off[x]; r < b.res_off[x] + b.cnt_new[x] && taken; ++r, --taken)
+          drop_page(b.seqs[i].tenant, b.reserved[r]);
+      }
+    b.reserved.clear();
+  };
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t l = 0; l < L; ++l) {
+      const size_t x = size_t(l) * n + i;
+      for (uint32_t j = 0; j < b.cnt_new[x]; ++j) {
+        const PageId p = take_page(*b.seqs[i].s, l, KVGC_CLASS_FP16);
+        if (p == kNoPage) {  // host descriptor growth failed: undo
+          drop_reserved();
+          ++counters_.enomem;
+          return fail(KVGC_ENOMEM, std::string(fn) + ": out of host memory for page descriptors");
+        }
+        b.reserved[b.res_off[x] + j] = p;
+        ++taken;
+      }
+    }
+
+  // Each (layer, sequence): runs (the tail's room, then each reserved page from slot 0),
+  // the attention work, positions; on a device also its pages in attention order with the
+  // new tokens counted, and the export.
+  for (uint32_t i = 0; i < n; ++i) {
+    const BatchPlan::Entry& e = b.seqs[i];
+    const float seq_decay = float(std::pow(opts_.recent_decay, double(e.n_new)));  // as kvgc_attend
+    for (uint32_t l = 0; l < L; ++l) {
+      const size_t x = size_t(l) * n + i;
+      const int32_t delta = int32_t(int64_t(b.length[x]) - int64_t(e.row0));
+      const uint32_t in_tail = std::min(b.tail_room[x], e.n_new);
+      uint32_t r = b.run_start[x];
+      if (in_tail) A.runs[r++] = {b.tail[x], pt - b.tail_room[x], in_tail, e.row0, delta};
+      uint32_t src = in_tail;
+      uint32_t at = b.page_off[l] + A.aseqs[x].first_page;
+      if (device) {  // the segment's attention list as it stands, then the new pages
+        for (const SegPage& sp : e.s->layers[l].attn) {
+          A.pages[at] = sp;
+          A.page_offset[at] = uint64_t(sp.page - static_cast<uint8_t*>(arena_));
+          A.page_class[at++] = uint8_t(sp.cls);
+        }
+      }
+      uint64_t row = b.rows[x] + in_tail;
+      for (uint32_t j = 0; j < b.cnt_new[x]; ++j) {
+        const uint32_t count = std::min(pt, e.n_new - src);
+        uint8_t* ptr = page_ptr(b.reserved[b.res_off[x] + j]);
+        A.runs[r++] = {ptr, 0, count, e.row0 + src, delta};
+        if (device) {
+          A.pages[at] = {ptr, KVGC_CLASS_FP16, row};
+          A.page_offset[at] = uint64_t(ptr - static_cast<uint8_t*>(arena_));
+          A.page_class[at++] = KVGC_CLASS_FP16;
+        }
+        row += count;
+        src += count;
+      }
+      AttendSeq& a = A.aseqs[x];
+      a.n_pages = b.cnt_pages[x];
+      a.n_live = row;
+      a.q_row = e.row0;
+      a.n_q = e.n_new;
+      a.q_pos0 = int64_t(b.length[x]);
+      a.recent_decay = seq_decay;
+      a.host_pages = nullptr;  // set at append, when the segment's own list holds them
+      A.q_pos0[x] = int32_t(b.length[x]);
+    }
+  }
   for (uint32_t i = 0; i < n; ++i) A.q_indptr[i] = b.seqs[i].row0;
   A.q_indptr[n] = uint32_t(rows);
 
@@ -356,7 +408,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
     Status st = backend_->copy(batch_region_, b.block, bytes, CopyKind::HostToDevice, stream);
     if (st.ok()) st = backend_->event_record(b.upload_event, stream);
     if (!st.ok()) {
-      drop_reserved(size_t(L) * n);
+      drop_reserved();
       return st;
     }
     b.upload_pending = true;
@@ -385,8 +437,10 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
                                    std::to_string(elem) + " bytes");
   }
   for (uint32_t i = 0; i < B; ++i) {  // may throw: nothing changed yet
-    PageTable& f = b.seqs[i].s->layers[layer].table[KVGC_CLASS_FP16];
-    f.pages.reserve(f.pages.size() + (b.res_off[layer * B + i + 1] - b.res_off[layer * B + i]));
+    Segment& seg = b.seqs[i].s->layers[layer];
+    const uint32_t k = b.cnt_new[size_t(layer) * B + i];
+    seg.table[KVGC_CLASS_FP16].pages.reserve(seg.table[KVGC_CLASS_FP16].pages.size() + k);
+    seg.attn.reserve(seg.attn.size() + k);
   }
   const uint32_t r0 = b.run_off[layer], r1 = b.run_off[layer + 1];
   if (r1 > r0) {
@@ -397,9 +451,14 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
   // The host counts, as kvgc_append keeps them.
   for (uint32_t i = 0; i < B; ++i) {
     const BatchPlan::Entry& e = b.seqs[i];
-    if (!e.n_new) continue;
     Segment& seg = e.s->layers[layer];
+    AttendSeq& a = b.host.aseqs[size_t(layer) * B + i];
+    if (!e.n_new) {
+      a.host_pages = attn_pages(seg).data();
+      continue;
+    }
     PageTable& f = seg.table[KVGC_CLASS_FP16];
+    const bool list_valid = seg.attn_epoch == seg.epoch;  // the plan made it so
     uint32_t left = e.n_new;
     if (const uint32_t room = f.tail_room(pool_, pt); room) {
       const uint32_t c = std::min(room, left);
@@ -408,14 +467,19 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
       d.live = uint16_t(d.live + c);
       left -= c;
     }
+    uint64_t row = seg.attn_rows + (e.n_new - left);  // the tail's new rows are its own
     for (uint32_t r = b.res_off[layer * B + i]; r < b.res_off[layer * B + i + 1]; ++r) {
       const uint32_t c = std::min(pt, left);
       PageDesc& d = pool_.desc(b.reserved[r]);
       d.used = uint16_t(c);
       d.live = uint16_t(c);
       f.pages.push_back(b.reserved[r]);
+      if (list_valid) seg.attn.push_back({page_ptr(b.reserved[r]), KVGC_CLASS_FP16, row});  // reserved: no throw
+      row += c;
       left -= c;
     }
+    seg.attn_rows = row;
+    a.host_pages = attn_pages(seg).data();  // extended in place, or rebuilt if it was stale
     f.used += e.n_new;
     f.live += e.n_new;
     const uint64_t sinks =
@@ -460,6 +524,25 @@ Status ManagedHeap::batch_attend(BatchPlan& b, uint32_t layer, const void* q, vo
   return Status::Ok();
 }
 
+// The layer's contiguous page arrays (pages with rows, offsets, classes): a device's were
+// written at plan (they were uploaded); the CPU's only here, for export and observe,
+// from each segment's attention list (which holds the new pages once appended).
+void ManagedHeap::batch_materialize(BatchPlan& b, uint32_t layer) {
+  if (b.exported[layer]) return;
+  const uint32_t B = uint32_t(b.seqs.size());
+  const BatchPlan::Arrays& A = b.host;
+  for (uint32_t i = 0; i < B; ++i) {
+    const size_t x = size_t(layer) * B + i;
+    uint32_t at = b.page_off[layer] + A.aseqs[x].first_page;
+    for (const SegPage& sp : attn_pages(b.seqs[i].s->layers[layer])) {
+      A.pages[at] = sp;
+      A.page_offset[at] = uint64_t(sp.page - static_cast<uint8_t*>(arena_));
+      A.page_class[at++] = uint8_t(sp.cls);
+    }
+  }
+  b.exported[layer] = 1;
+}
+
 Status ManagedHeap::batch_observe(BatchPlan& b, uint32_t layer, const float* mass, void* stream) {
   const char* fn = "kvgc_batch_observe";
   KVGC_TRY(batch_live(b, layer, fn));
@@ -469,6 +552,7 @@ Status ManagedHeap::batch_observe(BatchPlan& b, uint32_t layer, const float* mas
   const uint32_t p0 = b.page_off[layer], n_pages = b.page_off[layer + 1] - p0;
   if (n_pages == 0) return Status::Ok();
   KVGC_TRY(backend_->check_pointer(mass, "kvgc_batch_observe: mass"));
+  batch_materialize(b, layer);  // the order the export showed
   if (uintptr_t(mass) % alignof(float))
     return fail(KVGC_EINVAL, std::string(fn) + ": mass must be 4-byte aligned");
   ObserveOp op{{layout_[0], layout_[1], layout_[2]}, b.host.pages + p0, n_pages, mass,
@@ -482,6 +566,10 @@ Status ManagedHeap::batch_observe(BatchPlan& b, uint32_t layer, const float* mas
 
 Status ManagedHeap::batch_export(BatchPlan& b, uint32_t layer, kvgc_batch_view* v) {
   KVGC_TRY(batch_live(b, layer, "kvgc_batch_export"));
+  if (!b.appended[layer])  // reserved pages hold nothing readable before their append
+    return fail(KVGC_EINVAL, "kvgc_batch_export: layer " + std::to_string(layer) +
+                                 " has not been appended in this plan (kvgc_batch_append first)");
+  batch_materialize(b, layer);
   const uint32_t B = uint32_t(b.seqs.size()), p0 = b.page_off[layer];
   v->n_seqs = B;
   v->n_pages = b.page_off[layer + 1] - p0;

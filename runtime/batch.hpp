@@ -32,6 +32,10 @@ struct BatchPlan : host::HostAllocated {
   uint32_t n_rows = 0;
   host::vector<Entry> seqs;
   host::vector<uint8_t> appended;       // [L]
+  host::vector<uint8_t> exported;       // [L] the layer's page arrays are written (CPU: on demand)
+  host::vector<uint32_t> cnt_new, cnt_pages, tail_room, run_start;  // [L*B] the plan's counts
+  host::vector<uint64_t> length, rows;  // [L*B] each segment's length and attention rows
+  host::vector<uint8_t*> tail;          // [L*B] its FP16 tail page when it has room
   host::vector<uint64_t> epoch;         // [L*B] each segment's epoch at plan
   host::vector<uint32_t> res_off;       // [L*B + 1] into reserved
   host::vector<PageId> reserved;        // pages taken for new tokens, not yet in a table

@@ -280,6 +280,20 @@ uint64_t ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out
   return row;
 }
 
+const host::vector<SegPage>& ManagedHeap::attn_pages(Segment& s) {
+  if (s.attn_epoch == s.epoch) return s.attn;
+  s.attn.clear();
+  uint64_t row = 0;
+  for (int c : {int(KVGC_CLASS_INT4), int(KVGC_CLASS_INT8), int(KVGC_CLASS_FP16)})
+    for (PageId p : s.table[c].pages) {
+      s.attn.push_back({page_ptr(p), uint32_t(c), row});
+      row += s.gc.active ? pool_.desc(p).used : pool_.desc(p).live;
+    }
+  s.attn_rows = row;
+  s.attn_epoch = s.epoch;
+  return s.attn;
+}
+
 Status ManagedHeap::seq_destroy(kvgc_seq seq) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_seq_destroy", &s));
@@ -482,20 +496,21 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
     return fail(KVGC_EINVAL, "kvgc_attend: q and out must be aligned to the dtype's " +
                                  std::to_string(elem) + " bytes");
   // Rows are internal to attention: with a GC pending, number them by upper bounds
-  // rather than wait for its live counts.
-  const uint64_t rows = segment_pages(seg, &pages_, seg.gc.active);
-  const SegPage* pages = pages_.data();
+  // rather than wait for its live counts (attn_pages does).
+  const host::vector<SegPage>& list = attn_pages(s->layers[layer]);
+  const uint64_t rows = seg.attn_rows;
+  const SegPage* pages = list.data();
   if (backend_->kind() != KVGC_DEVICE_CPU) {  // the upload must not wait for pageable memory
     void* staged = nullptr;
-    KVGC_TRY(staging_.take(*backend_, pages_.size() * sizeof(SegPage), &staged));
-    std::copy(pages_.begin(), pages_.end(), static_cast<SegPage*>(staged));
+    KVGC_TRY(staging_.take(*backend_, list.size() * sizeof(SegPage), &staged));
+    std::copy(list.begin(), list.end(), static_cast<SegPage*>(staged));
     pages = static_cast<const SegPage*>(staged);
   }
-  AttendOp op{{layout_[0], layout_[1], layout_[2]}, pages, uint32_t(pages_.size()), rows,
+  AttendOp op{{layout_[0], layout_[1], layout_[2]}, pages, uint32_t(list.size()), rows,
               q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
               float(std::pow(opts_.recent_decay, double(n_q))), scratch_, scratch_bytes_};
   KVGC_TRY(backend_->attend(op, stream));
-  if (pages != pages_.data()) KVGC_TRY(staging_.enqueued(*backend_, stream));
+  if (pages != list.data()) KVGC_TRY(staging_.enqueued(*backend_, stream));
   ++counters_.attends;
   return Status::Ok();
 }

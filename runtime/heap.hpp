@@ -70,6 +70,12 @@ struct Segment {
   // calls (append, a GC, its harvest, compaction): a batch plan made before is stale.
   uint64_t epoch = 0;
   uint64_t draws = 0;  // rankings so far: salts the score noise of the next
+  // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
+  // append only lengthens it, each with its first row (numbered by `used` while a GC is
+  // pending, else by `live`). Valid while attn_epoch == epoch (ManagedHeap::attn_pages).
+  host::vector<SegPage> attn;
+  uint64_t attn_rows = 0;
+  uint64_t attn_epoch = UINT64_MAX;
 
   uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
 };
@@ -177,6 +183,8 @@ class ManagedHeap : public host::HostAllocated {
   // holds while a GC's results are pending (attention's rows are its own).
   uint64_t segment_pages(const Segment& s, host::vector<SegPage>* out,
                          bool rows_by_used = false) const;
+  // The segment's attention page list, rebuilt if a change since made it stale.
+  const host::vector<SegPage>& attn_pages(Segment& s);
   // One segment's GC (collect.cpp): apply the previous GC's results, compact when
   // fragmented, plan, issue the decision op (applied at once with KVGC_HARVEST=immediate).
   // Sets *short_of_budget when the protected tokens alone exceed the budget.
@@ -195,6 +203,7 @@ class ManagedHeap : public host::HostAllocated {
   // The batch plan's checks and layout (batch.cpp).
   Status batch_live(BatchPlan& b, uint32_t layer, const char* fn);
   Status batch_arrays(BatchPlan& b, size_t n_runs, size_t n_pages);
+  void batch_materialize(BatchPlan& b, uint32_t layer);
   uint64_t batch_reserved_bytes(uint32_t tenant) const;  // pages a plan holds for the tenant
   size_t batch_reserved_pages() const;
 

@@ -35,6 +35,8 @@
 #include <algorithm>
 #include <limits>
 
+// Tests that read the emulation's counters (emu::launches) test for this.
+#define KVGC_CUDA_EMU 1
 #define __global__
 #define __device__
 #define __host__

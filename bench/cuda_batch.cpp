@@ -88,9 +88,13 @@ int main(int argc, char** argv) {
   const size_t scratch_bytes = kvgc::cuda::attend_scratch_bytes(uint64_t(n_pages) * pt, q_heads, hd, pt);
   void* scratch;
   CUDA_OK(cudaMalloc(&scratch, scratch_bytes));
+  // The page list per-sequence calls ship: pinned, as the heap's staging ring is.
+  kvgc::SegPage* pinned_pages = nullptr;
+  CUDA_OK(cudaMallocHost(&pinned_pages, pages.size() * sizeof(pages[0])));
+  std::copy(pages.begin(), pages.end(), pinned_pages);
   kvgc::AttendOp op{};
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) op.layout[c] = L[c];
-  op.pages = pages.data();
+  op.pages = pinned_pages;
   op.n_pages = n_pages;
   op.q = q;
   op.q_heads = q_heads;
@@ -159,5 +163,6 @@ int main(int argc, char** argv) {
               "batch_noscores_speedup_vs_per_seq=%.3f copy_GBps=%.0f batch_GBps=%.0f B=%u tokens=%u\n",
               gbs(batch_ms) / gbs(copy_ms), gbs(batch_plain_ms) / gbs(copy_ms), seq_ms / batch_ms,
               seq_plain_ms / batch_plain_ms, gbs(copy_ms), gbs(batch_ms), B, tokens);
+  cudaFreeHost(pinned_pages);
   return 0;
 }

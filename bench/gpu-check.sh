@@ -29,7 +29,7 @@ core_sources() {
        kernels/cpu/attend_split.cpp kernels/cpu/thread_pool.cpp
 }
 GPU_TESTS="kvgc-cuda-tests"
-GPU_BENCHES="kvgc-bench-cuda-copy kvgc-bench-cuda-attend kvgc-bench-cuda-gc"
+GPU_BENCHES="kvgc-bench-cuda-copy kvgc-bench-cuda-attend kvgc-bench-cuda-gc kvgc-bench-cuda-batch"
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -68,10 +68,11 @@ if [ "${KVGC_GPU_REBUILD:-0}" = 1 ] || { [ $rc -ne 0 ] && [ $rc -ne 77 ]; }; the
   echo "carried binaries not used (rc=$rc: $(echo "$probe" | head -1)); rebuilding with nvcc"
   bin=.gpu/rebuilt && mkdir -p $bin
   flags="-std=c++20 -O2 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -I c_api -I .gpu/include -DKVGC_ASSERT_LEVEL=1"
-  nvcc $flags $(core_sources) tests/cuda_main.cpp tests/test_cuda.cpp tests/test_cuda_gc.cpp tests/util.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) tests/cuda_main.cpp tests/test_cuda.cpp tests/test_cuda_gc.cpp tests/test_cuda_scrub.cpp tests/test_cuda_batch.cpp tests/util.cpp -o $bin/kvgc-cuda-tests 2>&1 | tail -20 &
   nvcc $flags $(core_sources) bench/cuda_copy.cpp -o $bin/kvgc-bench-cuda-copy 2>&1 | tail -20 &
   nvcc $flags $(core_sources) bench/cuda_attend.cpp -o $bin/kvgc-bench-cuda-attend 2>&1 | tail -20 &
   nvcc $flags $(core_sources) bench/cuda_gc.cpp -o $bin/kvgc-bench-cuda-gc 2>&1 | tail -20 &
+  nvcc $flags $(core_sources) bench/cuda_batch.cpp -o $bin/kvgc-bench-cuda-batch 2>&1 | tail -20 &
   wait
   row "build" "rebuilt on the GPU host with nvcc"
 else

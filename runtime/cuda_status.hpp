@@ -35,8 +35,13 @@ inline Status attend_status(cudaError_t e, const AttendOp& op) {
     return fail(KVGC_EUNSUPPORTED, "kvgc_attend: head_dim " + std::to_string(op.layout[0].head_dim) +
                                        " > 256 is not supported on the CUDA backend");
   if (e == cudaErrorMemoryAllocation)
-    return fail(KVGC_ENOMEM, "kvgc_attend: the heap's attention scratch is too small for " +
-                                 std::to_string(op.n_live) + " live tokens");
+    return fail(KVGC_ENOMEM, op.n_seqs ? "kvgc_batch_attend: the heap's attention scratch is too small "
+                                         "for a query of the batch's longest sequence"
+                                       : "kvgc_attend: the heap's attention scratch is too small for " +
+                                             std::to_string(op.n_live) + " live tokens");
+  if (e == cudaErrorInvalidValue)
+    return fail(KVGC_EINVAL, "kvgc_batch_attend: a sequence's pages lie past the batch's " +
+                                 std::to_string(op.n_pages) + "-page list");
   return Status::Ok();
 }
 

@@ -1,16 +1,26 @@
 // CUDA paged attention with fused scores (kernels/cpu/attend.cpp is the specification).
 //
-// Split-K (flash-decoding) in three launches on the engine's stream, no sync:
-//   1. partial: a block per (query, KV head, chunk of <= 8 query heads, split of the
-//      pages); each warp takes every 4th page of the split. Per page, lanes own slots for
-//      the logits (each lane dots its slot's K row with the group's queries, kept in
-//      shared memory) and then own dims for the values (p broadcast from shared memory),
-//      with an online softmax in fp32. Logits go to scratch for pass 3; the block's
-//      (m, l, acc) go to scratch.
-//   2. combine: per (query, query head), merges the splits into out (model dtype) and
-//      keeps the final (m, l).
-//   3. mass: per slot, sums exp(logit - m) / l over queries and query heads and adds it to
-//      the slot's score.
+// One op is a batch of sequences (AttendOp::seqs; a single segment is the batch of
+// one). The host turns it into a work list of items, (sequence, query, split of its
+// pages), balanced FlashDecoding-style: a page budget per split is chosen so that the
+// whole batch makes about 4 blocks per SM, long sequences get several splits, short ones
+// one. A pass is three launches on the engine's stream whatever the batch size, no sync:
+//   1. partial: a block per (item, KV head x chunk of <= 8 query heads); each warp takes
+//      every 4th page of the item. Per page, lanes own slots for the logits (each lane
+//      dots its slot's K row with the group's queries, kept in shared memory) and then
+//      own dims for the values (p broadcast from shared memory), with an online softmax
+//      in fp32. With scores, logits go to scratch for pass 3. An item that is its
+//      query's only split writes the output (and its (m, l)) itself; the others write
+//      their (m, l, acc) partial to scratch.
+//   2. combine: per (split query, query head), merges its partials into out (model
+//      dtype) and keeps the final (m, l). Not launched when no query is split.
+//   3. mass: a block per page of the pass's sequences; per slot, sums exp(logit - m) / l
+//      over the sequence's queries and query heads and adds it to the slot's score.
+// The work list (and the sequence table, unless AttendOp::dev_seqs has it on the device
+// already) travel in one host-to-device copy into the scratch; the page list likewise
+// unless AttendOp::dev_pages. A pass holds as many (sequence, query) units as the
+// scratch fits: a decode batch always fits one (attend_scratch_bytes reserves for it);
+// long prefill chunks go in several passes, split by queries.
 // Head dims are dispatched at compile time by dims per lane (2, 4, 8: head_dim <= 64,
 // <= 128, <= 256); larger head dims are not supported on CUDA.
 #include <cuda_bf16.h>
@@ -18,7 +28,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
+#include "../../allocator/host_memory.hpp"
 #include "../score.hpp"
 #include "attend.cuh"
 
@@ -26,23 +38,57 @@ namespace kvgc::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32, kGMax = 8;
+constexpr uint32_t kMaxParts = 256;  // split partials a pass may hold (attend_scratch_bytes)
+constexpr uint32_t kNoPart = 0xffffffffu;
+// Entries a pass carries as a kernel parameter: a small block for one segment and small
+// batches, a large one (20 KiB; parameters up to 32 KiB need CUDA 12.1 and sm_70) for
+// the rest. A batch of more sequences than that goes in several passes.
+constexpr uint32_t kSmallEntries = 4, kEntries = 256;
 
-struct Params {
-  PageLayout L[KVGC_CLASS_COUNT];
-  const SegPage* pages;  // device copy (scratch)
-  uint32_t n_pages, pages_per_split;
-  const uint8_t* q;      // model dtype [n_q][q_heads][hd]
-  uint8_t* out;
-  uint32_t q0, nq, q_heads, kv_heads, group, hd;  // queries [q0, q0 + nq) of the op
+// Queries [qa, qb) of one sequence in a pass, each split `splits` ways over `pps` pages
+// a split. Pass 1's items, pass 2's merges and pass 3's blocks of the entry start at
+// item0, merge0 and block0 (running counts over the pass's entries); its units (one per
+// query: the (m, l) rows) at unit0, its split partials at part0, its logits at log_off0.
+struct Entry {
+  uint32_t first_page, n_pages, q_row, qa, qb, splits, pps;
+  uint32_t item0, merge0, unit0, block0, part0;
+  uint64_t n_live, log_off0;
   int64_t q_pos0;
-  float scale;
-  float recent_decay;  // the op's (already raised to n_q)
-  uint64_t n_live;
-  float* logits;   // [nq * q_heads][n_live]
-  float* part;     // [nq][q_heads][splits][hd + 2]
-  float* ml;       // [nq][q_heads][2]
-  uint32_t splits;
+  float recent_decay;
+  uint32_t pad;
 };
+
+struct Common {
+  PageLayout L[KVGC_CLASS_COUNT];
+  const SegPage* pages;  // the op's page list, on the device
+  const uint8_t* q;      // model dtype [rows][q_heads][hd]
+  uint8_t* out;
+  uint32_t q_heads, kv_heads, group, hd;
+  float scale;
+  float* logits;   // null without scores
+  float* part;     // [slot][q_heads][hd + 2]
+  float* ml;       // [unit][q_heads][2]; null without scores
+  uint32_t n_entries;
+};
+
+template <uint32_t N>
+struct Params {
+  Common c;
+  Entry e[N];
+};
+
+// The entry whose range [field, next field) holds x: the last one with field <= x
+// (entries with an empty range share their successor's start and are skipped).
+template <uint32_t N>
+__device__ __forceinline__ const Entry& entry_of(const Params<N>& p, uint32_t x, uint32_t Entry::*field) {
+  uint32_t lo = 0, hi = p.c.n_entries;
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (p.e[mid].*field <= x) lo = mid;
+    else hi = mid;
+  }
+  return p.e[lo];
+}
 
 template <kvgc_dtype D>
 __device__ __forceinline__ float ld(const uint8_t* p, uint32_t i) {
@@ -87,15 +133,21 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// Pass 1. DPL = dims per lane; blockIdx.x = KV head x query-head chunk, .y = split,
-// .z = query.
-template <kvgc_dtype D, int DPL>
-__global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant__ Params p) {
+// Pass 1. DPL = dims per lane; blockIdx.x = item, .y = KV head x query-head chunk.
+template <kvgc_dtype D, int DPL, uint32_t N>
+__global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant__ Params<N> prm) {
+  const Common& p = prm.c;
+  const Entry& e = entry_of(prm, blockIdx.x, &Entry::item0);
+  const uint32_t local = blockIdx.x - e.item0, qi = e.qa + local / e.splits, split = local % e.splits;
+  const uint32_t p0 = e.first_page + split * e.pps, p1 = e.first_page + min(e.n_pages, (split + 1) * e.pps);
+  const uint32_t part = e.splits > 1 ? e.part0 + (qi - e.qa) * e.splits + split : kNoPart;
+  const uint32_t unit = e.unit0 + (qi - e.qa);
+  const uint64_t log_off = e.log_off0 + uint64_t(qi - e.qa) * p.q_heads * e.n_live;
   const uint32_t chunks = (p.group + kGMax - 1) / kGMax;
-  const uint32_t h = blockIdx.x / chunks, g0 = (blockIdx.x % chunks) * kGMax;
+  const uint32_t h = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * kGMax;
   const uint32_t G = min(kGMax, int(p.group - g0));
-  const uint32_t qi = blockIdx.z, split = blockIdx.y;
-  const int64_t qpos = p.q_pos0 + p.q0 + qi;
+  const uint32_t qrow = e.q_row + qi;
+  const int64_t qpos = e.q_pos0 + qi;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = p.hd;
   constexpr int kHdMax = DPL * 32;
 
@@ -107,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   for (uint32_t i = threadIdx.x; i < kGMax * kHdMax; i += blockDim.x) {
     const uint32_t g = i / kHdMax, d = i % kHdMax;
     qs[g][d] = (g < G && d < hd)
-                   ? ld<D>(p.q, ((size_t(p.q0 + qi) * p.q_heads) + h * p.group + g0 + g) * hd + d) * p.scale
+                   ? ld<D>(p.q, ((size_t(qrow) * p.q_heads) + h * p.group + g0 + g) * hd + d) * p.scale
                    : 0.f;
   }
   __syncthreads();
@@ -120,9 +172,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
 #pragma unroll
     for (int k = 0; k < DPL; ++k) acc[g][k] = 0.f;
   }
-  const uint32_t first = split * p.pages_per_split;
-  const uint32_t last = min(p.n_pages, first + p.pages_per_split);
-  for (uint32_t pi = first + warp; pi < last; pi += kWarps) {
+  for (uint32_t pi = p0 + warp; pi < p1; pi += kWarps) {
     const SegPage sp = p.pages[pi];
     const PageLayout& L = p.L[sp.cls];
     const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
@@ -141,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
 #pragma unroll
           for (int g = 0; g < kGMax; ++g) s[g] += qs[g][d] * k;
         }
-      uint32_t row_index = 0;  // the slot's read-order row
+      uint32_t row_index = 0;  // the slot's read-order row within its sequence
       if (is_live) {
         row_index = uint32_t(sp.out_row) + __popc(live[slot / 32] & ((1u << (slot % 32)) - 1u));
         for (uint32_t w = 0; w < slot / 32; ++w) row_index += __popc(live[w]);
@@ -151,8 +201,8 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
       for (int g = 0; g < kGMax; ++g) {
         if (g >= int(G)) break;
         const float x = visible ? s[g] : -INFINITY;
-        if (is_live)
-          p.logits[(size_t(qi) * p.q_heads + h * p.group + g0 + g) * p.n_live + row_index] = x;
+        if (is_live && p.logits)
+          p.logits[log_off + size_t(h * p.group + g0 + g) * e.n_live + row_index] = x;
         const float tile_m = warp_max(x);
         const float new_m = fmaxf(m[g], tile_m);
         const float e = (visible && new_m > -INFINITY) ? expf(x - new_m) : 0.f;
@@ -185,7 +235,8 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
       __syncwarp();
     }
   }
-  // Merge the warps of the block, then write the block's partial.
+  // Merge the warps of the block, then write the block's partial, or (the query's only
+  // split) its output and (m, l).
   if (lane == 0)
     for (int g = 0; g < kGMax; ++g) red_m[warp][g] = m[g], red_l[warp][g] = l[g];
 #pragma unroll
@@ -193,112 +244,233 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
 #pragma unroll
     for (int k = 0; k < DPL; ++k) red_acc[warp][g][lane * DPL + k] = acc[g][k];
   __syncthreads();
+  const bool direct = part == kNoPart;
   for (uint32_t i = threadIdx.x; i < G * (hd + 2); i += blockDim.x) {
     const uint32_t g = i / (hd + 2), c = i % (hd + 2);
+    const uint32_t head = h * p.group + g0 + g;
     float M = -INFINITY;
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_m[w][g]);
-    float val = 0.f;
+    float val = 0.f, Ls = 0.f;
     for (int w = 0; w < kWarps; ++w) {
       const float f = red_m[w][g] > -INFINITY ? expf(red_m[w][g] - M) : 0.f;
       val += f * (c == hd ? red_l[w][g] : c < hd ? red_acc[w][g][c] : 0.f);
+      Ls += f * red_l[w][g];
     }
     if (c == hd + 1) val = M;
-    float* dst = p.part + ((size_t(qi) * p.q_heads + h * p.group + g0 + g) * p.splits + split) * (hd + 2);
-    dst[c] = val;
+    if (!direct) {
+      p.part[(size_t(part) * p.q_heads + head) * (hd + 2) + c] = val;
+    } else if (c < hd) {
+      uint8_t* out = p.out + (size_t(qrow) * p.q_heads + head) * hd * (D == KVGC_DTYPE_F32 ? 4 : 2);
+      st<D>(out, c, Ls > 0.f ? val / Ls : 0.f);
+    } else if (p.ml) {
+      p.ml[(size_t(unit) * p.q_heads + head) * 2 + (c - hd)] = c == hd ? M : Ls;
+    }
   }
 }
 
-// Pass 2: one block per (query, query head).
-template <kvgc_dtype D>
-__global__ void combine_kernel(const __grid_constant__ Params p) {
-  const uint32_t row = blockIdx.x;  // qi * q_heads + j
-  const float* part = p.part + size_t(row) * p.splits * (p.hd + 2);
+// Pass 2: one block per (split query, query head).
+template <kvgc_dtype D, uint32_t N>
+__global__ void combine_kernel(const __grid_constant__ Params<N> prm) {
+  const Common& p = prm.c;
+  const uint32_t m = blockIdx.x / p.q_heads, j = blockIdx.x % p.q_heads;
+  const Entry& e = entry_of(prm, m, &Entry::merge0);
+  const uint32_t qi = e.qa + (m - e.merge0), unit = e.unit0 + (qi - e.qa);
+  const uint32_t n_parts = e.splits, part0 = e.part0 + (qi - e.qa) * e.splits;
+  const uint32_t hd = p.hd, stride = p.q_heads * (hd + 2);
+  const float* part = p.part + (size_t(part0) * p.q_heads + j) * (hd + 2);
   float M = -INFINITY;
-  for (uint32_t s = 0; s < p.splits; ++s) M = fmaxf(M, part[s * (p.hd + 2) + p.hd + 1]);
+  for (uint32_t s = 0; s < n_parts; ++s) M = fmaxf(M, part[size_t(s) * stride + hd + 1]);
   float Lsum = 0.f;
-  for (uint32_t s = 0; s < p.splits; ++s) {
-    const float ms = part[s * (p.hd + 2) + p.hd + 1];
-    if (ms > -INFINITY) Lsum += expf(ms - M) * part[s * (p.hd + 2) + p.hd];
+  for (uint32_t s = 0; s < n_parts; ++s) {
+    const float ms = part[size_t(s) * stride + hd + 1];
+    if (ms > -INFINITY) Lsum += expf(ms - M) * part[size_t(s) * stride + hd];
   }
-  const uint32_t qi = row / p.q_heads, j = row % p.q_heads;
-  uint8_t* out = p.out + ((size_t(p.q0 + qi) * p.q_heads) + j) * p.hd * (D == KVGC_DTYPE_F32 ? 4 : 2);
-  for (uint32_t d = threadIdx.x; d < p.hd; d += blockDim.x) {
+  const uint32_t qrow = e.q_row + qi;
+  uint8_t* out = p.out + (size_t(qrow) * p.q_heads + j) * hd * (D == KVGC_DTYPE_F32 ? 4 : 2);
+  for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
-    for (uint32_t s = 0; s < p.splits; ++s) {
-      const float ms = part[s * (p.hd + 2) + p.hd + 1];
-      if (ms > -INFINITY) a += expf(ms - M) * part[s * (p.hd + 2) + d];
+    for (uint32_t s = 0; s < n_parts; ++s) {
+      const float ms = part[size_t(s) * stride + hd + 1];
+      if (ms > -INFINITY) a += expf(ms - M) * part[size_t(s) * stride + d];
     }
     st<D>(out, d, Lsum > 0.f ? a / Lsum : 0.f);
   }
-  if (threadIdx.x == 0) {
-    p.ml[2 * row] = M;
-    p.ml[2 * row + 1] = Lsum;
+  if (threadIdx.x == 0 && p.ml) {
+    p.ml[(size_t(unit) * p.q_heads + j) * 2] = M;
+    p.ml[(size_t(unit) * p.q_heads + j) * 2 + 1] = Lsum;
   }
 }
 
-// Pass 3: a thread per slot of a page; adds the slot's mass over all rows to its score.
-__global__ void mass_kernel(const __grid_constant__ Params p) {
-  const SegPage sp = p.pages[blockIdx.x];
+// Pass 3: a block per page of the pass's sequences, a thread per slot; adds the slot's
+// mass over the sequence's queries in the pass (and all query heads) to its score. The
+// recent score decays once per op: in the pass that holds the sequence's first query.
+template <uint32_t N>
+__global__ void mass_kernel(const __grid_constant__ Params<N> prm) {
+  const Common& p = prm.c;
+  const Entry& e = entry_of(prm, blockIdx.x, &Entry::block0);
+  const SegPage sp = p.pages[e.first_page + (blockIdx.x - e.block0)];
   const PageLayout& L = p.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
-  const uint32_t rows = p.nq * p.q_heads;
+  const uint32_t rows = (e.qb - e.qa) * p.q_heads;
+  const float decay = e.qa == 0 ? e.recent_decay : 1.0f;
   for (uint32_t slot = threadIdx.x; slot < L.page_tokens; slot += blockDim.x) {
     if (!(live[slot / 32] >> (slot % 32) & 1u)) continue;
     uint32_t idx = uint32_t(sp.out_row) + __popc(live[slot / 32] & ((1u << (slot % 32)) - 1u));
     for (uint32_t w = 0; w < slot / 32; ++w) idx += __popc(live[w]);
     float mass = 0.f;
     for (uint32_t r = 0; r < rows; ++r) {
-      const float x = p.logits[size_t(r) * p.n_live + idx];
-      const float M = p.ml[2 * r], Ls = p.ml[2 * r + 1];
-      if (x > -INFINITY && Ls > 0.f) mass += expf(x - M) / Ls;
+      const float x = p.logits[e.log_off0 + size_t(r) * e.n_live + idx];
+      const float* ml = p.ml + (size_t(e.unit0) * p.q_heads + r) * 2;
+      if (x > -INFINITY && ml[1] > 0.f) mass += expf(x - ml[0]) / ml[1];
     }
     float& score = reinterpret_cast<float*>(sp.page + L.score_off)[slot];
     score = accumulate_score(score, mass);  // the CPU's rule (kernels/score.hpp)
     float& recent = reinterpret_cast<float*>(sp.page + L.recent_off)[slot];
-    recent = accumulate_score(__fmul_rn(recent, p.recent_decay), mass);
+    recent = accumulate_score(__fmul_rn(recent, decay), mass);
   }
 }
 
-template <kvgc_dtype D>
-cudaError_t launch(const AttendOp& op, const Params& base, uint32_t dpl, uint32_t n_sm,
-                   size_t scratch_floats, float* scratch_f, cudaStream_t stream) {
-  const uint32_t chunks = (base.group + kGMax - 1) / kGMax;
-  // Queries per pass: as many as the logits and partials fit in scratch.
-  const uint64_t per_query_logits = uint64_t(op.q_heads) * op.n_live;
-  for (uint32_t q0 = 0; q0 < op.n_q;) {
-    Params p = base;
-    p.q0 = q0;
-    // Splits: enough blocks to fill the GPU (about 4 per SM), at least a page each.
-    const uint32_t blocks_per_split = op.layout[0].n_kv_heads * chunks;
-    uint32_t nq = std::min<uint32_t>(op.n_q - q0, 64);
-    uint32_t splits = std::max<uint32_t>(1, std::min<uint32_t>(
-        std::max<uint32_t>(1, 4 * n_sm / std::max<uint32_t>(1, blocks_per_split * nq)),
-        std::max<uint32_t>(1, op.n_pages / kWarps)));
-    splits = std::min<uint32_t>(splits, 256);
-    auto need = [&](uint32_t n, uint32_t s) {
-      return uint64_t(n) * per_query_logits + uint64_t(n) * op.q_heads * s * (op.layout[0].head_dim + 2) +
-             uint64_t(n) * op.q_heads * 2;
-    };
-    while (nq > 1 && need(nq, splits) > scratch_floats) nq = (nq + 1) / 2;
-    if (need(nq, splits) > scratch_floats) return cudaErrorMemoryAllocation;
-    p.nq = nq;
-    p.splits = splits;
-    p.pages_per_split = (op.n_pages + splits - 1) / splits;
-    p.logits = scratch_f;
-    p.part = p.logits + size_t(nq) * per_query_logits;
-    p.ml = p.part + size_t(nq) * op.q_heads * splits * (op.layout[0].head_dim + 2);
-    const dim3 grid(blocks_per_split, splits, nq);
-    switch (dpl) {
-      case 2: partial_kernel<D, 2><<<grid, kThreads, 0, stream>>>(p); break;
-      case 4: partial_kernel<D, 4><<<grid, kThreads, 0, stream>>>(p); break;
-      default: partial_kernel<D, 8><<<grid, kThreads, 0, stream>>>(p); break;
+// ---- host: the work list ----------------------------------------------------------
+
+// One pass: its entries (a range of Plan::entries), the counts that size its launches,
+// the floats it takes in scratch.
+struct Pass {
+  uint32_t first_entry, n_entries;
+  uint32_t n_items, n_merges, mass_blocks, n_units, n_parts;
+  uint64_t logits_floats;
+};
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+struct Geometry {
+  uint32_t q_heads, hd;
+  bool scores;
+};
+
+// Scratch floats of a pass: logits, split partials, (m, l).
+uint64_t pass_floats(const Geometry& g, uint64_t logits, uint64_t parts, uint64_t units) {
+  return logits + parts * g.q_heads * (g.hd + 2) + (g.scores ? units * g.q_heads * 2 : 0);
+}
+
+struct Plan {
+  host::vector<Entry> entries;
+  host::vector<Pass> passes;
+};
+
+// Builds the passes: units (sequence, query) in order, as many per pass as `avail_floats`
+// and kEntries entries hold; a unit alone that does not fit gets fewer splits. Host work
+// O(B + passes). Error before anything is enqueued: cudaErrorMemoryAllocation (one
+// query in one split does not fit the scratch).
+cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g, uint32_t blocks_per_item,
+                      uint32_t n_sm, uint64_t avail_floats, Plan* plan) {
+  // The split budget: pages per split such that the whole batch makes about 4 blocks
+  // per SM, and at most kMaxParts partials (so that a decode batch fits in one pass).
+  uint64_t work = 0;
+  for (uint32_t i = 0; i < n_seqs; ++i) work += uint64_t(seqs[i].n_q) * seqs[i].n_pages;
+  const uint64_t target = std::max<uint64_t>(1, 4ull * n_sm / std::max<uint32_t>(1, blocks_per_item));
+  uint64_t chunk = std::max<uint64_t>(kWarps, (work + target - 1) / target);
+  auto splits_of = [&](const AttendSeq& s) -> uint32_t {
+    const uint64_t by_chunk = (s.n_pages + chunk - 1) / chunk;
+    const uint64_t cap = std::max<uint64_t>(1, std::min<uint64_t>(kMaxParts, s.n_pages / kWarps));
+    const uint32_t want = uint32_t(std::clamp<uint64_t>(by_chunk, 1, cap));
+    const uint32_t pps = (s.n_pages + want - 1) / want;  // even splits
+    return pps ? (s.n_pages + pps - 1) / pps : 1;
+  };
+  for (;;) {  // widen the splits until the batch's partials fit kMaxParts (O(B) a round)
+    uint64_t parts = 0;
+    for (uint32_t i = 0; i < n_seqs && parts <= kMaxParts; ++i) {
+      const uint32_t s = splits_of(seqs[i]);
+      if (s > 1) parts += uint64_t(s) * seqs[i].n_q;
     }
-    combine_kernel<D><<<nq * op.q_heads, 128, 0, stream>>>(p);
-    if (op.add_scores) mass_kernel<<<op.n_pages, 128, 0, stream>>>(p);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    q0 += nq;
+    if (parts <= kMaxParts) break;
+    chunk *= 2;
   }
+  Pass cur{};
+  auto flush = [&] {
+    if (cur.n_entries == 0) return;
+    plan->passes.push_back(cur);
+    cur = Pass{};
+    cur.first_entry = uint32_t(plan->entries.size());
+  };
+  // Opens an entry for sequence si from query qa with `splits` splits.
+  auto open_entry = [&](const AttendSeq& s, uint32_t qa, uint32_t splits) {
+    if (cur.n_entries == kEntries) flush();
+    Entry e{};
+    e.first_page = s.first_page, e.n_pages = s.n_pages, e.q_row = s.q_row, e.qa = e.qb = qa;
+    e.splits = splits, e.pps = splits > 1 ? (s.n_pages + splits - 1) / splits : s.n_pages;
+    e.item0 = cur.n_items, e.merge0 = cur.n_merges, e.unit0 = cur.n_units, e.block0 = cur.mass_blocks;
+    e.part0 = cur.n_parts;
+    e.n_live = s.n_live, e.log_off0 = cur.logits_floats, e.q_pos0 = s.q_pos0, e.recent_decay = s.recent_decay;
+    plan->entries.push_back(e);
+    ++cur.n_entries;
+    cur.mass_blocks += s.n_pages;
+  };
+  for (uint32_t si = 0; si < n_seqs; ++si) {
+    const AttendSeq& s = seqs[si];
+    if (s.n_q == 0) {
+      // No queries, yet the CPU decays the recent scores (by the decay it is given).
+      if (g.scores && s.recent_decay != 1.0f && s.n_pages) open_entry(s, 0, 1);
+      continue;
+    }
+    uint32_t base_splits = splits_of(s);
+    bool in_entry = false;
+    for (uint32_t qi = 0; qi < s.n_q; ++qi) {
+      uint32_t splits = base_splits;
+      for (;;) {
+        const uint64_t unit = pass_floats(g, g.scores ? uint64_t(g.q_heads) * s.n_live : 0,
+                                          splits > 1 ? splits : 0, 1);
+        if (pass_floats(g, cur.logits_floats, cur.n_parts, cur.n_units) + unit <= avail_floats) break;
+        if (cur.n_entries) { flush(); in_entry = false; continue; }  // a fresh pass for this unit
+        if (splits == 1) return cudaErrorMemoryAllocation;
+        splits = (splits + 1) / 2;  // alone and too big: fewer splits
+      }
+      if (splits > 1) {  // even splits: pages per split, then the splits that takes
+        const uint32_t pps = (s.n_pages + splits - 1) / splits;
+        splits = (s.n_pages + pps - 1) / pps;
+      }
+      if (!in_entry || plan->entries.back().splits != splits || cur.n_entries == 0) {
+        open_entry(s, qi, splits);
+        in_entry = true;
+      }
+      Entry& e = plan->entries.back();
+      e.qb = qi + 1;
+      ++cur.n_units;
+      cur.n_items += splits;
+      if (splits > 1) ++cur.n_merges, cur.n_parts += splits;
+      if (g.scores) cur.logits_floats += uint64_t(g.q_heads) * s.n_live;
+      base_splits = splits;  // a unit cut down stays cut down for the sequence's rest
+    }
+  }
+  flush();
   return cudaSuccess;
+}
+
+template <kvgc_dtype D, uint32_t N>
+cudaError_t launch_pass(const Common& c, const Plan& plan, const Pass& ps, uint32_t dpl, uint32_t blocks_y,
+                        bool scores, cudaStream_t stream) {
+  Params<N> p;
+  p.c = c;
+  p.c.n_entries = ps.n_entries;
+  std::copy_n(plan.entries.data() + ps.first_entry, ps.n_entries, p.e);
+  if (ps.n_items) {
+    const dim3 grid(ps.n_items, blocks_y);
+    switch (dpl) {
+      case 2: partial_kernel<D, 2, N><<<grid, kThreads, 0, stream>>>(p); break;
+      case 4: partial_kernel<D, 4, N><<<grid, kThreads, 0, stream>>>(p); break;
+      default: partial_kernel<D, 8, N><<<grid, kThreads, 0, stream>>>(p); break;
+    }
+  }
+  if (ps.n_merges) combine_kernel<D, N><<<ps.n_merges * c.q_heads, 128, 0, stream>>>(p);
+  if (scores && ps.mass_blocks) mass_kernel<N><<<ps.mass_blocks, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <kvgc_dtype D>
+cudaError_t launch_pass(const Common& c, const Plan& plan, const Pass& ps, uint32_t dpl, uint32_t blocks_y,
+                        bool scores, cudaStream_t stream) {
+  return ps.n_entries <= kSmallEntries
+             ? launch_pass<D, kSmallEntries>(c, plan, ps, dpl, blocks_y, scores, stream)
+             : launch_pass<D, kEntries>(c, plan, ps, dpl, blocks_y, scores, stream);
 }
 
 }  // namespace
@@ -307,47 +479,82 @@ cudaError_t attend(const AttendOp& op, void* scratch, size_t scratch_bytes, int 
                    cudaStream_t stream) {
   const uint32_t hd = op.layout[0].head_dim;
   if (hd > 256) return cudaErrorNotSupported;
-  // Scratch: the page list first (16-byte aligned), then floats.
-  const size_t pages_bytes = (size_t(op.n_pages) * sizeof(SegPage) + 255) / 256 * 256;
+  // A single segment is the batch of one.
+  const AttendSeq one{0, op.n_pages, op.n_live, 0, op.n_q, op.q_pos0, op.recent_decay};
+  const bool batch = op.n_seqs > 0;
+  const AttendSeq* seqs = batch ? op.seqs : &one;
+  const uint32_t n_seqs = batch ? op.n_seqs : 1;
+  for (uint32_t i = 0; i < n_seqs; ++i)
+    if (uint64_t(seqs[i].first_page) + seqs[i].n_pages > op.n_pages) return cudaErrorInvalidValue;
+  // Scratch: the page list (unless on the device already), then a pass's floats. The
+  // sequences travel in the kernels' parameters (op.dev_seqs is not needed).
+  const SegPage* dev_pages = batch ? op.dev_pages : nullptr;
+  const size_t pages_bytes = dev_pages ? 0 : align256(size_t(op.n_pages) * sizeof(SegPage));
   if (pages_bytes >= scratch_bytes) return cudaErrorMemoryAllocation;
-  auto* dev_pages = static_cast<SegPage*>(scratch);
-  if (op.n_pages)
-    if (cudaError_t e = cudaMemcpyAsync(dev_pages, op.pages, op.n_pages * sizeof(SegPage),
+  uint8_t* const base = static_cast<uint8_t*>(scratch);
+  const uint32_t chunks = (op.q_heads / op.layout[0].n_kv_heads + kGMax - 1) / kGMax;
+  const uint32_t blocks_y = op.layout[0].n_kv_heads * chunks;
+  const Geometry g{op.q_heads, hd, op.add_scores};
+  Plan plan;
+  if (cudaError_t e = make_plan(seqs, n_seqs, g, blocks_y, uint32_t(std::max(1, n_sm)),
+                                (scratch_bytes - pages_bytes) / sizeof(float), &plan);
+      e != cudaSuccess)
+    return e;
+
+  Common c{};
+  for (int k = 0; k < KVGC_CLASS_COUNT; ++k) c.L[k] = op.layout[k];
+  c.pages = dev_pages ? dev_pages : reinterpret_cast<const SegPage*>(base);
+  c.q = static_cast<const uint8_t*>(op.q);
+  c.out = static_cast<uint8_t*>(op.out);
+  c.q_heads = op.q_heads;
+  c.kv_heads = op.layout[0].n_kv_heads;
+  c.group = op.q_heads / c.kv_heads;
+  c.hd = hd;
+  c.scale = op.scale;
+  const uint32_t dpl = hd <= 64 ? 2 : hd <= 128 ? 4 : 8;
+
+  if (pages_bytes && op.n_pages)  // pinned when the runtime passes it (its staging ring)
+    if (cudaError_t e = cudaMemcpyAsync(base, op.pages, op.n_pages * sizeof(SegPage),
                                         cudaMemcpyHostToDevice, stream);
         e != cudaSuccess)
       return e;
-  Params p{};
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) p.L[c] = op.layout[c];
-  p.recent_decay = op.recent_decay;
-  p.pages = dev_pages;
-  p.n_pages = op.n_pages;
-  p.q = static_cast<const uint8_t*>(op.q);
-  p.out = static_cast<uint8_t*>(op.out);
-  p.q_heads = op.q_heads;
-  p.kv_heads = op.layout[0].n_kv_heads;
-  p.group = op.q_heads / p.kv_heads;
-  p.hd = hd;
-  p.q_pos0 = op.q_pos0;
-  p.scale = op.scale;
-  p.n_live = op.n_live;
-  const uint32_t dpl = hd <= 64 ? 2 : hd <= 128 ? 4 : 8;
-  float* f = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + pages_bytes);
-  const size_t floats = (scratch_bytes - pages_bytes) / sizeof(float);
-  switch (op.layout[0].dtype) {
-    case KVGC_DTYPE_F16: return launch<KVGC_DTYPE_F16>(op, p, dpl, uint32_t(n_sm), floats, f, stream);
-    case KVGC_DTYPE_BF16: return launch<KVGC_DTYPE_BF16>(op, p, dpl, uint32_t(n_sm), floats, f, stream);
-    default: return launch<KVGC_DTYPE_F32>(op, p, dpl, uint32_t(n_sm), floats, f, stream);
+  float* const f = reinterpret_cast<float*>(base + pages_bytes);
+  for (const Pass& ps : plan.passes) {
+    c.logits = op.add_scores ? f : nullptr;
+    c.part = f + ps.logits_floats;
+    c.ml = op.add_scores ? c.part + size_t(ps.n_parts) * op.q_heads * (hd + 2) : nullptr;
+    cudaError_t e;
+    switch (op.layout[0].dtype) {
+      case KVGC_DTYPE_F16: e = launch_pass<KVGC_DTYPE_F16>(c, plan, ps, dpl, blocks_y, op.add_scores, stream); break;
+      case KVGC_DTYPE_BF16: e = launch_pass<KVGC_DTYPE_BF16>(c, plan, ps, dpl, blocks_y, op.add_scores, stream); break;
+      default: e = launch_pass<KVGC_DTYPE_F32>(c, plan, ps, dpl, blocks_y, op.add_scores, stream); break;
+    }
+    if (e != cudaSuccess) return e;
   }
+  return cudaSuccess;
 }
 
 size_t attend_scratch_bytes(uint64_t max_tokens, uint32_t q_heads, uint32_t head_dim,
                             uint32_t page_tokens) {
   const uint64_t pages = max_tokens / page_tokens + 2;
-  return (pages * sizeof(SegPage) + 255) / 256 * 256 +
-         sizeof(float) * (uint64_t(q_heads) * max_tokens +               // one query's logits
-                          uint64_t(q_heads) * 256 * (head_dim + 2) +     // partials
-                          uint64_t(q_heads) * 2) +
+  // The page list, and per page of the arena room for a decode batch of one page a
+  // sequence: its (m, l); the split partials are capped at kMaxParts a pass.
+  return align256(pages * sizeof(SegPage)) +
+         sizeof(float) * (uint64_t(q_heads) * max_tokens +                   // logits
+                          uint64_t(q_heads) * kMaxParts * (head_dim + 2) +   // partials
+                          uint64_t(q_heads) * 2 * pages) +                   // (m, l)
          (1u << 20);
+}
+
+size_t attend_min_scratch_bytes(const AttendOp& op, uint32_t splits) {
+  splits = std::clamp<uint32_t>(splits, 1, kMaxParts);
+  const bool batch = op.n_seqs > 0;
+  uint64_t longest = batch ? 0 : op.n_live;
+  for (uint32_t i = 0; batch && i < op.n_seqs; ++i) longest = std::max(longest, op.seqs[i].n_live);
+  const size_t pages_bytes = batch && op.dev_pages ? 0 : align256(size_t(op.n_pages) * sizeof(SegPage));
+  const Geometry g{op.q_heads, op.layout[0].head_dim, op.add_scores};
+  return pages_bytes + sizeof(float) * pass_floats(g, g.scores ? uint64_t(g.q_heads) * longest : 0,
+                                                   splits > 1 ? splits : 0, 1);
 }
 
 }  // namespace kvgc::cuda

@@ -8,7 +8,8 @@ namespace kvgc::cuda {
 namespace {
 
 // Runs and pages travel as kernel parameters (no device scratch, no extra copy on the
-// decode path); larger ops launch once per chunk. 1024 runs keep the parameters under
+// decode path); larger ops launch once per chunk. A batch's append (AppendOp::dev_runs:
+// the runs uploaded once by the plan) is one launch whatever its number of runs. 1024 runs keep the parameters under
 // the 32 KiB that sm_70+ allows (CUDA 12.1+) while a 32K-token prefill needs only two
 // launches: with 96 runs per launch, bench/cuda_copy measured 0.45x memcpy on an H200,
 // the launches being too small to reach full bandwidth.
@@ -18,15 +19,25 @@ constexpr uint32_t kChunk = 1024;
 constexpr uint32_t kSmallChunk = 8;
 constexpr int kThreads = 256;
 
-template <uint32_t N>
-struct AppendParams {
+struct AppendCommon {
   PageLayout L;
   const uint8_t* k;
   const uint8_t* v;
   int64_t first_pos;
   uint32_t sinks;
+};
+
+template <uint32_t N>
+struct AppendParams {
+  AppendCommon c;
   uint32_t n_runs;
   AppendRun runs[N];
+};
+
+// The runs already in device memory (AppendOp::dev_runs, a batch's): one launch for all.
+struct AppendDevParams {
+  AppendCommon c;
+  const AppendRun* runs;
 };
 
 template <uint32_t N>
@@ -59,18 +70,17 @@ __device__ inline void zero_padding(uint8_t* page, const PageLayout& L) {
 }
 
 // Copies a head row (head_dim elements) in units of T; T is picked so that every
-// pointer involved is aligned to it.
-template <class T, uint32_t N>
-__global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
-  const AppendRun& run = p.runs[blockIdx.y];
-  const PageLayout& L = p.L;
+// pointer involved is aligned to it. Block `bx` of the `nbx` blocks that share the run.
+template <class T>
+__device__ inline void append_run(const AppendCommon& c, const AppendRun& run, uint32_t bx, uint32_t nbx) {
+  const PageLayout& L = c.L;
   const uint32_t row_units = uint32_t(L.slot_stride / sizeof(T));
   // 32-bit index math: count * heads * row units < 2^29 (pt <= 256, heads <= 1024,
   // row units <= 2048); 64-bit divisions per element cost more than the copy.
   // A fresh page's run (first_slot == 0) also zeroes the slots past it: scrubbing.
   const uint32_t slots = run.first_slot == 0 ? L.page_tokens : run.count;
   const uint32_t total = slots * L.n_kv_heads * row_units;
-  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+  for (uint32_t e = bx * blockDim.x + threadIdx.x; e < total; e += nbx * blockDim.x) {
     const uint32_t u = e % row_units;
     const uint32_t th = e / row_units;
     const uint32_t h = th % L.n_kv_heads;
@@ -78,23 +88,24 @@ __global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
     const size_t dst = (h * L.head_stride + (run.first_slot + t) * L.slot_stride) / sizeof(T) + u;
     if (t < run.count) {
       const uint64_t src = (uint64_t(run.src_token + t) * L.n_kv_heads + h) * row_units + u;
-      reinterpret_cast<T*>(run.page + L.k_off)[dst] = reinterpret_cast<const T*>(p.k)[src];
-      reinterpret_cast<T*>(run.page + L.v_off)[dst] = reinterpret_cast<const T*>(p.v)[src];
+      reinterpret_cast<T*>(run.page + L.k_off)[dst] = reinterpret_cast<const T*>(c.k)[src];
+      reinterpret_cast<T*>(run.page + L.v_off)[dst] = reinterpret_cast<const T*>(c.v)[src];
     } else {
       reinterpret_cast<T*>(run.page + L.k_off)[dst] = T{};
       reinterpret_cast<T*>(run.page + L.v_off)[dst] = T{};
     }
   }
-  if (blockIdx.x != 0) return;
+  if (bx != 0) return;
   if (run.first_slot == 0) zero_padding(run.page, L);
   for (uint32_t t = threadIdx.x; t < slots; t += blockDim.x) {
     const uint32_t slot = run.first_slot + t;
-    const int64_t pos = p.first_pos + int64_t(run.src_token) + t;
+    // A batch's runs carry their segment's offset (AppendRun::pos_delta).
+    const int64_t pos = c.first_pos + int64_t(run.src_token) + t + run.pos_delta;
     const bool filled = t < run.count;
     reinterpret_cast<int32_t*>(run.page + L.pos_off)[slot] = filled ? int32_t(pos) : 0;
     reinterpret_cast<float*>(run.page + L.score_off)[slot] = 0.f;
     reinterpret_cast<float*>(run.page + L.recent_off)[slot] = 0.f;
-    run.page[L.gen_off + slot] = !filled ? 0 : pos < int64_t(p.sinks) ? kGenSink : kGenYoung;
+    run.page[L.gen_off + slot] = !filled ? 0 : pos < int64_t(c.sinks) ? kGenSink : kGenYoung;
   }
   // One thread per live word: a fresh page's run owns the whole mask.
   const uint32_t words = PageLayout::live_words(L.page_tokens);
@@ -107,6 +118,19 @@ __global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
     if (run.first_slot == 0) *live = mask;
     else if (mask) *live |= mask;
   }
+}
+
+// Runs as parameters: blockIdx.y = run, blocks along x share its rows.
+template <class T, uint32_t N>
+__global__ void append_kernel(const __grid_constant__ AppendParams<N> p) {
+  append_run<T>(p.c, p.runs[blockIdx.y], blockIdx.x, gridDim.x);
+}
+
+// Runs in device memory: blockIdx.x = run (grid.x has room for any batch), blocks along
+// y share its rows.
+template <class T>
+__global__ void append_dev_kernel(const __grid_constant__ AppendDevParams p) {
+  append_run<T>(p.c, p.runs[blockIdx.x], blockIdx.y, gridDim.y);
 }
 
 // Element e of a page's [slot][head][unit] space (units per row: `units`): false for a
@@ -205,15 +229,30 @@ uint32_t blocks_for(uint64_t units) {
   return uint32_t(std::clamp<uint64_t>((units + kThreads - 1) / kThreads, 1, 1024));
 }
 
+AppendCommon append_common(const AppendOp& op) {
+  return {op.layout, static_cast<const uint8_t*>(op.k), static_cast<const uint8_t*>(op.v), op.first_pos,
+          op.sinks};
+}
+
+// One launch over runs the batch plan uploaded. Blocks per run: enough for the longest
+// run (from the host copy when there is one; else a whole page), blocks past a shorter
+// run's rows exit at once.
+cudaError_t append_dev(const AppendOp& op, int unit, cudaStream_t stream) {
+  const PageLayout& L = op.layout;
+  const AppendDevParams p{append_common(op), op.dev_runs};
+  uint32_t max_count = op.runs ? 0 : L.page_tokens;
+  for (uint32_t i = 0; op.runs && i < op.n_runs && max_count < L.page_tokens; ++i)
+    max_count = std::max(max_count, op.runs[i].first_slot == 0 ? L.page_tokens : op.runs[i].count);
+  const dim3 grid(op.n_runs, blocks_for(uint64_t(max_count) * L.n_kv_heads * (L.slot_stride / unit)));
+  with_unit(unit, [&](auto t) { append_dev_kernel<decltype(t)><<<grid, kThreads, 0, stream>>>(p); });
+  return cudaGetLastError();
+}
+
 template <uint32_t N>
 cudaError_t append_chunks(const AppendOp& op, int unit, cudaStream_t stream) {
   const PageLayout& L = op.layout;
   AppendParams<N> p;
-  p.L = L;
-  p.k = static_cast<const uint8_t*>(op.k);
-  p.v = static_cast<const uint8_t*>(op.v);
-  p.first_pos = op.first_pos;
-  p.sinks = op.sinks;
+  p.c = append_common(op);
   for (uint32_t base = 0; base < op.n_runs; base += N) {
     p.n_runs = std::min(N, op.n_runs - base);
     uint32_t max_count = 0;  // slots a block writes, fresh pages' scrubbed tails included
@@ -270,6 +309,7 @@ cudaError_t append(const AppendOp& op, cudaStream_t stream) {
   // Pages are 256-aligned and K/V offsets 128-aligned: only the source and the row
   // length limit the unit.
   const int unit = unit_bytes(op.layout.slot_stride, {uintptr_t(op.k), uintptr_t(op.v)});
+  if (op.dev_runs) return append_dev(op, unit, stream);
   return op.n_runs <= kSmallChunk ? append_chunks<kSmallChunk>(op, unit, stream)
                                   : append_chunks<kChunk>(op, unit, stream);
 }

@@ -10,6 +10,8 @@
 
 namespace kvgc::cuda {
 
+// With op.dev_runs one launch reads every run from device memory; otherwise the runs
+// travel as kernel parameters (a launch per 1024 runs).
 cudaError_t append(const AppendOp& op, cudaStream_t stream);
 cudaError_t gather(const GatherOp& op, cudaStream_t stream);
 

@@ -31,30 +31,50 @@ __device__ __forceinline__ uint32_t live_below(const uint32_t* live, uint32_t s)
 
 // ---- observe ----------------------------------------------------------------------
 
-template <uint32_t N>
-struct ObserveParams {
+struct ObserveCommon {
   PageLayout L[KVGC_CLASS_COUNT];
   const float* mass;
   float decay;
+  bool by_slot;
+};
+
+template <uint32_t N>
+struct ObserveParams {
+  ObserveCommon c;
+  uint32_t base;  // index in the op's page list of pages[0] (by_slot's mass rows)
   uint32_t n_pages;
   SegPage pages[N];
 };
 
-// A block per page, a thread per slot: score += m and recent = recent * decay + m, with
-// m = mass[out_row + rank] (one rounding each, as on the CPU: no contraction).
-template <uint32_t N>
-__global__ void observe_kernel(const __grid_constant__ ObserveParams<N> p) {
-  const SegPage& sp = p.pages[blockIdx.x];
-  const PageLayout& L = p.L[sp.cls];
+// The page list already on the device (ObserveOp::dev_pages): one launch, any length.
+struct ObserveDevParams {
+  ObserveCommon c;
+  const SegPage* pages;
+};
+
+// A thread per slot of page `index` of the op: score += m and recent = recent * decay +
+// m, with m = mass[out_row + rank] (by_slot: mass[index * page_tokens + slot]); one
+// rounding each, as on the CPU: no contraction.
+__device__ inline void observe_page(const ObserveCommon& c, const SegPage& sp, uint64_t index) {
+  const PageLayout& L = c.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
   float* score = reinterpret_cast<float*>(sp.page + L.score_off);
   float* recent = reinterpret_cast<float*>(sp.page + L.recent_off);
   for (uint32_t s = threadIdx.x; s < L.page_tokens; s += blockDim.x)
     if (live_bit(live, s)) {
-      const float m = p.mass[sp.out_row + live_below(live, s)];
+      const float m = c.by_slot ? c.mass[index * L.page_tokens + s] : c.mass[sp.out_row + live_below(live, s)];
       score[s] = accumulate_score(score[s], m);
-      recent[s] = accumulate_score(__fmul_rn(recent[s], p.decay), m);  // no contraction
+      recent[s] = accumulate_score(__fmul_rn(recent[s], c.decay), m);  // no contraction
     }
+}
+
+// A block per page.
+template <uint32_t N>
+__global__ void observe_kernel(const __grid_constant__ ObserveParams<N> p) {
+  observe_page(p.c, p.pages[blockIdx.x], uint64_t(p.base) + blockIdx.x);
+}
+__global__ void observe_dev_kernel(const __grid_constant__ ObserveDevParams p) {
+  observe_page(p.c, p.pages[blockIdx.x], blockIdx.x);
 }
 
 // ---- compact ----------------------------------------------------------------------
@@ -195,13 +215,21 @@ void with_row_unit(size_t row, F&& f) {
   else f(uint8_t{});
 }
 
+ObserveCommon observe_common(const ObserveOp& op) {
+  ObserveCommon c;
+  for (int k = 0; k < KVGC_CLASS_COUNT; ++k) c.L[k] = op.layout[k];
+  c.mass = op.mass;
+  c.decay = op.decay;
+  c.by_slot = op.by_slot;
+  return c;
+}
+
 template <uint32_t N>
 cudaError_t observe_chunks(const ObserveOp& op, cudaStream_t stream) {
   ObserveParams<N> p;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) p.L[c] = op.layout[c];
-  p.mass = op.mass;
-  p.decay = op.decay;
+  p.c = observe_common(op);
   for (uint32_t base = 0; base < op.n_pages; base += N) {
+    p.base = base;
     p.n_pages = std::min(N, op.n_pages - base);
     for (uint32_t i = 0; i < p.n_pages; ++i) p.pages[i] = op.pages[base + i];
     observe_kernel<N><<<p.n_pages, 128, 0, stream>>>(p);
@@ -252,6 +280,11 @@ cudaError_t fix_chunks(const PageLayout& L, const host::vector<MaskFix>& fixes, 
 
 cudaError_t observe(const ObserveOp& op, cudaStream_t stream) {
   if (op.n_pages == 0) return cudaSuccess;
+  if (op.dev_pages) {  // a batch's page table, uploaded at plan: one launch
+    ObserveDevParams p{observe_common(op), op.dev_pages};
+    observe_dev_kernel<<<op.n_pages, 128, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   return op.n_pages <= kSmall ? observe_chunks<kSmall>(op, stream)
                               : observe_chunks<kObserveChunk>(op, stream);
 }

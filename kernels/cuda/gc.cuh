@@ -20,7 +20,9 @@
 namespace kvgc::cuda {
 
 // Adds mass[row] to each live slot's score (row = SegPage::out_row + the slot's rank
-// among its page's live slots). The page list must match the live bits.
+// among its page's live slots; by_slot: row = page index * page_tokens + slot). The page
+// list must match the live bits. With dev_pages (a batch's table, already on the
+// device) one launch covers every page; otherwise pages travel as kernel parameters.
 cudaError_t observe(const ObserveOp& op, cudaStream_t stream);
 
 // Pairs the first holes of each move's dst with the last live slots of its src (moves

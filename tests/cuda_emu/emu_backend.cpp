@@ -8,8 +8,9 @@
 // Attention varies what a GPU would fix, so that the tests reach more of the kernel:
 // successive calls cycle the SM count the split heuristic sees (132 as on an H200, 1:
 // a single split whose warps walk many pages, 20: in between), and every other call
-// hands the kernel a scratch just big enough for one query at the most splits (256)
-// rather than the heap's whole scratch, so that multi-query ops go in several passes.
+// hands the kernel a scratch just big enough for one query of the longest sequence at the
+// most splits (256) rather than the heap's whole scratch, so that multi-query ops and
+// batches go in several passes.
 #include <cuda_runtime.h>
 #include <atomic>
 #include "kernels/cuda/attend.cuh"
@@ -61,12 +62,8 @@ class EmuBackend final : public Backend {
     const uint32_t k = calls++;
     static const int kSms[] = {132, 1, 20};
     size_t bytes = op.scratch_bytes;
-    if (k % 2) {  // the page list (256-byte aligned) and one query's logits, partials and (m, l)
-      const size_t qh = op.q_heads, hd = op.layout[0].head_dim;
-      const size_t tight = (size_t(op.n_pages) * sizeof(SegPage) + 255) / 256 * 256 +
-                           sizeof(float) * (qh * op.n_live + qh * 256 * (hd + 2) + qh * 2);
-      bytes = std::min(bytes, tight);
-    }
+    if (k % 2)  // the tables and one query of the longest sequence at the most splits
+      bytes = std::min(bytes, cuda::attend_min_scratch_bytes(op, 256));
     const cudaError_t e = cuda::attend(op, op.scratch, bytes, kSms[k % 3], cudaStream_t(s));
     KVGC_TRY(attend_status(e, op));
     if (e) return cuda_fail(e, "attention kernel launch");

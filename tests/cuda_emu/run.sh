@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Host emulation of kvgc's CUDA executor: runs the CUDA-vs-CPU tests (tests/cuda_main.cpp,
-# test_cuda.cpp, test_cuda_gc.cpp) without a GPU, every op on the CUDA kernels' code.
+# test_cuda.cpp, test_cuda_gc.cpp, test_cuda_scrub.cpp, test_cuda_batch.cpp) without a GPU, every op on the CUDA kernels' code.
 #
 # How: transform.py rewrites kernels/cuda/*.cu into host C++ (a launch becomes a loop
 # over the grid's blocks, 3D grids included; __shared__ variables are poisoned at every
@@ -16,7 +16,7 @@
 # varied between calls so that several split counts and multi-pass queries are reached.
 # shim_test.cu checks the shim itself first (shuffle semantics, barriers, poisoning,
 # launch limits, refusals, conversions).
-# Then bench/gpu-check.sh's three GPU benchmarks run in quick mode on the emulation, as a
+# Then bench/gpu-check.sh's four GPU benchmarks run in quick mode on the emulation, as a
 # smoke test: they must reach their RESULT line and pass their own integrity checks.
 #
 # What it checks: the kernels' logic against the CPU specification, on every commit;
@@ -55,10 +55,10 @@ srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/p
       runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/cpu_backend.cpp c_api/kvgc.cpp
       kernels/cuda/copy.emu.cpp kernels/cuda/gc.emu.cpp kernels/cuda/gc_select.emu.cpp
       kernels/cuda/gc_decide.emu.cpp kernels/cuda/attend.emu.cpp tests/cuda_main.cpp tests/test_cuda.cpp
-      tests/test_cuda_gc.cpp tests/test_cuda_scrub.cpp tests/util.cpp "$here/emu_backend.cpp"
-      bench/cuda_copy.cpp bench/cuda_attend.cpp bench/cuda_gc.cpp)
-tests=(cuda_main test_cuda test_cuda_gc test_cuda_scrub util)  # objects only the test binary links
-benches=(cuda_copy cuda_attend cuda_gc)           # one main each
+      tests/test_cuda_gc.cpp tests/test_cuda_scrub.cpp tests/test_cuda_batch.cpp tests/util.cpp "$here/emu_backend.cpp"
+      bench/cuda_copy.cpp bench/cuda_attend.cpp bench/cuda_gc.cpp bench/cuda_batch.cpp)
+tests=(cuda_main test_cuda test_cuda_gc test_cuda_scrub test_cuda_batch util)  # objects only the test binary links
+benches=(cuda_copy cuda_attend cuda_gc cuda_batch)           # one main each
 objs=()
 jobs=$(nproc)
 "${cxx[@]}" shim_test.emu.cpp -o "$out/shim-test" &

@@ -35,6 +35,8 @@
 #include <algorithm>
 #include <limits>
 
+// Tests that read the emulation's counters (emu::launches) test for this.
+#define KVGC_CUDA_EMU 1
 #define __global__
 #define __device__
 #define __host__
@@ -434,6 +436,12 @@ inline cudaError_t cudaMalloc(void** p, size_t n) {
 }
 template <class T> cudaError_t cudaMalloc(T** p, size_t n) { return cudaMalloc(reinterpret_cast<void**>(p), n); }
 inline cudaError_t cudaFree(void* p) { emu::allocs().erase(uintptr_t(p)); std::free(p); return cudaSuccess; }
+// Pinned host memory: plain host memory here (not device memory for the copy checks).
+template <class T> cudaError_t cudaMallocHost(T** p, size_t n) {
+  *p = static_cast<T*>(std::aligned_alloc(256, (n + 255) / 256 * 256));
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeHost(void* p) { std::free(p); return cudaSuccess; }
 namespace emu {
 // The device side of a copy or fill must lie in one device allocation: on a GPU a host
 // pointer there is an illegal address.

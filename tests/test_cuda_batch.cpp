@@ -1,0 +1,437 @@
+// The CUDA executor's batch ops against the CPU specification, at the executor level
+// (the ops of kernels/ops.hpp on pages built by hand): batched attention over random
+// batches (decode rows and prefill chunks, empty sequences, evicted slots, FP16/INT8/INT4
+// pages, GQA 1/4/8, with and without device-side tables, scratch tight enough for many
+// passes), append with per-run position deltas and device-side runs (pages byte for
+// byte), observe by slot. Fresh random inputs (seeds printed), CUDA outputs poisoned.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "../kernels/cpu/attend.hpp"
+#include "../kernels/cpu/copy.hpp"
+#include "../kernels/cpu/gc.hpp"
+#include "../kernels/cpu/quant.hpp"
+#include "../kernels/cuda/attend.cuh"
+#include "../kernels/cuda/copy.cuh"
+#include "../kernels/cuda/gc.cuh"
+#include "cuda_util.hpp"
+
+using namespace kvgc_test;
+using kvgc::AttendSeq;
+using kvgc::PageLayout;
+using kvgc::SegPage;
+
+namespace {
+
+uint32_t fresh_seed(const char* what) {
+  std::random_device rd;
+  const uint32_t seed = rd();
+  std::printf("test_cuda_batch %s: seed %u\n", what, seed);
+  return seed;
+}
+
+// An arena of pages mirrored on the host and the device: the CPU runs on the host copy,
+// CUDA on the device copy, and the two are compared after.
+struct Arena {
+  PageLayout L[KVGC_CLASS_COUNT];
+  size_t page_bytes = 0;  // a slot's size: the largest class
+  uint32_t n = 0;
+  std::vector<uint8_t> host;
+  DeviceBuffer dev;
+  Arena(const PageLayout (&layouts)[KVGC_CLASS_COUNT], uint32_t pages)
+      : page_bytes(std::max({layouts[0].bytes, layouts[1].bytes, layouts[2].bytes})), n(pages),
+        host(page_bytes * pages), dev(page_bytes * pages) {
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) L[c] = layouts[c];
+  }
+  uint8_t* h(uint32_t i) { return host.data() + size_t(i) * page_bytes; }
+  uint8_t* d(uint32_t i) { return dev.get(size_t(i) * page_bytes); }
+  void upload() { REQUIRE(cudaMemcpy(dev.p, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess); }
+  std::vector<uint8_t> download() {
+    std::vector<uint8_t> out(host.size());
+    REQUIRE(cudaMemcpy(out.data(), dev.p, out.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return out;
+  }
+};
+
+void layouts(uint32_t pt, uint32_t kv, uint32_t hd, kvgc_dtype dt, PageLayout (&L)[KVGC_CLASS_COUNT]) {
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) L[c] = PageLayout::make(pt, kv, hd, dt, kvgc_storage_class(c));
+}
+
+// Fills page `i` of class cls with `live` random live slots (the rest evicted), positions
+// from *pos on, random scores; returns the live count.
+uint32_t fill_page(Arena& a, uint32_t i, uint32_t cls, double evict, int32_t* pos, std::mt19937& rng) {
+  const PageLayout& L = a.L[cls];
+  uint8_t* page = a.h(i);
+  std::memset(page, 0, a.page_bytes);
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  std::uniform_real_distribution<float> uni(0.f, 2.f);
+  const size_t eb = kvgc::dtype_bytes(L.dtype);
+  std::vector<uint8_t> row(L.head_dim * eb);
+  auto* live = reinterpret_cast<uint32_t*>(page + L.live_off);
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < L.page_tokens; ++s) {
+    const int32_t p = (*pos)++;
+    if (std::uniform_real_distribution<double>(0, 1)(rng) < evict) continue;
+    live[s / 32] |= 1u << (s % 32);
+    reinterpret_cast<int32_t*>(page + L.pos_off)[s] = p;
+    reinterpret_cast<float*>(page + L.score_off)[s] = uni(rng);
+    reinterpret_cast<float*>(page + L.recent_off)[s] = uni(rng);
+    page[L.gen_off + s] = kvgc::kGenYoung;
+    for (uint32_t h = 0; h < L.n_kv_heads; ++h)
+      for (int v = 0; v < 2; ++v) {
+        for (uint32_t d = 0; d < L.head_dim; ++d) kvgc::cpu::store(&row[d * eb], L.dtype, 1.5f * gauss(rng));
+        kvgc::cpu::store_row(L, page, h, s, v, row.data());
+      }
+    ++n;
+  }
+  return n;
+}
+
+struct Batch {
+  std::vector<SegPage> host_pages, dev_pages;  // the same pages, host and device addresses
+  std::vector<AttendSeq> seqs;
+  uint32_t rows = 0;  // query rows of the batch
+};
+
+// A random batch: per sequence a length (1 to max_len tokens, or none), decode (one
+// query) or a prefill chunk (its last n_q positions), or no queries at all.
+Batch random_batch(Arena& a, uint32_t n_seqs, uint32_t max_len, std::mt19937& rng) {
+  Batch b;
+  const uint32_t pt = a.L[0].page_tokens;
+  uint32_t next_page = 0;
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    const uint32_t kind = rng() % 8;
+    uint32_t len = kind == 0 ? 0 : 1 + rng() % max_len;
+    uint32_t pages = (len + pt - 1) / pt;
+    if (next_page + pages > a.n) pages = a.n - next_page, len = pages * pt;
+    AttendSeq s{};
+    s.first_page = uint32_t(b.host_pages.size());
+    s.n_pages = pages;
+    int32_t pos = 0;
+    const double evict = rng() % 3 == 0 ? 0.0 : 0.3;
+    for (uint32_t p = 0; p < pages; ++p) {
+      // Read order: FP16, then INT8, then INT4 pages (a demoted sequence's).
+      const uint32_t cls = p < pages / 2 ? KVGC_CLASS_FP16 : p < 3 * pages / 4 ? KVGC_CLASS_INT8 : KVGC_CLASS_INT4;
+      const uint32_t c = rng() % 4 ? cls : uint32_t(KVGC_CLASS_FP16);
+      const uint32_t live = fill_page(a, next_page, c, evict, &pos, rng);
+      b.host_pages.push_back({a.h(next_page), c, s.n_live});
+      b.dev_pages.push_back({a.d(next_page), c, s.n_live});
+      s.n_live += live;
+      ++next_page;
+    }
+    s.n_q = kind == 1 ? 0 : kind <= 4 ? 1 : 1 + rng() % 24;
+    s.q_pos0 = int64_t(pos) - s.n_q + (rng() % 3 == 0 ? int64_t(rng() % 5) - 2 : 0);
+    s.q_row = b.rows;
+    s.recent_decay = rng() % 2 ? 1.0f : 0.5f + 0.4f * float(rng() % 100) / 100.f;
+    b.rows += s.n_q;
+    b.seqs.push_back(s);
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("batched attention on CUDA equals the CPU per sequence (random batches, classes, GQA, tables, passes)") {
+  std::mt19937 rng(fresh_seed("attend"));
+  struct Shape { uint32_t kv_heads, gqa, head_dim, page_tokens; kvgc_dtype dtype; uint32_t seqs, max_len; };
+  const Shape shapes[] = {{2, 4, 64, 16, KVGC_DTYPE_F16, 12, 700},  {1, 1, 128, 32, KVGC_DTYPE_F32, 9, 300},
+                          {2, 8, 64, 16, KVGC_DTYPE_BF16, 7, 400},  {4, 1, 32, 48, KVGC_DTYPE_F16, 20, 120},
+                          {1, 4, 64, 16, KVGC_DTYPE_F16, 3, 3000}, {2, 4, 64, 32, KVGC_DTYPE_F16, 2, 20000}};
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  int round = 0;
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.head_dim);
+    CAPTURE(sh.gqa);
+    CAPTURE(sh.dtype);
+    PageLayout L[KVGC_CLASS_COUNT];
+    layouts(sh.page_tokens, sh.kv_heads, sh.head_dim, sh.dtype, L);
+    const uint32_t max_pages = sh.seqs * ((sh.max_len + sh.page_tokens - 1) / sh.page_tokens);
+    Arena a(L, max_pages);
+    for (int rep = 0; rep < 2; ++rep, ++round) {
+      Batch b = random_batch(a, sh.seqs, sh.max_len, rng);
+      a.upload();
+      const uint32_t q_heads = sh.kv_heads * sh.gqa;
+      const size_t eb = kvgc::dtype_bytes(sh.dtype), qn = size_t(b.rows) * q_heads * sh.head_dim;
+      std::vector<uint8_t> q(qn * eb), out_cpu(qn * eb, 0xCD);
+      std::normal_distribution<float> gauss(0.f, 1.f);
+      for (size_t i = 0; i < qn; ++i) kvgc::cpu::store(&q[i * eb], sh.dtype, 2.f * gauss(rng));
+      kvgc::AttendOp op{};
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) op.layout[c] = L[c];
+      op.pages = b.host_pages.data();
+      op.n_pages = uint32_t(b.host_pages.size());
+      op.q = q.data();
+      op.q_heads = q_heads;
+      op.scale = 1.f / std::sqrt(float(sh.head_dim));
+      op.out = out_cpu.data();
+      op.add_scores = true;
+      op.seqs = b.seqs.data();
+      op.n_seqs = uint32_t(b.seqs.size());
+      kvgc::cpu::attend(op);
+
+      DeviceBuffer dq(q.size()), dout(q.size()), dpages(b.dev_pages.size() * sizeof(SegPage)),
+          dseqs(b.seqs.size() * sizeof(AttendSeq));
+      REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemset(dout.p, 0xA5, q.size()) == cudaSuccess);  // poison
+      kvgc::AttendOp gop = op;
+      gop.pages = b.dev_pages.data();
+      gop.q = dq.p;
+      gop.out = dout.p;
+      const bool tables = round % 2 == 1;
+      CAPTURE(tables);
+      if (tables) {  // the plan's device-side copies
+        REQUIRE(cudaMemcpy(dpages.p, b.dev_pages.data(), b.dev_pages.size() * sizeof(SegPage), cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(dseqs.p, b.seqs.data(), b.seqs.size() * sizeof(AttendSeq), cudaMemcpyHostToDevice) == cudaSuccess);
+        gop.dev_pages = dpages.get<SegPage>();
+        gop.dev_seqs = dseqs.get<AttendSeq>();
+      }
+      // The heap's scratch, or one just big enough for one query at a time (many passes).
+      size_t scratch = kvgc::cuda::attend_scratch_bytes(uint64_t(max_pages) * sh.page_tokens, q_heads,
+                                                         sh.head_dim, sh.page_tokens);
+      const int mode = round % 3;
+      CAPTURE(mode);
+      if (mode == 1) scratch = kvgc::cuda::attend_min_scratch_bytes(gop, 1 + rng() % 8);
+      DeviceBuffer ds(scratch);
+      const int n_sm = mode == 2 ? 1 : 132;
+      REQUIRE(kvgc::cuda::attend(gop, ds.p, scratch, n_sm, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      std::vector<uint8_t> out_gpu(q.size());
+      REQUIRE(cudaMemcpy(out_gpu.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      const double bound = sh.dtype == KVGC_DTYPE_F32 ? 1e-5 : sh.dtype == KVGC_DTYPE_F16 ? 2e-3 : 1e-2;
+      // Sequence by sequence: each is what the op over it alone computes.
+      for (uint32_t i = 0; i < op.n_seqs; ++i) {
+        const AttendSeq& s = b.seqs[i];
+        CAPTURE(i);
+        CAPTURE(s.n_pages);
+        CAPTURE(s.n_q);
+        const size_t off = size_t(s.q_row) * q_heads * sh.head_dim * eb, len = size_t(s.n_q) * q_heads * sh.head_dim;
+        const std::vector<uint8_t> c(out_cpu.begin() + off, out_cpu.begin() + off + len * eb),
+            g(out_gpu.begin() + off, out_gpu.begin() + off + len * eb);
+        const double e = rel_rms(c, g, len, sh.dtype);
+        if (std::isnan(e)) CHECK(c == g);  // all zeros (sees nothing): exactly zeros
+        else CHECK(e <= bound);
+      }
+      // Scores and recent scores, slot by slot (the evicted ones untouched).
+      const std::vector<uint8_t> dev = a.download();
+      double se = 0, sr = 0;
+      size_t mismatched_meta = 0;
+      for (uint32_t pi = 0; pi < op.n_pages; ++pi) {
+        const uint32_t cls = b.host_pages[pi].cls;
+        const PageLayout& Lc = L[cls];
+        const uint8_t* hp = b.host_pages[pi].page;
+        const uint8_t* gp = dev.data() + (hp - a.host.data());
+        for (uint32_t s = 0; s < Lc.page_tokens; ++s)
+          for (size_t off : {Lc.score_off, Lc.recent_off}) {
+            const float x = reinterpret_cast<const float*>(hp + off)[s], y = reinterpret_cast<const float*>(gp + off)[s];
+            se += double(x - y) * (x - y);
+            sr += double(x) * x;
+          }
+        // Nothing but scores changes.
+        if (std::memcmp(hp, gp, Lc.score_off) || std::memcmp(hp + Lc.gen_off, gp + Lc.gen_off, Lc.bytes - Lc.gen_off))
+          ++mismatched_meta;
+      }
+      CHECK(mismatched_meta == 0);
+      // bf16: the CPU reads INT8/INT4 rows through the model dtype's rounding, CUDA in f32.
+      CHECK(std::sqrt(se / std::max(sr, 1e-30)) <= (sh.dtype == KVGC_DTYPE_BF16 ? 2e-3 : 1e-4));
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("append on CUDA with per-run position deltas and device-side runs equals the CPU byte for byte") {
+  std::mt19937 rng(fresh_seed("append"));
+  struct Shape { uint32_t kv_heads, head_dim, page_tokens; kvgc_dtype dtype; uint32_t segs, max_len; };
+  const Shape shapes[] = {{2, 64, 16, KVGC_DTYPE_F16, 40, 90}, {1, 6, 3, KVGC_DTYPE_BF16, 400, 12},
+                          {3, 32, 33, KVGC_DTYPE_F32, 9, 200}};
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.page_tokens);
+    PageLayout L[KVGC_CLASS_COUNT];
+    layouts(sh.page_tokens, sh.kv_heads, sh.head_dim, sh.dtype, L);
+    const uint32_t per_seg = (sh.max_len + sh.page_tokens - 1) / sh.page_tokens + 1;
+    Arena a(L, 2 * sh.segs * per_seg);
+    for (auto& x : a.host) x = uint8_t(rng());  // a recycled arena's bytes: scrubbed by fresh runs
+    a.upload();
+    const size_t tb = size_t(sh.kv_heads) * sh.head_dim * kvgc::dtype_bytes(sh.dtype);
+    // Per segment: its last page and the slots it has filled (for op 2's continuing runs).
+    std::vector<uint32_t> last_page(sh.segs), filled(sh.segs, 0);
+    std::vector<int64_t> next_pos(sh.segs, 0);
+    uint32_t next_page = 0;
+    for (int step = 0; step < 2; ++step) {
+      CAPTURE(step);
+      std::vector<kvgc::AppendRun> hr, dr;
+      uint32_t rows = 0;
+      for (uint32_t j = 0; j < sh.segs; ++j) {
+        uint32_t n = 1 + rng() % sh.max_len;
+        if (rng() % 5 == 0) n = 1;  // decode rows
+        const uint32_t first_row = rows;
+        // Positions: the segment's next position for batch row first_row.
+        if (step == 0) next_pos[j] = int64_t(rng() % 100000) - 50;
+        const int32_t delta = int32_t(next_pos[j] - first_row);
+        for (uint32_t t = 0; t < n;) {
+          uint32_t page, slot;
+          if (step == 1 && t == 0 && filled[j] % sh.page_tokens != 0) {
+            page = last_page[j], slot = filled[j] % sh.page_tokens;  // continues its page
+          } else {
+            page = next_page++, slot = 0;
+          }
+          const uint32_t c = std::min(n - t, sh.page_tokens - slot);
+          hr.push_back({a.h(page), slot, c, rows + t, delta});
+          dr.push_back({a.d(page), slot, c, rows + t, delta});
+          last_page[j] = page;
+          filled[j] = slot + c;
+          t += c;
+        }
+        next_pos[j] += n;
+        rows += n;
+      }
+      std::vector<uint8_t> k(rows * tb), v(rows * tb);
+      for (auto& x : k) x = uint8_t(rng());
+      for (auto& x : v) x = uint8_t(rng());
+      DeviceBuffer dk(k.size()), dv(v.size()), druns(dr.size() * sizeof(kvgc::AppendRun));
+      REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      kvgc::AppendOp op{L[0], k.data(), v.data(), 0, 4, hr.data(), uint32_t(hr.size())};
+      kvgc::cpu::append(op);
+      kvgc::AppendOp gop{L[0], dk.p, dv.p, 0, 4, dr.data(), uint32_t(dr.size())};
+      const int mode = int(rng() % 3);  // 0: runs as parameters; 1, 2: device runs (2: no host copy)
+      CAPTURE(mode);
+      CAPTURE(dr.size());
+      if (mode) {
+        REQUIRE(cudaMemcpy(druns.p, dr.data(), dr.size() * sizeof(kvgc::AppendRun), cudaMemcpyHostToDevice) == cudaSuccess);
+        gop.dev_runs = druns.get<kvgc::AppendRun>();
+        if (mode == 2) gop.runs = nullptr;
+      }
+#ifdef KVGC_CUDA_EMU
+      const uint64_t before = emu::launches;
+#endif
+      REQUIRE(kvgc::cuda::append(gop, stream) == cudaSuccess);
+#ifdef KVGC_CUDA_EMU
+      if (mode) CHECK(emu::launches - before == 1);  // one launch for any number of runs
+#endif
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      const std::vector<uint8_t> dev = a.download();
+      CHECK(dev == a.host);
+      // The positions themselves (a delta ignored would still agree if both ignored it).
+      const kvgc::AppendRun& r = hr[hr.size() / 2];
+      CHECK(reinterpret_cast<const int32_t*>(r.page + L[0].pos_off)[r.first_slot] ==
+            int32_t(int64_t(r.src_token) + r.pos_delta));
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("observe on CUDA by slot and with device-side pages equals the CPU bit for bit") {
+  std::mt19937 rng(fresh_seed("observe"));
+  PageLayout L[KVGC_CLASS_COUNT];
+  layouts(16, 2, 64, KVGC_DTYPE_F16, L);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  for (uint32_t n_pages : {1u, 15u, 40u, 1100u}) {
+    for (int mode = 0; mode < 4; ++mode) {  // bit 0: by slot; bit 1: device-side pages
+      CAPTURE(n_pages);
+      CAPTURE(mode);
+      Arena a(L, n_pages);
+      std::vector<SegPage> hp, dp;
+      uint64_t rows = 0;
+      int32_t pos = 0;
+      for (uint32_t i = 0; i < n_pages; ++i) {
+        const uint32_t cls = rng() % 3;
+        const uint32_t live = fill_page(a, i, cls, 0.4, &pos, rng);
+        hp.push_back({a.h(i), cls, rows});
+        dp.push_back({a.d(i), cls, rows});
+        rows += live;
+      }
+      a.upload();
+      const bool by_slot = mode & 1;
+      std::vector<float> mass(by_slot ? size_t(n_pages) * 16 : rows + 1);
+      for (float& x : mass) {
+        const uint32_t r = rng() % 50;
+        x = r == 0 ? NAN : r == 1 ? -1.f : r == 2 ? INFINITY : float(rng() % 100000) / 1000.f;
+      }
+      DeviceBuffer dm(mass.size() * 4), dpages(dp.size() * sizeof(SegPage));
+      REQUIRE(cudaMemcpy(dm.p, mass.data(), mass.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemcpy(dpages.p, dp.data(), dp.size() * sizeof(SegPage), cudaMemcpyHostToDevice) == cudaSuccess);
+      kvgc::ObserveOp op{};
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) op.layout[c] = L[c];
+      op.pages = hp.data();
+      op.n_pages = n_pages;
+      op.mass = mass.data();
+      op.decay = 0.75f;
+      op.by_slot = by_slot;
+      kvgc::cpu::observe(op);
+      kvgc::ObserveOp gop = op;
+      gop.pages = dp.data();
+      gop.mass = dm.get<float>();
+      if (mode & 2) gop.dev_pages = dpages.get<SegPage>();
+#ifdef KVGC_CUDA_EMU
+      const uint64_t before = emu::launches;
+#endif
+      REQUIRE(kvgc::cuda::observe(gop, stream) == cudaSuccess);
+#ifdef KVGC_CUDA_EMU
+      if (mode & 2) CHECK(emu::launches - before == 1);
+#endif
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      CHECK(a.download() == a.host);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+#ifdef KVGC_CUDA_EMU
+// The emulation counts kernel launches: a decode batch's attention is the same few
+// launches for 1 sequence as for 64 (and the single segment the same as a batch of one).
+TEST_CASE("batched decode attention on CUDA: launches do not grow with the batch") {
+  std::mt19937 rng(fresh_seed("launches"));
+  PageLayout L[KVGC_CLASS_COUNT];
+  layouts(16, 2, 64, KVGC_DTYPE_F16, L);
+  Arena a(L, 64 * 6);
+  auto launches_for = [&](uint32_t B, bool scores) {
+    Batch b;
+    for (uint32_t i = 0; i < B; ++i) {
+      AttendSeq s{};
+      s.first_page = uint32_t(b.host_pages.size());
+      s.n_pages = 1 + rng() % 6;
+      int32_t pos = 0;
+      for (uint32_t p = 0; p < s.n_pages; ++p) {
+        const uint32_t idx = uint32_t(b.host_pages.size());
+        const uint32_t live = fill_page(a, idx, KVGC_CLASS_FP16, 0.2, &pos, rng);
+        b.dev_pages.push_back({a.d(idx), KVGC_CLASS_FP16, s.n_live});
+        s.n_live += live;
+      }
+      s.n_q = 1, s.q_row = i, s.q_pos0 = pos - 1, s.recent_decay = 1.f;
+      b.seqs.push_back(s);
+    }
+    a.upload();
+    DeviceBuffer dq(size_t(B) * 8 * 64 * 2), dout(size_t(B) * 8 * 64 * 2);
+    kvgc::AttendOp op{};
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) op.layout[c] = L[c];
+    op.pages = b.dev_pages.data();
+    op.n_pages = uint32_t(b.dev_pages.size());
+    op.q = dq.p, op.out = dout.p, op.q_heads = 8, op.scale = 0.125f, op.add_scores = scores;
+    op.seqs = b.seqs.data(), op.n_seqs = B;
+    const size_t bytes = kvgc::cuda::attend_scratch_bytes(64 * 6 * 16, 8, 64, 16);
+    DeviceBuffer ds(bytes);
+    std::vector<uint8_t> q(size_t(B) * 8 * 64 * 2);
+    for (size_t i = 0; i < q.size(); i += 2) kvgc::cpu::store(&q[i], KVGC_DTYPE_F16, float(int(rng() % 200) - 100) / 50.f);
+    REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    const uint64_t before = emu::launches;
+    REQUIRE(kvgc::cuda::attend(op, ds.p, bytes, 132, nullptr) == cudaSuccess);
+    return emu::launches - before;
+  };
+  for (bool scores : {false, true}) {
+    CAPTURE(scores);
+    const uint64_t one = launches_for(1, scores), many = launches_for(64, scores);
+    CHECK(one >= 1);
+    CHECK(many <= (scores ? 3u : 2u));
+    CHECK(many <= std::max<uint64_t>(one, scores ? 2 : 1) + 1);  // a combine at most appears
+  }
+}
+#endif

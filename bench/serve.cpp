@@ -40,6 +40,7 @@ struct Args {
   uint32_t threads = 2;
   uint32_t step_tokens = 256, chunk = 64, max_running = 256;
   uint64_t seed = 1;
+  bool observe = true;          // --prefill observe (default) or stream
 };
 
 void usage(FILE* out) {
@@ -48,6 +49,7 @@ void usage(FILE* out) {
       "                        [--output-min N] [--output-max N] [--rate R] [--passkey-every K]\n"
       "                        [--arena BYTES] [--fraction F] [--configs LIST] [--threads N]\n"
       "                        [--step-tokens N] [--chunk N] [--max-running N] [--seed S]\n"
+      "                        [--prefill observe|stream]\n"
       "  --requests N       requests in the stream (default 64)\n"
       "  --prompt-min/max   prompt tokens, drawn uniformly (default 256..4096)\n"
       "  --output-min/max   generated tokens, drawn uniformly (default 64..512)\n"
@@ -60,7 +62,10 @@ void usage(FILE* out) {
       "  --threads N        matmul threads (and kvgc attention threads) (default 2)\n"
       "  --step-tokens N    rows per engine step (default 256); --chunk N prompt tokens a\n"
       "                     sequence brings per step (default 64); --max-running N (default 256)\n"
-      "  --seed S           the stream's seed (default 1)\n");
+      "  --seed S           the stream's seed (default 1)\n"
+      "  --prefill MODE     observe (default): prompt chunks unscored but their last 32 tokens,\n"
+      "                     no GC until the prompt's end, then pooled scores and one step (as\n"
+      "                     kvgc-run); stream: prompt chunks are scored batch rows, GC every step\n");
 }
 
 bool fail_flag(const std::string& flag, const std::string& value, const char* want) {
@@ -149,7 +154,10 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (f == "--step-tokens") ok = parse_u32(f, v, 1, &a->step_tokens);
     else if (f == "--chunk") ok = parse_u32(f, v, 1, &a->chunk);
     else if (f == "--max-running") ok = parse_u32(f, v, 1, &a->max_running);
-    else if (f == "--seed") ok = parse_u64(v, &a->seed) || fail_flag(f, v, "expected an integer >= 0");
+    else if (f == "--prefill") {
+      if (v != "observe" && v != "stream") return fail_flag(f, v, "expected observe or stream");
+      a->observe = v == "observe";
+    } else if (f == "--seed") ok = parse_u64(v, &a->seed) || fail_flag(f, v, "expected an integer >= 0");
     else if (f == "--configs") {
       a->configs.clear();
       size_t at = 0;
@@ -248,6 +256,9 @@ struct Row {
   uint64_t preemptions = 0;
   uint32_t rejected = 0;
   double seconds = 0;
+  double held_sum = 0, used_max = 0;  // bytes per running sequence (summed), peak bytes used
+  uint64_t held_samples = 0;
+  double footprint_sum = 0;           // admission's estimate for each request's prompt
   double passkey() const { return passkey_total ? double(passkey_correct) / passkey_total : 0; }
 };
 
@@ -269,17 +280,20 @@ bool run_config(const std::string& name, const Args& a, const engine::Model& mod
   so.max_running = a.max_running;
   so.stop = quality::stop_tokens(tok);
   // What a sequence of n tokens holds: the full cache every page; a byte budget its share
-  // of the f16 payload plus the tokens no GC removes (sinks, young window, the step's
-  // chunk) and a partly filled page per class, in whole f16 pages.
+  // of the f16 payload (or the tokens no GC removes, sinks and young window, if more),
+  // plus a step's chunk appended before the GC runs, in whole f16 pages.
   const bool bounded = name != "full";
-  const uint32_t protected_tokens = eff.sinks + eff.window + a.chunk + 3 * eff.page_tokens;
-  so.footprint = [&kv, &eff, bounded, protected_tokens, &a](uint64_t n) {
-    uint64_t full = 0, raw = 0, fixed = 0;
+  so.prefill = a.observe ? engine::Engine::PrefillMode::Observe
+                         : engine::Engine::PrefillMode::Stream;
+  // An observe prefill holds the whole prompt until its end.
+  so.footprint = [&kv, &eff, bounded, &a](uint64_t n, bool prefilling) {
+    uint64_t full = 0, raw = 0, kept = 0, chunk = 0;
     kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, eff.page_tokens, &full);
-    if (!bounded) return full;
+    if (!bounded || (prefilling && a.observe)) return full;
     kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, 0, &raw);
-    kvgc_kv_bytes(&kv, protected_tokens, KVGC_CLASS_FP16, eff.page_tokens, &fixed);
-    return std::min(full, uint64_t(a.fraction * double(raw)) + fixed);
+    kvgc_kv_bytes(&kv, eff.sinks + eff.window, KVGC_CLASS_FP16, eff.page_tokens, &kept);
+    kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, eff.page_tokens, &chunk);
+    return std::min(full, std::max(uint64_t(a.fraction * double(raw)), kept) + chunk);
   };
   Stream stream = make_stream(a, tok, prose);
   engine::Server server(&eng, so);
@@ -299,6 +313,15 @@ bool run_config(const std::string& name, const Args& a, const engine::Model& mod
       now = stream.requests[next_arrival].arrival;
     }
     if (!server.step(now, err)) return false;
+    // What the running sequences hold, against the footprint admission assumed.
+    kvgc_stats hs;
+    kvgc_stats_init(&hs);
+    if (server.running() > 0 && kvgc_get_stats(eng.heap(), &hs) == KVGC_OK) {
+      const double used = double(hs.arena_bytes - hs.scratch_bytes - hs.free_bytes);
+      row->held_sum += used / double(server.running());
+      row->used_max = std::max(row->used_max, used);
+      ++row->held_samples;
+    }
   }
   row->seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const engine::ServeStats& st = server.stats();
@@ -311,6 +334,7 @@ bool run_config(const std::string& name, const Args& a, const engine::Model& mod
   std::vector<double> delays;
   for (size_t i = 0; i < stream.requests.size(); ++i) {
     const engine::ServeRequest& r = stream.requests[i];
+    row->footprint_sum += double(so.footprint(r.prompt.size() + 1, false));
     if (!r.error.empty()) {
       ++row->rejected;
       std::fprintf(stderr, "  %s: request %zu refused: %s\n", name.c_str(), i, r.error.c_str());
@@ -361,10 +385,10 @@ int main(int argc, char** argv) {
   }
   std::printf("kvgc-bench-serve: %u requests, prompts %u..%u, outputs %u..%u, %.3g/s, passkey "
               "every %u, arena %.1f MiB, bounded configs at %.3g of the f16 bytes, %u threads, "
-              "step %u rows, chunk %u, seed %llu\n",
+              "step %u rows, chunk %u, seed %llu, %s prefill\n",
               a.requests, a.prompt_min, a.prompt_max, a.output_min, a.output_max, a.rate,
               a.passkey_every, double(a.arena) / (1 << 20), a.fraction, a.threads,
-              a.step_tokens, a.chunk, (unsigned long long)a.seed);
+              a.step_tokens, a.chunk, (unsigned long long)a.seed, a.observe ? "observe" : "stream");
   std::vector<Row> rows;
   for (const std::string& name : a.configs) {
     Row row;
@@ -375,14 +399,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "  %s done in %.1f s\n", name.c_str(), row.seconds);
     rows.push_back(row);
   }
-  std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s\n", "config", "max_seq", "mean_seq",
-              "gen_tok/s", "rows/s", "queue_s", "queue_p95", "passkey", "preempt", "refused");
+  std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %8s\n", "config",
+              "max_seq", "mean_seq", "gen_tok/s", "rows/s", "queue_s", "queue_p95", "passkey",
+              "preempt", "refused", "MiB/seq", "est/seq", "peakMiB");
   for (const Row& r : rows) {
-    std::printf("%-12s %8u %9.2f %9.1f %9.1f %10.2f %9.2f %5d/%-3d %8llu %8u\n", r.name.c_str(),
-                r.max_running, r.mean_running, r.tokens_per_s, r.rows_per_s, r.queue_mean,
-                r.queue_p95, r.passkey_correct, r.passkey_total,
-                (unsigned long long)r.preemptions, r.rejected);
+    std::printf("%-12s %8u %9.2f %9.1f %9.1f %10.2f %9.2f %5d/%-3d %8llu %8u %9.2f %9.2f %8.1f\n",
+                r.name.c_str(), r.max_running, r.mean_running, r.tokens_per_s, r.rows_per_s,
+                r.queue_mean, r.queue_p95, r.passkey_correct, r.passkey_total,
+                (unsigned long long)r.preemptions, r.rejected,
+                r.held_samples ? r.held_sum / double(r.held_samples) / (1 << 20) : 0.0,
+                r.footprint_sum / double(a.requests) / (1 << 20), r.used_max / (1 << 20));
   }
+  std::printf("(max_seq, mean_seq: sequences in the heap per engine step; gen_tok/s: generated "
+              "tokens per second, rows/s with the prompt rows; queue: arrival to first "
+              "admission; MiB/seq: pages held per running sequence, mean over steps; est/seq: "
+              "admission's estimate for a prompt, mean over requests)\n");
   // RESULT: ratios of "default" to "full" first, then every row's figures.
   const Row* full = nullptr;
   const Row* def = nullptr;

@@ -6,6 +6,9 @@
 // whatever the batch, the activations are quantised per row, and kvgc's batch calls
 // compute what its per-sequence calls compute (bit for bit with one attention thread).
 // Under a token budget, so the GC evicts during the run and its decisions must match too.
+// One sequence enters SnapKV-style (observe items: its chunks outside the plan, unscored
+// but the last 32 tokens, pooled scores and one step at the prompt's end), as
+// Engine::prefill's default does alone.
 // Then the plan's all-or-nothing refusal: an arena too small for the batch gives NoRoom
 // naming the first sequence that does not fit, and changes nothing.
 //
@@ -51,6 +54,7 @@ struct Script {
   std::vector<int32_t> prompt;
   uint32_t decode = 3;
   uint32_t start_step = 0;  // the batch step it joins at
+  bool observe = false;     // SnapKV-style prefill (Engine::PrefillMode::Observe)
 };
 
 // What one sequence computes alone: the logits after its prompt and after each decode
@@ -65,7 +69,10 @@ std::vector<std::vector<float>> run_alone(const engine::Model& model, const Scri
   if (!eng.init(model, &o, err, eo)) return out;
   const uint32_t n_vocab = model.config.n_vocab;
   std::vector<float> logits(n_vocab);
-  for (size_t done = 0; done < s.prompt.size();) {
+  if (s.observe && !eng.prefill(s.prompt.data(), uint32_t(s.prompt.size()), logits.data(), err,
+                                engine::Engine::PrefillMode::Observe))
+    return {};
+  for (size_t done = s.observe ? s.prompt.size() : 0; done < s.prompt.size();) {
     const uint32_t n = std::min<uint32_t>(engine::Engine::kChunkTokens,
                                           uint32_t(s.prompt.size() - done));
     const bool last = done + n == s.prompt.size();
@@ -114,12 +121,15 @@ int main() {
       "again, one band at a time, while the keeper sat below and mended the nets of the "
       "fishermen who brought them bread, salt and the news from the town across the bay.";
   const std::vector<int32_t> all = tok.encode(text);
-  std::vector<Script> scripts(3);
+  std::vector<Script> scripts(4);
   scripts[0].prompt.assign(all.begin(), all.begin() + std::min<size_t>(all.size(), 150));
   scripts[1].prompt.assign(all.begin() + 3, all.begin() + 8);  // 5 tokens: decodes early
   scripts[1].decode = 5;
   scripts[2].prompt.assign(all.begin() + 10, all.begin() + 80);
   scripts[2].start_step = 1;  // joins while the others run
+  scripts[3].prompt.assign(all.begin() + 20, all.begin() + 120);
+  scripts[3].observe = true;  // its chunks outside the plan, unscored but the last 32
+  scripts[3].start_step = 1;
   check(scripts[0].prompt.size() > 128, "the long prompt spans three chunks");
 
   std::vector<std::vector<std::vector<float>>> alone;
@@ -169,6 +179,12 @@ int main() {
                                       uint32_t(s.prompt.size() - x.done));
           item.tokens = s.prompt.data() + x.done;
           item.position = x.done;
+          if (s.observe) {  // split where the observation window starts, as Engine::prefill
+            const size_t from = s.prompt.size() - engine::Engine::kObserveTokens;
+            if (x.done < from) item.n = uint32_t(std::min<size_t>(item.n, from - x.done));
+            item.observe = true;
+            item.scores = x.done >= from;
+          }
           item.logits = x.done + item.n == s.prompt.size() ? buffers[i].data() : nullptr;
           chunk = true;
         } else {
@@ -190,8 +206,16 @@ int main() {
       }
       for (size_t j = 0; j < items.size(); ++j) {
         State& x = st[who[j]];
-        if (x.done < scripts[who[j]].prompt.size()) x.done += items[j].n;
-        else ++x.decoded;
+        if (x.done < scripts[who[j]].prompt.size()) {
+          x.done += items[j].n;
+          if (items[j].observe && x.done == scripts[who[j]].prompt.size() &&
+              !batch.end_observe(x.seq, &err)) {
+            std::printf("FAIL  end_observe: %s\n", err.c_str());
+            return 1;
+          }
+        } else {
+          ++x.decoded;
+        }
         if (items[j].logits != nullptr) {
           x.logits.push_back(buffers[who[j]]);
           x.next = engine::argmax(buffers[who[j]].data(), n_vocab);

@@ -21,6 +21,13 @@ struct BatchItem {
   uint32_t n = 0;                   // >= 1
   uint64_t position = 0;            // the sequence's length before the step
   float* logits = nullptr;          // n_vocab logits of its last token, or null
+  // A prompt chunk entering the cache SnapKV-style (Engine::PrefillMode::Observe): its
+  // rows share the step's matmuls, but their K/V go in by kvgc_append and kvgc_attend
+  // outside the plan (the batch calls have one kvgc_attend_params for every row, and
+  // every planned sequence is stepped), scoring only when `scores` (the observation
+  // window), and the sequence is not stepped. BatchEngine::end_observe ends the prompt.
+  bool observe = false;
+  bool scores = false;
 };
 
 class BatchEngine {
@@ -43,6 +50,12 @@ class BatchEngine {
   };
   // One engine step over items (distinct live sequences of heap()).
   Outcome step(const std::vector<BatchItem>& items, uint32_t* failed, std::string* err);
+  // Observe items of the last Ok step whose kvgc_append found no room (indices into its
+  // items): their caches are partial and their logits unusable; the caller drops them.
+  const std::vector<uint32_t>& dropped() const { return dropped_; }
+  // The end of an observe prefill: scores pooled, then the sequence's kvgc_step evicts
+  // to its budget.
+  bool end_observe(kvgc_seq seq, std::string* err);
 
   kvgc_heap* heap() const { return engine_.heap(); }
   const kvgc_model_desc& kv_model() const { return engine_.kv_model(); }
@@ -54,7 +67,7 @@ class BatchEngine {
   Engine engine_;  // weights, matmul threads, scratch; its layer stack serves both
   kvgc_batch* batch_ = nullptr;
   std::vector<kvgc_seq> seqs_;
-  std::vector<uint32_t> n_new_, last_rows_;
+  std::vector<uint32_t> n_new_, last_rows_, order_, first_row_, dropped_;
   std::vector<int32_t> tokens_;
   std::vector<uint64_t> positions_;
   std::vector<float> logits_;  // [items with logits][n_vocab]

@@ -315,27 +315,27 @@ bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, st
     done += n;
     if (progress) progress(done);
   }
-  return mode != PrefillMode::Observe || (pool_scores(err) && step(err));
+  return mode != PrefillMode::Observe || (pool_scores(seq_, err) && step(err));
 }
 
 // SnapKV's clustering: a token's score becomes the largest within kPoolRadius positions,
 // so the neighbours of what the question attends to (the other digits of a number, the
 // rest of a name) are ranked with it. Done through the public API: read the scores,
 // then kvgc_observe the difference.
-bool Engine::pool_scores(std::string* err) {
+bool Engine::pool_scores(kvgc_seq seq, std::string* err) {
   for (uint32_t layer = 0; layer < model_->config.n_layers; ++layer) {
     KvgcTimer timer(&kvgc_seconds_);
     uint64_t n = 0;
-    if (kvgc_failed(kvgc_read_scores(heap_, seq_, layer, nullptr, nullptr, 0, &n, nullptr),
+    if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, nullptr, nullptr, 0, &n, nullptr),
                     "kvgc_read_scores", err))
       return false;
     pool_score_.resize(n);
     pool_pos_.resize(n);
     pool_delta_.resize(n);
     if (n == 0) continue;
-    if (kvgc_failed(kvgc_read_scores(heap_, seq_, layer, pool_score_.data(), nullptr, n, &n,
+    if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, pool_score_.data(), nullptr, n, &n,
                                      nullptr), "kvgc_read_scores", err) ||
-        kvgc_failed(kvgc_read(heap_, seq_, layer, nullptr, nullptr, pool_pos_.data(), n, &n,
+        kvgc_failed(kvgc_read(heap_, seq, layer, nullptr, nullptr, pool_pos_.data(), n, &n,
                               nullptr), "kvgc_read", err))
       return false;
     // Rows in position order (read order need not be), then a window max over positions.
@@ -352,7 +352,7 @@ bool Engine::pool_scores(std::string* err) {
         best = std::max(best, pool_score_[pool_order_[j]]);
       pool_delta_[pool_order_[i]] = best - pool_score_[pool_order_[i]];
     }
-    if (kvgc_failed(kvgc_observe(heap_, seq_, layer, pool_delta_.data(), n, nullptr),
+    if (kvgc_failed(kvgc_observe(heap_, seq, layer, pool_delta_.data(), n, nullptr),
                     "kvgc_observe", err))
       return false;
   }

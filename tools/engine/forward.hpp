@@ -105,6 +105,9 @@ class Engine {
   bool project_rows(const uint32_t* rows, uint32_t n, float* logits, std::string* err);
   // The message of a failed kvgc call (false when status is KVGC_OK).
   bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
+  // The observe prefill's score pooling (PrefillMode::Observe) on any sequence of heap():
+  // each layer's scores max-pooled over kPoolRadius positions either side.
+  bool pool_scores(kvgc_seq seq, std::string* err);
   // Adds the wall time of a kvgc call the caller made to kvgc_seconds().
   void add_kvgc_seconds(double seconds) { kvgc_seconds_ += seconds; }
 
@@ -122,7 +125,6 @@ class Engine {
   bool run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err);
   void reserve_rows(uint32_t n);  // scratch for n rows
   bool step(std::string* err);  // kvgc_step; KVGC_EBUDGET is advisory
-  bool pool_scores(std::string* err);
   // project_rows() of chunk rows [first_row, first_row + n).
   bool project(uint32_t first_row, uint32_t n, float* logits, std::string* err);
   // The rows' q, k, v through the kvgc dtype into `attention`, and its output back.

@@ -25,6 +25,7 @@ void usage(FILE* out) {
   std::fprintf(out,
       "usage: kvgc-serve FILE [--model PATH] [--chat] [--max-tokens N] [--ignore-eos]\n"
       "                  [--threads N] [--step-tokens N] [--chunk N] [--max-running N]\n"
+      "                  [--prefill observe|stream]\n"
       "  FILE            prompts, one a line (empty lines skipped)\n"
       "  --model PATH    GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
       "  --chat          wrap each prompt in the model's ChatML template\n"
@@ -34,6 +35,9 @@ void usage(FILE* out) {
       "  --step-tokens N rows per engine step (default 256)\n"
       "  --chunk N       prompt tokens a sequence brings per step (default 64)\n"
       "  --max-running N sequences in the heap at most (default 256)\n"
+      "  --prefill MODE  observe (default, as kvgc-run): a prompt's chunks unscored but its\n"
+      "                  last 32 tokens, one GC at its end; stream: chunks are scored batch\n"
+      "                  rows, GC every step\n"
       "Greedy decoding. The KV cache policy and arena come from KVGC_* variables.\n",
       engine::kDefaultModelFile);
 }
@@ -58,6 +62,7 @@ int main(int argc, char** argv) {
   bool chat = false, ignore_eos = false;
   uint32_t max_tokens = 64, threads = engine::ThreadPool::available_cpus();
   engine::ServeOptions so;
+  so.prefill = engine::Engine::PrefillMode::Observe;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -71,6 +76,13 @@ int main(int argc, char** argv) {
     } else if (a == "--ignore-eos") {
       ignore_eos = true;
       continue;
+    } else if (a == "--prefill" && v && (std::string(v) == "observe" || std::string(v) == "stream")) {
+      so.prefill = std::string(v) == "observe" ? engine::Engine::PrefillMode::Observe
+                                               : engine::Engine::PrefillMode::Stream;
+    } else if (a == "--prefill") {
+      std::fprintf(stderr, "kvgc-serve: --prefill must be observe or stream, not '%s'\n",
+                   v ? v : "");
+      return 2;
     } else if (a == "--model" && v) {
       model_path = v;
     } else if (a == "--max-tokens") {

@@ -18,8 +18,8 @@ Server::~Server() {
   for (const Running& r : running_) kvgc_seq_destroy(engine_->heap(), r.seq);
 }
 
-uint64_t Server::footprint(uint64_t tokens) const {
-  if (options_.footprint) return options_.footprint(tokens);
+uint64_t Server::footprint(uint64_t tokens, bool prefilling) const {
+  if (options_.footprint) return options_.footprint(tokens, prefilling);
   uint64_t bytes = 0;  // the full cache: every token's pages
   kvgc_heap_options o;
   kvgc_heap_options_init(&o);
@@ -43,9 +43,10 @@ bool Server::admit(double now, std::string* err) {
   while (!waiting_.empty() && waiting_.front()->arrival <= now &&
          running_.size() < options_.max_running) {
     ServeRequest* r = waiting_.front();
-    Running run{r, 0, r->prompt, 0, 0};
+    Running run{r, 0, r->prompt, 0, 0, 0};
     run.context.insert(run.context.end(), r->output.begin(), r->output.end());
-    run.footprint = footprint(run.context.size() + 1);
+    run.prompt_end = run.context.size();
+    run.footprint = footprint(run.context.size() + 1, true);
     if (run.footprint > arena_bytes_) {  // could never run, even alone
       waiting_.pop_front();
       r->error = "needs " + std::to_string(run.footprint) + " bytes; the arena holds " +
@@ -92,6 +93,7 @@ void Server::finish(size_t index, double now) {
 bool Server::step(double now, std::string* err) {
   if (!admit(now, err)) return false;
   const uint32_t n_vocab = engine_->engine().model().config.n_vocab;
+  const bool observe = options_.prefill == Engine::PrefillMode::Observe;
   for (;;) {
     if (running_.empty()) return true;
     // Decode rows first (one token each), then prompt chunks while the step has rows.
@@ -107,9 +109,17 @@ bool Server::step(double now, std::string* err) {
         if ((pass == 0) != (left == 1)) continue;
         const uint32_t budget = options_.max_step_tokens - std::min(rows, options_.max_step_tokens);
         if (pass == 1 && budget == 0) break;
-        const uint32_t n = pass == 0 ? 1u : uint32_t(std::min<size_t>({left, options_.chunk_tokens, budget}));
+        uint32_t n = pass == 0 ? 1u : uint32_t(std::min<size_t>({left, options_.chunk_tokens, budget}));
         BatchItem item;
         item.seq = r.seq;
+        if (observe && r.done < r.prompt_end) {
+          // The prompt's last kObserveTokens score; a chunk never straddles where they start.
+          const size_t scored_from =
+              r.prompt_end > Engine::kObserveTokens ? r.prompt_end - Engine::kObserveTokens : 0;
+          if (r.done < scored_from) n = uint32_t(std::min<size_t>(n, scored_from - r.done));
+          item.observe = true;
+          item.scores = r.done >= scored_from;
+        }
         item.tokens = r.context.data() + r.done;
         item.n = n;
         item.position = r.done;
@@ -143,13 +153,21 @@ bool Server::step(double now, std::string* err) {
     ++stats_.steps;
     stats_.running_sum += double(running_.size());
     stats_.max_running = std::max<uint32_t>(stats_.max_running, uint32_t(running_.size()));
-    std::vector<size_t> finished;
+    std::vector<size_t> finished, dropped;
+    for (const uint32_t j : engine_->dropped()) dropped.push_back(item_of_[j]);
     for (size_t j = 0; j < items_.size(); ++j) {
       Running& r = running_[item_of_[j]];
       ServeRequest* req = r.request;
+      if (std::find(dropped.begin(), dropped.end(), item_of_[j]) != dropped.end()) continue;
       if (decode_row_[j]) ++stats_.decode_rows;
       else stats_.prompt_tokens += items_[j].n;
       r.done += items_[j].n;
+      if (items_[j].observe && r.done == r.prompt_end) {  // the prompt is in: evict to budget
+        if (!engine_->end_observe(r.seq, err)) return false;
+        const uint64_t after = footprint(r.context.size() + 1, false);
+        projected_ = projected_ - r.footprint + after;
+        r.footprint = after;
+      }
       if (items_[j].logits == nullptr) continue;
       const int32_t token = argmax(items_[j].logits, n_vocab);
       if (req->first_token < 0) req->first_token = now;
@@ -160,8 +178,15 @@ bool Server::step(double now, std::string* err) {
                                                       token) != options_.stop.end();
       if (stop || req->output.size() >= req->max_new) finished.push_back(item_of_[j]);
     }
-    std::sort(finished.rbegin(), finished.rend());
-    for (const size_t i : finished) finish(i, now);
+    // The finished leave and the dropped are preempted, highest index first.
+    std::vector<std::pair<size_t, bool>> leaving;
+    for (const size_t i : finished) leaving.push_back({i, true});
+    for (const size_t i : dropped) leaving.push_back({i, false});
+    std::sort(leaving.rbegin(), leaving.rend());
+    for (const auto& [i, done] : leaving) {
+      if (done) finish(i, now);
+      else preempt(i);
+    }
     return true;
   }
 }

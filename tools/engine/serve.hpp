@@ -36,9 +36,16 @@ struct ServeOptions {
   uint32_t chunk_tokens = Engine::kChunkTokens;  // prompt tokens a sequence brings per step
   uint32_t max_step_tokens = 256;  // rows per step: decode rows first, then prompt chunks
   uint32_t max_running = 256;      // sequences in the heap at most
-  // The bytes a sequence of `tokens` tokens is expected to hold under the heap's policy:
-  // a request is admitted only while the running sequences' and its own fit the arena.
-  std::function<uint64_t(uint64_t tokens)> footprint;
+  // How prompts enter the cache. Stream (default): every chunk is a batch row like any
+  // other, scoring, and the GC runs each step. Observe: SnapKV-style as Engine::prefill's
+  // default (BatchItem::observe): unscored chunks but the last Engine::kObserveTokens,
+  // no GC until the prompt's end, then pooled scores and one kvgc_step; the prompt is
+  // held whole meanwhile.
+  Engine::PrefillMode prefill = Engine::PrefillMode::Stream;
+  // The bytes a sequence of `tokens` tokens is expected to hold under the heap's policy
+  // (`prefilling`: while its prompt enters the cache): a request is admitted only while
+  // the running sequences' and its own fit the arena. Default: every page (the full cache).
+  std::function<uint64_t(uint64_t tokens, bool prefilling)> footprint;
   std::vector<int32_t> stop;       // token ids that end an answer
 };
 
@@ -79,12 +86,13 @@ class Server {
     kvgc_seq seq;
     std::vector<int32_t> context;  // prompt, then what was generated before a preemption
     size_t done = 0;               // context tokens in the cache
-    uint64_t footprint = 0;        // as admitted
+    size_t prompt_end = 0;         // context.size() at admission: what prefill runs
+    uint64_t footprint = 0;        // projected bytes now
   };
   bool admit(double now, std::string* err);
   void preempt(size_t index);      // running_[index] back to the front of the queue
   void finish(size_t index, double now);
-  uint64_t footprint(uint64_t tokens) const;
+  uint64_t footprint(uint64_t tokens, bool prefilling) const;
 
   BatchEngine* engine_;
   ServeOptions options_;

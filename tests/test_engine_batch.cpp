@@ -25,6 +25,7 @@
 #include "engine/batch_forward.hpp"
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
+#include "engine/serve.hpp"
 #include "engine/tokenizer.hpp"
 #include "gguf.hpp"
 
@@ -288,6 +289,90 @@ int main() {
     items[0].logits = logits.data();
     check(batch.step(items, &failed, &err) == engine::BatchEngine::Outcome::Ok,
           "after preempting it the rest runs: " + err);
+  }
+  // The server: three requests that outgrow a small arena (full cache) are preempted and
+  // recomputed, and still answer exactly what they answer in a roomy one (every row is
+  // computed as alone, so recomputing a context reproduces its cache); a request larger
+  // than the arena is refused with a message.
+  {
+    kvgc_model_desc desc;
+    kvgc_model_desc_init(&desc);
+    desc.n_layers = model.config.n_layers;
+    desc.n_q_heads = model.config.n_heads;
+    desc.n_kv_heads = model.config.n_kv_heads;
+    desc.head_dim = model.config.head_dim;
+    desc.dtype = KVGC_DTYPE_F16;
+    auto serve = [&](uint64_t arena, std::vector<engine::ServeRequest>* reqs,
+                     engine::ServeStats* stats) {
+      engine::BatchEngine eng;
+      engine::EngineOptions eo;
+      eo.threads = 1;
+      kvgc_heap_options o = heap_options(arena);
+      o.policy = KVGC_POLICY_FULL;
+      o.token_budget = 0;
+      o.slab_bytes = 64 << 10;
+      if (!eng.init(model, &o, &err, eo)) return false;
+      engine::ServeOptions so;
+      so.chunk_tokens = 32;
+      engine::Server server(&eng, so);
+      for (engine::ServeRequest& r : *reqs)
+        if (!server.submit(&r, &err)) return false;
+      for (int steps = 0; !server.idle(); ++steps)
+        if (steps > 2000 || !server.step(0.0, &err)) return false;
+      *stats = server.stats();
+      return true;
+    };
+    auto make = [&](bool huge) {
+      std::vector<engine::ServeRequest> reqs(3);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].prompt.assign(all.begin() + 7 * i, all.begin() + 7 * i + 60);
+        reqs[i].max_new = 24;
+        reqs[i].stop_at_eos = false;
+      }
+      if (huge) {
+        reqs.emplace_back();
+        reqs.back().prompt = all;  // 180 tokens: more than the small arena holds
+        reqs.back().max_new = 1;
+      }
+      return reqs;
+    };
+    uint64_t one = 0;
+    kvgc_kv_bytes(&desc, 61, KVGC_CLASS_FP16, 16, &one);
+    std::vector<engine::ServeRequest> roomy = make(false), tight = make(true);
+    engine::ServeStats roomy_stats, tight_stats;
+    const bool ran = serve(64ull << 20, &roomy, &roomy_stats) &&
+                     serve(one * 2 + one / 5, &tight, &tight_stats);
+    check(ran, "served in both arenas: " + err);
+    if (ran) {
+      check(roomy_stats.preemptions == 0 && tight_stats.preemptions > 0,
+            "the small arena preempts (" + std::to_string(tight_stats.preemptions) +
+                " preemptions; roomy " + std::to_string(roomy_stats.preemptions) + ")");
+      // Untouched neighbours answer exactly as in the roomy arena. A preempted request
+      // runs its 24 tokens and agrees up to where it was preempted; after that its
+      // recomputed context went through chunk attention, whose sums kvgc orders by the
+      // chunk's rows (kernels/cpu/attend_simd.inc), so greedy may drift from decode's.
+      bool neighbours = true, preempted_ok = true;
+      uint32_t preempted = 0;
+      for (size_t i = 0; i < roomy.size(); ++i) {
+        size_t k = 0;
+        while (k < roomy[i].output.size() && k < tight[i].output.size() &&
+               roomy[i].output[k] == tight[i].output[k])
+          ++k;
+        if (tight[i].preemptions == 0) {
+          neighbours = neighbours && roomy[i].output == tight[i].output;
+        } else {
+          ++preempted;
+          preempted_ok = preempted_ok && tight[i].output.size() == 24 && k >= 8;
+        }
+      }
+      check(neighbours && preempted > 0 && preempted < roomy.size(),
+            "requests never preempted answer exactly what they answer in a roomy arena");
+      check(preempted_ok, "a preempted request is recomputed and completes, agreeing up to "
+                          "its preemption");
+      check(!tight.back().error.empty() && tight.back().done && tight.back().output.empty(),
+            "a request larger than the arena is refused: " + tight.back().error);
+      check(tight_stats.max_running >= 2, "two sequences ran at once in the small arena");
+    }
   }
   if (g_failures) std::printf("%d check(s) failed\n", g_failures);
   return g_failures ? 1 : 0;

@@ -171,11 +171,13 @@ bool Server::step(double now, std::string* err) {
       if (items_[j].logits == nullptr) continue;
       const int32_t token = argmax(items_[j].logits, n_vocab);
       if (req->first_token < 0) req->first_token = now;
-      req->output.push_back(token);
-      r.context.push_back(token);
       ++stats_.generated_tokens;
       const bool stop = req->stop_at_eos && std::find(options_.stop.begin(), options_.stop.end(),
                                                       token) != options_.stop.end();
+      if (!stop) {  // a stop token ends the answer and is not part of it
+        req->output.push_back(token);
+        r.context.push_back(token);
+      }
       if (stop || req->output.size() >= req->max_new) finished.push_back(item_of_[j]);
     }
     // The finished leave and the dropped are preempted, highest index first.

@@ -23,7 +23,7 @@ struct ServeRequest {
   bool stop_at_eos = true;    // end at a stop token (ServeOptions::stop)
   double arrival = 0;         // seconds on the caller's clock
   // Filled in by the server.
-  std::vector<int32_t> output;
+  std::vector<int32_t> output;  // generated tokens, without the stop token that ended them
   double admitted = -1;       // first admission
   double first_token = -1;
   double finished = -1;

@@ -147,4 +147,42 @@ class Sequence {
   kvgc_seq id_ = 0;
 };
 
+// One engine step over many sequences (kvgc_batch_*): plan, then per layer append and
+// attend, then step. The Batch must not outlive its Heap.
+class Batch {
+ public:
+  explicit Batch(Heap& heap) : heap_(heap.get()) { check(kvgc_batch_create(heap_, &b_), heap_); }
+  ~Batch() { kvgc_batch_destroy(b_); }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  kvgc_batch* get() const noexcept { return b_; }
+  // Plans n sequences with n_new[i] new rows each. KVGC_ENOMEM and KVGC_EBUDGET (a
+  // sequence does not fit: *failed names it) are returned, not thrown, since an engine
+  // answers them by preempting; every other error throws.
+  kvgc_status plan(const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n, uint32_t* failed,
+                   void* stream = nullptr) {
+    const kvgc_status st = kvgc_batch_plan(b_, seqs, n_new, n, failed, stream);
+    if (st != KVGC_ENOMEM && st != KVGC_EBUDGET) check(st, heap_);
+    return st;
+  }
+  void append(uint32_t layer, const void* k, const void* v, void* stream = nullptr) {
+    check(kvgc_batch_append(b_, layer, k, v, stream), heap_);
+  }
+  void attend(uint32_t layer, const void* q, void* out, const kvgc_attend_params* params = nullptr,
+              void* stream = nullptr) {
+    check(kvgc_batch_attend(b_, layer, q, out, params, stream), heap_);
+  }
+  // KVGC_EBUDGET (advisory: a sequence stays over its budget) is returned, not thrown.
+  kvgc_status step(void* stream = nullptr) {
+    const kvgc_status st = kvgc_batch_step(b_, stream);
+    if (st != KVGC_EBUDGET) check(st, heap_);
+    return st;
+  }
+
+ private:
+  kvgc_heap* heap_;
+  kvgc_batch* b_ = nullptr;
+};
+
 }  // namespace kvgc

@@ -233,6 +233,7 @@ Status ManagedHeap::tenant_set_limit(uint32_t tenant, uint64_t max_bytes) {
         for (const Segment& seg : s.layers)
           for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
             t.bytes += seg.table[c].pages.size() * layout_[c].bytes;
+    t.bytes += batch_reserved_bytes(tenant);  // a plan's pages, not yet in a table
     it = tenants_.emplace(tenant, t).first;
   }
   it->second.limit = max_bytes;
@@ -250,6 +251,7 @@ Status ManagedHeap::tenant_usage(uint32_t tenant, uint64_t* bytes, uint64_t* lim
       if (s.tenant == tenant)
         for (const Segment& seg : s.layers)
           for (int c = 0; c < KVGC_CLASS_COUNT; ++c) used += seg.table[c].pages.size() * layout_[c].bytes;
+    used += batch_reserved_bytes(tenant);
   }
   if (bytes) *bytes = used;
   if (limit) *limit = lim;

@@ -79,6 +79,42 @@ int main(void) {
   EXPECT(stats.live_tokens == (uint64_t)TOKENS * LAYERS);
   EXPECT(stats.sequences == 1);
   EXPECT(kvgc_heap_check(heap) == KVGC_OK);
+
+  /* A batch step from C: one new row, appended to every layer, its page table exported
+     and read through the documented layout. */
+  {
+    kvgc_batch* batch = NULL;
+    kvgc_batch_view view;
+    kvgc_page_layout layout;
+    uint32_t one = 1, failed = 99;
+    const uint8_t* page;
+    uint32_t live_word;
+    int32_t last_pos;
+    EXPECT(kvgc_batch_create(heap, &batch) == KVGC_OK);
+    EXPECT(kvgc_batch_plan(batch, &seq, &one, 1, &failed, NULL) == KVGC_OK);
+    for (layer = 0; layer < LAYERS; ++layer)
+      EXPECT(kvgc_batch_append(batch, layer, k, v, NULL) == KVGC_OK);
+    memset(&view, 0, sizeof view);
+    view.struct_size = sizeof view;
+    EXPECT(kvgc_batch_export(batch, 0, &view) == KVGC_OK);
+    memset(&layout, 0, sizeof layout);
+    layout.struct_size = sizeof layout;
+    EXPECT(kvgc_page_layout_get(heap, KVGC_CLASS_FP16, &layout) == KVGC_OK);
+    EXPECT(layout.version == KVGC_PAGE_LAYOUT_VERSION);
+    EXPECT(view.n_seqs == 1 && view.n_rows == 1 && view.q_pos0[0] == TOKENS);
+    /* TOKENS + 1 tokens: the last page holds the new one, at its position. */
+    EXPECT(view.page_indptr[1] == (TOKENS + layout.page_tokens) / layout.page_tokens);
+    page = (const uint8_t*)view.arena_base + view.page_offset[view.page_indptr[1] - 1];
+    memcpy(&live_word, page + layout.live_offset, sizeof live_word);
+    memcpy(&last_pos, page + layout.pos_offset + 4 * (TOKENS % layout.page_tokens), sizeof last_pos);
+    EXPECT((live_word >> (TOKENS % layout.page_tokens) & 1u) == 1u);
+    EXPECT(last_pos == TOKENS);
+    EXPECT(kvgc_batch_step(batch, NULL) == KVGC_OK);
+    EXPECT(kvgc_batch_append(batch, 0, k, v, NULL) == KVGC_EINVAL); /* the plan is spent */
+    kvgc_batch_destroy(batch);
+  }
+  EXPECT(kvgc_seq_tokens(heap, seq, LAYERS - 1, &live, &length) == KVGC_OK);
+  EXPECT(live == TOKENS + 1 && length == TOKENS + 1);
   EXPECT(kvgc_seq_destroy(heap, seq) == KVGC_OK);
   EXPECT(kvgc_get_stats(heap, &stats) == KVGC_OK);
   EXPECT(stats.live_tokens == 0 && stats.slabs_free == stats.slabs_total);

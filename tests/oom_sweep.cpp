@@ -39,11 +39,14 @@ struct Workload {
   kvgc_policy policy;
   kvgc_demote demote;
   bool bytes;  // a byte budget instead of a token budget
+  bool batch = false;  // the steps go through kvgc_batch_* instead of the per-sequence calls
 };
 const Workload kWorkloads[] = {
     {"h2o-int4", KVGC_POLICY_H2O, KVGC_DEMOTE_INT4, false},
     // The full ladder under a byte budget (compaction whenever a page frees).
     {"generational-ladder", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true},
+    // The same through the batch API: plan, append and attend per layer, batched step.
+    {"batch-ladder", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, true},
 };
 
 // What a child reports through its pipe.
@@ -93,7 +96,43 @@ void run(const Workload& w, unsigned threads, Report* rep) {
 
   if (api("heap_create", [&] { return kvgc_heap_create(&m, &o, &h); })) {
     kvgc_seq seqs[3] = {0, 0, 0}, fork = 0, fork_of = 0;
+    kvgc_batch* batch = nullptr;
+    if (w.batch && !api("batch_create", [&] { return kvgc_batch_create(h, &batch); })) batch = nullptr;
     for (int round = 0; round < 6 && !rep->failure[0]; ++round) {
+      if (w.batch) {  // one engine step over every live sequence
+        for (kvgc_seq& s : seqs)
+          if (!s && !api("seq_create", [&] { return kvgc_seq_create(h, uint32_t(round), &s); })) s = 0;
+        if (!batch && !api("batch_create", [&] { return kvgc_batch_create(h, &batch); })) batch = nullptr;
+        std::vector<kvgc_seq> live_seqs;
+        for (kvgc_seq s : seqs)
+          if (s) live_seqs.push_back(s);
+        const uint32_t n = round % 2 ? 1 : 11;
+        std::vector<uint32_t> n_new(live_seqs.size(), n);
+        uint32_t failed_at = 0;
+        if (batch && api("batch_plan", [&] {
+              return kvgc_batch_plan(batch, live_seqs.data(), n_new.data(), uint32_t(live_seqs.size()), &failed_at, nullptr);
+            })) {
+          for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+            std::vector<uint8_t> k, v;
+            for (kvgc_seq s : live_seqs) {
+              uint64_t length = 0;
+              kvgc_seq_tokens(h, s, layer, nullptr, &length);
+              const auto ks = gaussian(m, s, layer, int64_t(length), n, false);
+              const auto vs = gaussian(m, s, layer, int64_t(length), n, true);
+              k.insert(k.end(), ks.begin(), ks.end());
+              v.insert(v.end(), vs.begin(), vs.end());
+            }
+            if (!api("batch_append", [&] { return kvgc_batch_append(batch, layer, k.data(), v.data(), nullptr); }))
+              continue;
+            std::vector<uint8_t> q(live_seqs.size() * n * m.n_q_heads * m.head_dim * 2, 0x3c), out(q.size());
+            api("batch_attend", [&] { return kvgc_batch_attend(batch, layer, q.data(), out.data(), nullptr, nullptr); });
+          }
+          api("batch_step", [&] { return kvgc_batch_step(batch, nullptr); });
+        }
+        for (kvgc_seq s : live_seqs) verify(s, s);
+        if (round == 3 && seqs[1] && api("seq_destroy", [&] { return kvgc_seq_destroy(h, seqs[1]); })) seqs[1] = 0;
+        continue;
+      }
       for (kvgc_seq& s : seqs) {
         if (!s && !api("seq_create", [&] { return kvgc_seq_create(h, uint32_t(round), &s); })) {
           s = 0;
@@ -146,6 +185,7 @@ void run(const Workload& w, unsigned threads, Report* rep) {
       if (s) verify(s, s);
     if (fork) verify(fork, fork_of);
     malloc_hook::rearm();
+    kvgc_batch_destroy(batch);
     kvgc_heap_destroy(h);
     malloc_hook::disarm();
   }
@@ -276,7 +316,7 @@ int main(int argc, char** argv) {
     }
   }
   if (swept == 0) {
-    std::fprintf(stderr, "usage: kvgc-oom-sweep [h2o-int4|generational-ladder|all [1|4 [transient|persistent]]]\n");
+    std::fprintf(stderr, "usage: kvgc-oom-sweep [h2o-int4|generational-ladder|batch-ladder|all [1|4 [transient|persistent]]]\n");
     return 2;
   }
   std::printf("%s\n", ok ? "kvgc-oom-sweep: every run OK" : "kvgc-oom-sweep: FAILED");

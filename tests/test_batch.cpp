@@ -428,3 +428,40 @@ TEST_CASE("batch: an engine's own attention reads the exported pages through the
   kvgc_heap_destroy(ha);
   kvgc_heap_destroy(hb);
 }
+
+TEST_CASE("batch: a tenant limit set while a plan holds pages counts them, and quotas name the sequence") {
+  // Found by fuzz_api: the limit's first count missed the plan's reserved pages, so once
+  // appended the tenant held more than it was charged.
+  const kvgc_model_desc m = model(2, 1, 16, KVGC_DTYPE_F32);
+  kvgc_heap* h = make_heap(m, KVGC_POLICY_FULL);
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(h, &b) == KVGC_OK);
+  kvgc_seq s[2];
+  REQUIRE(kvgc_seq_create(h, 3, &s[0]) == KVGC_OK);
+  REQUIRE(kvgc_seq_create(h, 3, &s[1]) == KVGC_OK);
+  uint32_t n_new[2] = {5, 5}, failed = 99;
+  REQUIRE(kvgc_batch_plan(b, s, n_new, 2, &failed, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_tenant_set_limit(h, 3, 1 << 20) == KVGC_OK);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  std::vector<float> kv(10 * 16, 1.f);
+  REQUIRE(kvgc_batch_append(b, 0, kv.data(), kv.data(), nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_append(b, 1, kv.data(), kv.data(), nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_step(b, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  uint64_t used = 0, limit = 0;
+  REQUIRE(kvgc_tenant_usage(h, 3, &used, &limit) == KVGC_OK);
+  kvgc_stats st;
+  kvgc_stats_init(&st);
+  REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+  CHECK(used == st.cls[0].used_bytes);
+  // A quota of what the tenant holds now: the first sequence needing a page is refused.
+  REQUIRE(kvgc_tenant_set_limit(h, 3, used) == KVGC_OK);
+  n_new[0] = 3;   // fits its tail page
+  n_new[1] = 20;  // needs new pages
+  CHECK(kvgc_batch_plan(b, s, n_new, 2, &failed, nullptr) == KVGC_EBUDGET);
+  CHECK(failed == 1);
+  CHECK(std::string(kvgc_errmsg(h)).find("seqs[1]") != std::string::npos);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  kvgc_batch_destroy(b);
+  kvgc_heap_destroy(h);
+}

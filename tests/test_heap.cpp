@@ -244,6 +244,25 @@ TEST_CASE("kvgc.hpp: RAII handles and exceptions") {
     }
     heap.check_invariants();
   }
+  {  // a batch step through the RAII handle
+    kvgc::Sequence a(heap, 0), b(heap, 1);
+    kvgc::Batch batch(heap);
+    const kvgc_seq ids[2] = {a.id(), b.id()};
+    const uint32_t n_new[2] = {3, 1};
+    uint32_t failed = 99;
+    REQUIRE(batch.plan(ids, n_new, 2, &failed) == KVGC_OK);
+    std::vector<uint8_t> k = tagged(m, a.id(), 0, 0, 3, false), kb = tagged(m, b.id(), 0, 0, 1, false);
+    k.insert(k.end(), kb.begin(), kb.end());
+    for (uint32_t layer = 0; layer < 2; ++layer) batch.append(layer, k.data(), k.data());
+    CHECK_THROWS_AS(batch.append(0, k.data(), k.data()), kvgc::Error);  // once per layer
+    std::vector<uint16_t> q(4 * 4 * 64, 0x3c00), out(q.size());
+    batch.attend(1, q.data(), out.data());
+    CHECK(batch.step() == KVGC_OK);
+    CHECK(a.length(1) == 3);
+    CHECK(b.length(0) == 1);
+    const kvgc_seq bad[1] = {777};
+    CHECK_THROWS_AS(batch.plan(bad, n_new, 1, &failed), kvgc::Error);  // unknown: a bug, thrown
+  }
   CHECK(heap.stats().sequences == 0);  // the Sequence destroyed itself
   CHECK(heap.stats().live_tokens == 0);
   o.page_tokens = 0;

@@ -84,6 +84,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t token = size_t(m.n_kv_heads) * m.head_dim * eb;
   const size_t qrow = size_t(m.n_q_heads) * m.head_dim * eb;
   std::vector<kvgc_seq> seqs;
+  kvgc_batch* batch = nullptr;
+  kvgc_batch_create(h, &batch);
+  uint32_t batch_rows = 0;  // the rows of the batch's last successful plan
   alignas(16) static unsigned char foreign[128];
   for (int calls = 0; calls < 64 && !in.done(); ++calls) {
     const uint8_t op = in.byte();
@@ -173,14 +176,54 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         kvgc_heap_check(bad);
         break;
       }
-      default: {
-        uint64_t live = 0, len = 0;
-        kvgc_seq_tokens(h, pick(), layer, &live, &len);
+      default: {  // the batch API (0.5), or a token count
+        const uint8_t sub = in.byte();
+        if (!batch || sub % 8 == 7) {
+          uint64_t live = 0, len = 0;
+          kvgc_seq_tokens(h, pick(), layer, &live, &len);
+        } else if (sub % 8 == 0) {  // plan a few sequences (repeats and unknown ids included)
+          const uint32_t n = in.byte() % 6;
+          std::vector<kvgc_seq> ids(n);
+          std::vector<uint32_t> n_new(n);
+          uint32_t rows = 0, failed = 0;
+          for (uint32_t i = 0; i < n; ++i) {
+            ids[i] = pick();
+            n_new[i] = in.byte() % 20;
+            rows += n_new[i];
+          }
+          if (kvgc_batch_plan(batch, ids.data(), n_new.data(), n, &failed, nullptr) == KVGC_OK) batch_rows = rows;
+        } else if (sub % 8 <= 2) {  // append, then attend
+          auto k = in.data(batch_rows * token), v = in.data(batch_rows * token);
+          kvgc_batch_append(batch, layer, k.data(), v.data(), nullptr);
+          auto q = in.data(batch_rows * qrow);
+          std::vector<uint8_t> out(batch_rows * qrow + 8);
+          if (sub % 8 == 2) kvgc_batch_attend(batch, layer, q.data(), out.data(), nullptr, nullptr);
+        } else if (sub % 8 <= 4) {  // an engine's own attention: export, then observe
+          kvgc_batch_view view;
+          std::memset(&view, 0, sizeof view);
+          view.struct_size = sizeof view;
+          if (kvgc_batch_export(batch, layer, &view) == KVGC_OK && sub % 8 == 4) {
+            std::vector<float> mass(size_t(view.n_pages) * view.page_tokens + 1);
+            for (auto& x : mass) {
+              const uint8_t b = in.byte();
+              x = b == 255 ? NAN : b == 254 ? INFINITY : float(b) / 64.f;
+            }
+            kvgc_batch_observe(batch, layer, mass.data(), nullptr);
+          }
+        } else if (sub % 8 == 5) {
+          kvgc_batch_step(batch, nullptr);
+        } else {  // a second batch's plan makes the first stale; destroy and recreate
+          kvgc_batch_destroy(batch);
+          batch = nullptr;
+          kvgc_batch_create(h, &batch);
+        }
         break;
       }
     }
     check(h);
   }
+  kvgc_batch_destroy(batch);
+  check(h);
   kvgc_heap_destroy(h);
   return 0;
 }

@@ -424,12 +424,15 @@ int main(int argc, char** argv) {
   std::string result = "RESULT";
   char buf[256];
   if (full && def) {
+    char passkey_ratio[32] = "na";  // when the full cache got none right (or none ran)
+    if (full->passkey() > 0)
+      std::snprintf(passkey_ratio, sizeof passkey_ratio, "%.3f", def->passkey() / full->passkey());
     std::snprintf(buf, sizeof buf,
-                  " concurrency_ratio=%.3f mean_concurrency_ratio=%.3f passkey_ratio=%.3f "
+                  " concurrency_ratio=%.3f mean_concurrency_ratio=%.3f passkey_ratio=%s "
                   "tokens_per_s_ratio=%.3f",
                   full->max_running ? double(def->max_running) / full->max_running : 0.0,
                   full->mean_running > 0 ? def->mean_running / full->mean_running : 0.0,
-                  full->passkey() > 0 ? def->passkey() / full->passkey() : 0.0,
+                  passkey_ratio,
                   full->tokens_per_s > 0 ? def->tokens_per_s / full->tokens_per_s : 0.0);
     result += buf;
   }

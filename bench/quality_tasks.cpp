@@ -164,6 +164,16 @@ std::vector<int32_t> needle_prompt(const engine::Tokenizer& tokenizer,
 
 }  // namespace
 
+std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t target,
+                                    double depth, std::string* expect) {
+  const std::string key = kPasskey;
+  if (expect) *expect = key;
+  return filler_prompt(tokenizer, target,
+                       {{"The pass key is " + key + ". Remember it. " + key +
+                             " is the pass key. ", depth}},
+                       "\nWhat is the pass key? The pass key is");
+}
+
 std::vector<std::string> retrieval_task_names() {
   return {"passkey", "passkey-word", "multikey", "needle", "needle2"};
 }
@@ -215,12 +225,7 @@ bool build_retrieval_task(const Bench& bench, const std::string& name, Retrieval
       p.context = c;
       p.depth = d;
       if (name == "passkey") {
-        const std::string key = kPasskey;
-        p.tokens = filler_prompt(tok, g[c].context,
-                                 {{"The pass key is " + key + ". Remember it. " + key +
-                                       " is the pass key. ", d}},
-                                 "\nWhat is the pass key? The pass key is");
-        p.expect = key;
+        p.tokens = passkey_prompt(tok, g[c].context, d, &p.expect);
       } else if (name == "passkey-word") {
         const std::string key = kPassword;
         p.tokens = filler_prompt(tok, g[c].context,

@@ -43,6 +43,12 @@ bool build_prefix_ppl(const Bench& bench, std::vector<PplPrompt>* out, std::stri
 // The streaming perplexity's text: 4096 (quick 1024) scored tokens + 1.
 bool stream_ppl_tokens(const Bench& bench, std::vector<int32_t>* tokens, std::string* err);
 
+// The passkey task's prompt (a 5-digit key at `depth` in synthetic filler of about
+// `target` tokens, then "What is the pass key? The pass key is"); *expect gets the key.
+// kvgc-bench-quality's passkey prompts and kvgc-bench-serve's passkey requests.
+std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t target,
+                                    double depth, std::string* expect);
+
 // The ids that end an answer: <|im_end|>, <|endoftext|>, eos.
 std::vector<int32_t> stop_tokens(const engine::Tokenizer& tokenizer);
 

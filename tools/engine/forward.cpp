@@ -76,7 +76,8 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
   kv_model_.head_dim = c.head_dim;
   kv_model_.dtype = options_.kv_dtype;
   if (kvgc_failed(kvgc_heap_create(&kv_model_, options, &heap_), "kvgc_heap_create", err) ||
-      kvgc_failed(kvgc_seq_create(heap_, 0, &seq_), "kvgc_seq_create", err)) {
+      (options_.own_sequence &&
+       kvgc_failed(kvgc_seq_create(heap_, 0, &seq_), "kvgc_seq_create", err))) {
     return false;
   }
   kvgc_heap_options effective;
@@ -91,18 +92,27 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
   for (uint32_t i = 0; i < c.head_dim / 2; ++i) {
     inv_freq_[i] = float(std::pow(double(c.rope_base), -2.0 * i / c.head_dim));
   }
-  rope_cos_.resize(kChunkTokens * size_t(c.head_dim / 2));
-  rope_sin_.resize(rope_cos_.size());
+  reserve_rows(kChunkTokens);
+  return true;
+}
+
+void Engine::reserve_rows(uint32_t n) {
+  if (n <= rows_capacity_) return;
+  rows_capacity_ = n;
+  const Config& c = model_->config;
   const size_t q_width = size_t(c.n_heads) * c.head_dim;
   const size_t kv_width = size_t(c.n_kv_heads) * c.head_dim;
-  x_.resize(kChunkTokens * size_t(c.n_embd));
+  rope_cos_.resize(n * size_t(c.head_dim / 2));
+  rope_sin_.resize(rope_cos_.size());
+  row_positions_.resize(n);
+  x_.resize(n * size_t(c.n_embd));
   xb_.resize(x_.size());
   proj_.resize(x_.size());
-  q_.resize(kChunkTokens * q_width);
+  q_.resize(n * q_width);
   att_.resize(q_.size());
-  k_.resize(kChunkTokens * kv_width);
+  k_.resize(n * kv_width);
   v_.resize(k_.size());
-  gate_.resize(kChunkTokens * size_t(c.n_ff));
+  gate_.resize(n * size_t(c.n_ff));
   up_.resize(gate_.size());
   if (options_.kv_dtype == KVGC_DTYPE_F16) {
     q16_.resize(q_.size());
@@ -110,14 +120,13 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
     k16_.resize(k_.size());
     v16_.resize(k_.size());
   }
-  return true;
 }
 
-// The chunk's rotation angles, once for all layers and both q and k.
-void Engine::rope_table(uint32_t n) {
+// The rows' rotation angles, once for all layers and both q and k.
+void Engine::rope_table(const uint64_t* positions, uint32_t n) {
   const uint32_t half = model_->config.head_dim / 2;
   for (uint32_t t = 0; t < n; ++t) {
-    const double pos = double(position_ + t);
+    const double pos = double(positions[t]);
     for (uint32_t i = 0; i < half; ++i) {
       const double angle = pos * inv_freq_[i];
       rope_cos_[size_t(t) * half + i] = float(std::cos(angle));
@@ -143,8 +152,8 @@ void Engine::apply_rope(float* x, uint32_t n, uint32_t n_heads) const {
   }
 }
 
-// K/V of the chunk into the cache, then its attention, in the kvgc model dtype.
-bool Engine::attend(uint32_t layer, uint32_t n, bool scores, std::string* err) {
+// The rows' q, k, v in the kvgc model dtype to `attention`, its output back to f32.
+bool Engine::attend(uint32_t layer, uint32_t n, const Attention& attention, std::string* err) {
   const Config& c = model_->config;
   const size_t q_count = size_t(n) * c.n_heads * c.head_dim;
   const size_t kv_count = size_t(n) * c.n_kv_heads * c.head_dim;
@@ -159,34 +168,48 @@ bool Engine::attend(uint32_t layer, uint32_t n, bool scores, std::string* err) {
   if (kvgc_threads_ > 1) pool_->rest();
   {
     KvgcTimer timer(&kvgc_seconds_);
-    kvgc_attend_params params;
-    kvgc_attend_params_init(&params);
-    if (!scores) params.flags |= KVGC_ATTEND_NO_SCORES;
     const void* k = f16 ? static_cast<const void*>(k16_.data()) : k_.data();
     const void* v = f16 ? static_cast<const void*>(v16_.data()) : v_.data();
     const void* q = f16 ? static_cast<const void*>(q16_.data()) : q_.data();
     void* out = f16 ? static_cast<void*>(att16_.data()) : att_.data();
-    if (kvgc_failed(kvgc_append(heap_, seq_, layer, k, v, n, nullptr), "kvgc_append", err) ||
-        kvgc_failed(kvgc_attend(heap_, seq_, layer, q, n, out, &params, nullptr),
-                    "kvgc_attend", err)) {
-      return false;
-    }
+    if (!attention(layer, q, k, v, out, err)) return false;
   }
   if (f16) kernels().f16_to_f32(att16_.data(), q_count, att_.data());
   return true;
 }
 
+// One chunk of the engine's own sequence: append, then attend, at the next positions.
 bool Engine::run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err) {
+  uint64_t positions[kChunkTokens];
+  for (uint32_t t = 0; t < n; ++t) positions[t] = position_ + t;
+  kvgc_attend_params params;
+  kvgc_attend_params_init(&params);
+  if (!scores) params.flags |= KVGC_ATTEND_NO_SCORES;
+  const Attention attention = [&](uint32_t layer, const void* q, const void* k, const void* v,
+                                  void* out, std::string* e) {
+    return !kvgc_failed(kvgc_append(heap_, seq_, layer, k, v, n, nullptr), "kvgc_append", e) &&
+           !kvgc_failed(kvgc_attend(heap_, seq_, layer, q, n, out, &params, nullptr),
+                        "kvgc_attend", e);
+  };
+  if (!run_rows(tokens, positions, n, attention, err)) return false;
+  position_ += n;
+  return true;
+}
+
+bool Engine::run_rows(const int32_t* tokens, const uint64_t* positions, uint32_t n,
+                      const Attention& attention, std::string* err) {
   const Config& c = model_->config;
   const uint32_t q_width = c.n_heads * c.head_dim;
+  reserve_rows(n);
   for (uint32_t t = 0; t < n; ++t) {
     if (tokens[t] < 0 || uint32_t(tokens[t]) >= c.n_vocab) {
       if (err) *err = "token id " + std::to_string(tokens[t]) + " is outside the vocabulary";
       return false;
     }
     dequantize_row(model_->token_embd, uint32_t(tokens[t]), &x_[size_t(t) * c.n_embd]);
+    row_positions_[t] = positions[t];
   }
-  rope_table(n);
+  rope_table(positions, n);
   for (uint32_t layer = 0; layer < c.n_layers; ++layer) {
     const LayerWeights& w = model_->layers[layer];
     for (uint32_t t = 0; t < n; ++t) {
@@ -197,7 +220,7 @@ bool Engine::run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::stri
     matmul_->run({{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}}, input_);
     apply_rope(q_.data(), n, c.n_heads);
     apply_rope(k_.data(), n, c.n_kv_heads);
-    if (!attend(layer, n, scores, err)) return false;
+    if (!attend(layer, n, attention, err)) return false;
     input_.set(att_.data(), n, q_width);
     matmul_->run({{&w.wo, proj_.data()}}, input_);
     for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
@@ -216,7 +239,6 @@ bool Engine::run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::stri
     matmul_->run({{&w.w_down, proj_.data()}}, input_);
     for (size_t i = 0; i < size_t(n) * c.n_embd; ++i) x_[i] += proj_[i];
   }
-  position_ += n;
   return true;
 }
 
@@ -227,9 +249,15 @@ bool Engine::step(std::string* err) {
 }
 
 bool Engine::project(uint32_t first_row, uint32_t n, float* logits, std::string* err) {
+  project_list_.resize(n);
+  for (uint32_t t = 0; t < n; ++t) project_list_[t] = first_row + t;
+  return project_rows(project_list_.data(), n, logits, err);
+}
+
+bool Engine::project_rows(const uint32_t* rows, uint32_t n, float* logits, std::string* err) {
   const Config& c = model_->config;
   for (uint32_t t = 0; t < n; ++t) {
-    rms_norm(&x_[size_t(first_row + t) * c.n_embd], model_->output_norm.data(),
+    rms_norm(&x_[size_t(rows[t]) * c.n_embd], model_->output_norm.data(),
              &xb_[size_t(t) * c.n_embd], c.n_embd, c.rms_eps);
   }
   input_.set(xb_.data(), n, c.n_embd);
@@ -237,8 +265,7 @@ bool Engine::project(uint32_t first_row, uint32_t n, float* logits, std::string*
   for (size_t i = 0; i < size_t(n) * c.n_vocab; ++i) {
     if (!std::isfinite(logits[i])) {
       if (err) {
-        *err = "the logits at position " +
-               std::to_string(position_ - (uint64_t(n) - i / c.n_vocab)) +
+        *err = "the logits at position " + std::to_string(row_positions_[rows[i / c.n_vocab]]) +
                " are not finite (NaN or infinity): the model's weights are broken or its "
                "activations overflow";
       }
@@ -288,27 +315,27 @@ bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, st
     done += n;
     if (progress) progress(done);
   }
-  return mode != PrefillMode::Observe || (pool_scores(err) && step(err));
+  return mode != PrefillMode::Observe || (pool_scores(seq_, err) && step(err));
 }
 
 // SnapKV's clustering: a token's score becomes the largest within kPoolRadius positions,
 // so the neighbours of what the question attends to (the other digits of a number, the
 // rest of a name) are ranked with it. Done through the public API: read the scores,
 // then kvgc_observe the difference.
-bool Engine::pool_scores(std::string* err) {
+bool Engine::pool_scores(kvgc_seq seq, std::string* err) {
   for (uint32_t layer = 0; layer < model_->config.n_layers; ++layer) {
     KvgcTimer timer(&kvgc_seconds_);
     uint64_t n = 0;
-    if (kvgc_failed(kvgc_read_scores(heap_, seq_, layer, nullptr, nullptr, 0, &n, nullptr),
+    if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, nullptr, nullptr, 0, &n, nullptr),
                     "kvgc_read_scores", err))
       return false;
     pool_score_.resize(n);
     pool_pos_.resize(n);
     pool_delta_.resize(n);
     if (n == 0) continue;
-    if (kvgc_failed(kvgc_read_scores(heap_, seq_, layer, pool_score_.data(), nullptr, n, &n,
+    if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, pool_score_.data(), nullptr, n, &n,
                                      nullptr), "kvgc_read_scores", err) ||
-        kvgc_failed(kvgc_read(heap_, seq_, layer, nullptr, nullptr, pool_pos_.data(), n, &n,
+        kvgc_failed(kvgc_read(heap_, seq, layer, nullptr, nullptr, pool_pos_.data(), n, &n,
                               nullptr), "kvgc_read", err))
       return false;
     // Rows in position order (read order need not be), then a window max over positions.
@@ -325,7 +352,7 @@ bool Engine::pool_scores(std::string* err) {
         best = std::max(best, pool_score_[pool_order_[j]]);
       pool_delta_[pool_order_[i]] = best - pool_score_[pool_order_[i]];
     }
-    if (kvgc_failed(kvgc_observe(heap_, seq_, layer, pool_delta_.data(), n, nullptr),
+    if (kvgc_failed(kvgc_observe(heap_, seq, layer, pool_delta_.data(), n, nullptr),
                     "kvgc_observe", err))
       return false;
   }

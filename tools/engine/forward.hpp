@@ -25,6 +25,10 @@ struct EngineOptions {
   // Matmul threads, the calling thread included; 0: default_threads().
   uint32_t threads = 0;
   MatmulMode matmul = MatmulMode::Quantized;
+  // Whether init() creates the engine's own sequence (forward(), prefill()). False for a
+  // caller that keeps many sequences in the heap and runs them through run_rows() (the
+  // batch engine, batch_forward.hpp).
+  bool own_sequence = true;
 };
 
 // The thread count of engines whose options say 0: 1 unless set. (A process running
@@ -87,8 +91,29 @@ class Engine {
                PrefillMode mode = PrefillMode::Observe,
                const std::function<void(uint32_t done)>& progress = {});
 
+  // The layer stack over n rows that may belong to different sequences: row t is token
+  // tokens[t] at position positions[t]. Each layer's attention goes through `attention`,
+  // which receives the rows' q, k, v and fills out ([n][heads][head_dim], the kvgc model
+  // dtype), so it decides which cache each row meets. The rows' final hidden states stay
+  // for project_rows(). What forward() runs per chunk, and the batch engine per step.
+  using Attention = std::function<bool(uint32_t layer, const void* q, const void* k,
+                                       const void* v, void* out, std::string* err)>;
+  bool run_rows(const int32_t* tokens, const uint64_t* positions, uint32_t n,
+                const Attention& attention, std::string* err);
+  // Final norm + output projection of the given rows of the last run_rows() into
+  // logits[n][n_vocab]; false if a logit is not finite.
+  bool project_rows(const uint32_t* rows, uint32_t n, float* logits, std::string* err);
+  // The message of a failed kvgc call (false when status is KVGC_OK).
+  bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
+  // The observe prefill's score pooling (PrefillMode::Observe) on any sequence of heap():
+  // each layer's scores max-pooled over kPoolRadius positions either side.
+  bool pool_scores(kvgc_seq seq, std::string* err);
+  // Adds the wall time of a kvgc call the caller made to kvgc_seconds().
+  void add_kvgc_seconds(double seconds) { kvgc_seconds_ += seconds; }
+
   uint64_t position() const { return position_; }
   kvgc_heap* heap() const { return heap_; }
+  const Model& model() const { return *model_; }
   kvgc_seq sequence() const { return seq_; }
   const kvgc_model_desc& kv_model() const { return kv_model_; }
   // Wall time spent inside kvgc calls so far.
@@ -98,14 +123,13 @@ class Engine {
 
  private:
   bool run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err);
+  void reserve_rows(uint32_t n);  // scratch for n rows
   bool step(std::string* err);  // kvgc_step; KVGC_EBUDGET is advisory
-  bool pool_scores(std::string* err);
-  // Final norm + output projection of chunk rows [first_row, first_row + n) into
-  // logits[n][n_vocab]; false if a logit is not finite.
+  // project_rows() of chunk rows [first_row, first_row + n).
   bool project(uint32_t first_row, uint32_t n, float* logits, std::string* err);
-  bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
-  bool attend(uint32_t layer, uint32_t n, bool scores, std::string* err);
-  void rope_table(uint32_t n);  // cos/sin of the chunk's positions
+  // The rows' q, k, v through the kvgc dtype into `attention`, and its output back.
+  bool attend(uint32_t layer, uint32_t n, const Attention& attention, std::string* err);
+  void rope_table(const uint64_t* positions, uint32_t n);  // cos/sin of the rows' positions
   void apply_rope(float* x, uint32_t n, uint32_t n_heads) const;
 
   const Model* model_ = nullptr;
@@ -120,8 +144,11 @@ class Engine {
   std::unique_ptr<Matmul> matmul_;
   Activations input_;            // the current matmul input
   std::vector<float> inv_freq_;  // RoPE: base^(-2i/head_dim)
-  std::vector<float> rope_cos_, rope_sin_;  // [kChunkTokens][head_dim / 2]
-  // Scratch for one chunk, [kChunkTokens][width].
+  std::vector<float> rope_cos_, rope_sin_;  // [rows][head_dim / 2]
+  uint32_t rows_capacity_ = 0;              // rows the scratch holds
+  std::vector<uint64_t> row_positions_;     // of the last run_rows()
+  std::vector<uint32_t> project_list_;
+  // Scratch for run_rows(), [rows][width] (kChunkTokens rows unless a batch needs more).
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, gate_, up_;
   std::vector<uint16_t> q16_, k16_, v16_, att16_;  // the same in f16 (kv_dtype F16)
   // Score pooling scratch, one segment's live tokens.

@@ -84,7 +84,9 @@ KVGC_AVX2 inline void tile_q4_1(const uint8_t* w, size_t row_bytes, const QuantR
       for (int r = 0; r < R; ++r) {
         const __m256 sum = _mm256_cvtepi32_ps(dot_u8s8(wq[r], xq));
         acc[r][g] = _mm256_fmadd_ps(sum, _mm256_set1_ps(d[r] * dx), acc[r][g]);
-        offset[r][g] += m[r] * sx;
+        // One explicit fma: the compiler may not contract some tile shapes and not others,
+        // so a row's result never depends on the batch it is in.
+        offset[r][g] = std::fma(m[r], sx, offset[r][g]);
       }
     }
   }

@@ -15,6 +15,8 @@
 #endif
 #include <immintrin.h>
 
+#include <cmath>
+
 #include <cstring>
 
 namespace engine::avx512 {

@@ -1,0 +1,451 @@
+// kvgc-bench-serve: continuous batching (tools/engine/serve.hpp) into ONE fixed KV arena,
+// the full cache against the bounded policies. A seeded stream of requests (prompts of
+// prose, outputs of a drawn length, arriving at a fixed rate; every k-th a passkey buried
+// in filler and asked back) is served once per configuration at the same arena bytes.
+// Reported per configuration: max and mean concurrent sequences, tokens/s, queueing delay
+// (mean, p95), passkey accuracy, preemptions. Ends with RESULT (ratios to the full cache
+// first). Needs the downloaded model (tools/fetch-model.sh).
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/batch_forward.hpp"
+#include "engine/model.hpp"
+#include "engine/serve.hpp"
+#include "engine/tokenizer.hpp"
+#include "gguf.hpp"
+#include "quality_common.hpp"
+#include "quality_tasks.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string model;
+  uint32_t requests = 64;
+  uint32_t prompt_min = 256, prompt_max = 4096;
+  uint32_t output_min = 64, output_max = 512;
+  double rate = 1.0;            // requests per second
+  uint32_t passkey_every = 4;   // every k-th request is a passkey (0: none)
+  uint64_t arena = 1ull << 30;  // bytes
+  double fraction = 0.15;       // byte budget of the bounded configurations
+  std::vector<std::string> configs = {"full", "default", "h2o", "streaming"};
+  uint32_t threads = 2;
+  uint32_t step_tokens = 256, chunk = 64, max_running = 256;
+  uint64_t seed = 1;
+  bool observe = true;          // --prefill observe (default) or stream
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+      "usage: kvgc-bench-serve [--model PATH] [--requests N] [--prompt-min N] [--prompt-max N]\n"
+      "                        [--output-min N] [--output-max N] [--rate R] [--passkey-every K]\n"
+      "                        [--arena BYTES] [--fraction F] [--configs LIST] [--threads N]\n"
+      "                        [--step-tokens N] [--chunk N] [--max-running N] [--seed S]\n"
+      "                        [--prefill observe|stream]\n"
+      "  --requests N       requests in the stream (default 64)\n"
+      "  --prompt-min/max   prompt tokens, drawn uniformly (default 256..4096)\n"
+      "  --output-min/max   generated tokens, drawn uniformly (default 64..512)\n"
+      "  --rate R           arrivals per second, fixed interval (default 1)\n"
+      "  --passkey-every K  every K-th request is a passkey, 8 tokens answered (default 4; 0 none)\n"
+      "  --arena BYTES      the KV arena of every configuration (K/M/G suffixes; default 1G)\n"
+      "  --fraction F       byte budget of the bounded configurations, of the full cache's f16\n"
+      "                     payload for the sequence's length, in (0, 1] (default 0.15)\n"
+      "  --configs LIST     of full, default, h2o, streaming, generational (default: the first four)\n"
+      "  --threads N        matmul threads (and kvgc attention threads) (default 2)\n"
+      "  --step-tokens N    rows per engine step (default 256); --chunk N prompt tokens a\n"
+      "                     sequence brings per step (default 64); --max-running N (default 256)\n"
+      "  --seed S           the stream's seed (default 1)\n"
+      "  --prefill MODE     observe (default): prompt chunks unscored but their last 32 tokens,\n"
+      "                     no GC until the prompt's end, then pooled scores and one step (as\n"
+      "                     kvgc-run); stream: prompt chunks are scored batch rows, GC every step\n");
+}
+
+bool fail_flag(const std::string& flag, const std::string& value, const char* want) {
+  std::fprintf(stderr, "kvgc-bench-serve: %s '%s': %s\n", flag.c_str(), value.c_str(), want);
+  return false;
+}
+
+bool parse_u64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s[0] == '-') return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool parse_u32(const std::string& flag, const std::string& s, uint32_t min, uint32_t* out) {
+  uint64_t v = 0;
+  if (!parse_u64(s, &v) || v < min || v > 1000000000ull) {
+    const std::string want = "expected an integer >= " + std::to_string(min);
+    return fail_flag(flag, s, want.c_str());
+  }
+  *out = uint32_t(v);
+  return true;
+}
+
+bool parse_double(const std::string& flag, const std::string& s, double lo, double hi,
+                  bool lo_open, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || errno != 0 || *end != '\0' || !std::isfinite(v) || v > hi ||
+      (lo_open ? v <= lo : v < lo)) {
+    const std::string want = "expected a number in " + std::string(lo_open ? "(" : "[") +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    return fail_flag(flag, s, want.c_str());
+  }
+  *out = v;
+  return true;
+}
+
+bool parse_bytes(const std::string& flag, const std::string& s, uint64_t* out) {
+  std::string digits = s;
+  uint64_t scale = 1;
+  if (!digits.empty()) {
+    const char c = char(std::toupper(static_cast<unsigned char>(digits.back())));
+    if (c == 'K' || c == 'M' || c == 'G') {
+      scale = c == 'K' ? 1ull << 10 : c == 'M' ? 1ull << 20 : 1ull << 30;
+      digits.pop_back();
+    }
+  }
+  uint64_t v = 0;
+  if (!parse_u64(digits, &v) || v == 0 || v > (1ull << 44) / scale)
+    return fail_flag(flag, s, "expected a size in bytes > 0 (suffix K, M or G allowed)");
+  *out = v * scale;
+  return true;
+}
+
+bool parse_args(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      usage(stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "kvgc-bench-serve: %s needs a value (or is unknown; see --help)\n",
+                   f.c_str());
+      return false;
+    }
+    const std::string v = argv[++i];
+    bool ok = true;
+    if (f == "--model") a->model = v;
+    else if (f == "--requests") ok = parse_u32(f, v, 1, &a->requests);
+    else if (f == "--prompt-min") ok = parse_u32(f, v, 1, &a->prompt_min);
+    else if (f == "--prompt-max") ok = parse_u32(f, v, 1, &a->prompt_max);
+    else if (f == "--output-min") ok = parse_u32(f, v, 1, &a->output_min);
+    else if (f == "--output-max") ok = parse_u32(f, v, 1, &a->output_max);
+    else if (f == "--rate") ok = parse_double(f, v, 0.0, 1e6, true, &a->rate);
+    else if (f == "--passkey-every") ok = parse_u32(f, v, 0, &a->passkey_every);
+    else if (f == "--arena") ok = parse_bytes(f, v, &a->arena);
+    else if (f == "--fraction") ok = parse_double(f, v, 0.0, 1.0, true, &a->fraction);
+    else if (f == "--threads") ok = parse_u32(f, v, 1, &a->threads) &&
+                                    (a->threads <= 256 || fail_flag(f, v, "at most 256"));
+    else if (f == "--step-tokens") ok = parse_u32(f, v, 1, &a->step_tokens);
+    else if (f == "--chunk") ok = parse_u32(f, v, 1, &a->chunk);
+    else if (f == "--max-running") ok = parse_u32(f, v, 1, &a->max_running);
+    else if (f == "--prefill") {
+      if (v != "observe" && v != "stream") return fail_flag(f, v, "expected observe or stream");
+      a->observe = v == "observe";
+    } else if (f == "--seed") ok = parse_u64(v, &a->seed) || fail_flag(f, v, "expected an integer >= 0");
+    else if (f == "--configs") {
+      a->configs.clear();
+      size_t at = 0;
+      while (at <= v.size()) {
+        size_t end = v.find(',', at);
+        if (end == std::string::npos) end = v.size();
+        const std::string name = v.substr(at, end - at);
+        if (name != "full" && name != "default" && name != "h2o" && name != "streaming" &&
+            name != "generational")
+          return fail_flag(f, v, ("unknown configuration '" + name +
+                                  "' (known: full, default, h2o, streaming, generational)").c_str());
+        a->configs.push_back(name);
+        at = end + 1;
+      }
+    } else {
+      std::fprintf(stderr, "kvgc-bench-serve: unknown flag %s (see --help)\n", f.c_str());
+      return false;
+    }
+    if (!ok) return false;
+  }
+  if (a->prompt_min > a->prompt_max)
+    return fail_flag("--prompt-min", std::to_string(a->prompt_min), "is above --prompt-max");
+  if (a->output_min > a->output_max)
+    return fail_flag("--output-min", std::to_string(a->output_min), "is above --output-max");
+  if (a->prompt_min < 64)
+    return fail_flag("--prompt-min", std::to_string(a->prompt_min),
+                     "a passkey prompt needs at least 64 tokens");
+  return true;
+}
+
+// One configuration's heap options at the arena's bytes.
+kvgc_heap_options heap_options(const std::string& name, const Args& a) {
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);  // "default": what a user gets, plus the byte budget
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  o.device = KVGC_DEVICE_CPU;
+  o.budget_bytes = a.arena;
+  o.cpu_threads = a.threads;
+  if (name == "full") {
+    o.policy = KVGC_POLICY_FULL;
+    return o;
+  }
+  o.byte_budget_fraction = a.fraction;
+  if (name == "h2o" || name == "streaming" || name == "generational") {  // eviction only
+    o.policy = name == "h2o" ? KVGC_POLICY_H2O
+               : name == "streaming" ? KVGC_POLICY_STREAMING : KVGC_POLICY_GENERATIONAL;
+    o.demote = KVGC_DEMOTE_OFF;
+  }
+  return o;
+}
+
+struct Stream {
+  std::vector<engine::ServeRequest> requests;
+  std::vector<std::string> expect;  // per request: the passkey, or "" for prose
+};
+
+// The seeded request stream: the same for every configuration.
+Stream make_stream(const Args& a, const engine::Tokenizer& tok, const std::vector<int32_t>& prose) {
+  Stream s;
+  std::mt19937_64 rng(a.seed);
+  auto draw = [&](uint32_t lo, uint32_t hi) {
+    return lo + uint32_t(rng() % (uint64_t(hi) - lo + 1));
+  };
+  for (uint32_t i = 0; i < a.requests; ++i) {
+    engine::ServeRequest r;
+    r.id = i;
+    r.arrival = double(i) / a.rate;
+    const uint32_t length = draw(a.prompt_min, a.prompt_max);
+    const uint32_t output = draw(a.output_min, a.output_max);
+    std::string expect;
+    if (a.passkey_every != 0 && i % a.passkey_every == a.passkey_every - 1) {
+      const double depth = 0.1 + 0.8 * double(rng() % 1001) / 1000.0;
+      r.prompt = quality::passkey_prompt(tok, length, depth, &expect);
+      r.max_new = 8;
+      r.stop_at_eos = true;
+    } else {
+      const size_t offset = rng() % (prose.size() - 1);
+      for (uint32_t t = 0; t < length; ++t) r.prompt.push_back(prose[(offset + t) % prose.size()]);
+      r.max_new = output;
+      r.stop_at_eos = false;  // outputs of the drawn length
+    }
+    s.requests.push_back(std::move(r));
+    s.expect.push_back(expect);
+  }
+  return s;
+}
+
+struct Row {
+  std::string name;
+  uint32_t max_running = 0;
+  double mean_running = 0;
+  double tokens_per_s = 0;      // generated tokens / s
+  double rows_per_s = 0;        // all rows (prompt + decode) / s
+  double queue_mean = 0, queue_p95 = 0;
+  int passkey_correct = 0, passkey_total = 0;
+  uint64_t preemptions = 0;
+  uint32_t rejected = 0;
+  double seconds = 0;
+  double held_sum = 0, used_max = 0;  // bytes per running sequence (summed), peak bytes used
+  uint64_t held_samples = 0;
+  double footprint_sum = 0;           // admission's estimate for each request's prompt
+  double passkey() const { return passkey_total ? double(passkey_correct) / passkey_total : 0; }
+};
+
+bool run_config(const std::string& name, const Args& a, const engine::Model& model,
+                const engine::Tokenizer& tok, const std::vector<int32_t>& prose, Row* row,
+                std::string* err) {
+  const kvgc_heap_options o = heap_options(name, a);
+  engine::BatchEngine eng;
+  engine::EngineOptions eo;
+  eo.threads = a.threads;
+  if (!eng.init(model, &o, err, eo)) return false;
+  const kvgc_model_desc& kv = eng.kv_model();
+  kvgc_heap_options eff;
+  kvgc_heap_options_init(&eff);
+  kvgc_heap_get_options(eng.heap(), &eff);
+  engine::ServeOptions so;
+  so.chunk_tokens = a.chunk;
+  so.max_step_tokens = a.step_tokens;
+  so.max_running = a.max_running;
+  so.stop = quality::stop_tokens(tok);
+  // What a sequence of n tokens holds: the full cache every page; a byte budget its share
+  // of the f16 payload (or the tokens no GC removes, sinks and young window, if more),
+  // plus a step's chunk appended before the GC runs, in whole f16 pages.
+  const bool bounded = name != "full";
+  so.prefill = a.observe ? engine::Engine::PrefillMode::Observe
+                         : engine::Engine::PrefillMode::Stream;
+  // An observe prefill holds the whole prompt until its end.
+  so.footprint = [&kv, &eff, bounded, &a](uint64_t n, bool prefilling) {
+    uint64_t full = 0, raw = 0, kept = 0, chunk = 0;
+    kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, eff.page_tokens, &full);
+    if (!bounded || (prefilling && a.observe)) return full;
+    kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, 0, &raw);
+    kvgc_kv_bytes(&kv, eff.sinks + eff.window, KVGC_CLASS_FP16, eff.page_tokens, &kept);
+    kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, eff.page_tokens, &chunk);
+    return std::min(full, std::max(uint64_t(a.fraction * double(raw)), kept) + chunk);
+  };
+  Stream stream = make_stream(a, tok, prose);
+  engine::Server server(&eng, so);
+  for (engine::ServeRequest& r : stream.requests)
+    if (!server.submit(&r, err)) return false;
+  // Wall clock, except that an idle server skips ahead to the next arrival.
+  const Clock::time_point start = Clock::now();
+  double skipped = 0;
+  size_t next_arrival = 0;
+  while (!server.idle()) {
+    double now = std::chrono::duration<double>(Clock::now() - start).count() + skipped;
+    while (next_arrival < stream.requests.size() && stream.requests[next_arrival].arrival <= now)
+      ++next_arrival;
+    if (server.running() == 0 && next_arrival < stream.requests.size() &&
+        server.waiting() == stream.requests.size() - next_arrival) {
+      skipped += stream.requests[next_arrival].arrival - now;
+      now = stream.requests[next_arrival].arrival;
+    }
+    if (!server.step(now, err)) return false;
+    // What the running sequences hold, against the footprint admission assumed.
+    kvgc_stats hs;
+    kvgc_stats_init(&hs);
+    if (server.running() > 0 && kvgc_get_stats(eng.heap(), &hs) == KVGC_OK) {
+      const double used = double(hs.arena_bytes - hs.scratch_bytes - hs.free_bytes);
+      row->held_sum += used / double(server.running());
+      row->used_max = std::max(row->used_max, used);
+      ++row->held_samples;
+    }
+  }
+  row->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const engine::ServeStats& st = server.stats();
+  row->name = name;
+  row->max_running = st.max_running;
+  row->mean_running = st.mean_running();
+  row->tokens_per_s = double(st.generated_tokens) / row->seconds;
+  row->rows_per_s = double(st.generated_tokens + st.prompt_tokens) / row->seconds;
+  row->preemptions = st.preemptions;
+  std::vector<double> delays;
+  for (size_t i = 0; i < stream.requests.size(); ++i) {
+    const engine::ServeRequest& r = stream.requests[i];
+    row->footprint_sum += double(so.footprint(r.prompt.size() + 1, false));
+    if (!r.error.empty()) {
+      ++row->rejected;
+      std::fprintf(stderr, "  %s: request %zu refused: %s\n", name.c_str(), i, r.error.c_str());
+      continue;
+    }
+    delays.push_back(r.admitted - r.arrival);
+    if (!stream.expect[i].empty()) {
+      ++row->passkey_total;
+      const std::string answer = quality::lower(tok.decode(r.output));
+      row->passkey_correct += answer.find(stream.expect[i]) != std::string::npos;
+    }
+  }
+  std::sort(delays.begin(), delays.end());
+  if (!delays.empty()) {
+    double sum = 0;
+    for (const double d : delays) sum += d;
+    row->queue_mean = sum / double(delays.size());
+    row->queue_p95 = delays[std::min(delays.size() - 1, size_t(std::ceil(0.95 * delays.size())) - 1)];
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse_args(argc, argv, &a)) return 2;
+  if (a.model.empty()) a.model = engine::default_model_path();
+  std::string err;
+  gguf::File file;
+  engine::Model model;
+  engine::Tokenizer tok;
+  if (!file.open(a.model, &err) || !engine::load_model(file, &model, &err) ||
+      !tok.load(file, &err)) {
+    std::fprintf(stderr, "kvgc-bench-serve: --model %s: %s (tools/fetch-model.sh fetches it)\n",
+                 a.model.c_str(), err.c_str());
+    return 1;
+  }
+  std::vector<int32_t> prose;
+  for (const char* f : {"/jargon-intro.txt", "/debian-policy.txt"}) {
+    std::string text;
+    if (!quality::read_text(std::string(KVGC_QUALITY_DATA_DIR) + f, &text, &err)) {
+      std::fprintf(stderr, "kvgc-bench-serve: %s\n", err.c_str());
+      return 1;
+    }
+    const std::vector<int32_t> ids = tok.encode(text, false);
+    prose.insert(prose.end(), ids.begin(), ids.end());
+  }
+  std::printf("kvgc-bench-serve: %u requests, prompts %u..%u, outputs %u..%u, %.3g/s, passkey "
+              "every %u, arena %.1f MiB, bounded configs at %.3g of the f16 bytes, %u threads, "
+              "step %u rows, chunk %u, seed %llu, %s prefill\n",
+              a.requests, a.prompt_min, a.prompt_max, a.output_min, a.output_max, a.rate,
+              a.passkey_every, double(a.arena) / (1 << 20), a.fraction, a.threads,
+              a.step_tokens, a.chunk, (unsigned long long)a.seed, a.observe ? "observe" : "stream");
+  std::vector<Row> rows;
+  for (const std::string& name : a.configs) {
+    Row row;
+    if (!run_config(name, a, model, tok, prose, &row, &err)) {
+      std::fprintf(stderr, "kvgc-bench-serve: %s: %s\n", name.c_str(), err.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "  %s done in %.1f s\n", name.c_str(), row.seconds);
+    rows.push_back(row);
+  }
+  std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %8s\n", "config",
+              "max_seq", "mean_seq", "gen_tok/s", "rows/s", "queue_s", "queue_p95", "passkey",
+              "preempt", "refused", "MiB/seq", "est/seq", "peakMiB");
+  for (const Row& r : rows) {
+    std::printf("%-12s %8u %9.2f %9.1f %9.1f %10.2f %9.2f %5d/%-3d %8llu %8u %9.2f %9.2f %8.1f\n",
+                r.name.c_str(), r.max_running, r.mean_running, r.tokens_per_s, r.rows_per_s,
+                r.queue_mean, r.queue_p95, r.passkey_correct, r.passkey_total,
+                (unsigned long long)r.preemptions, r.rejected,
+                r.held_samples ? r.held_sum / double(r.held_samples) / (1 << 20) : 0.0,
+                r.footprint_sum / double(a.requests) / (1 << 20), r.used_max / (1 << 20));
+  }
+  std::printf("(max_seq, mean_seq: sequences in the heap per engine step; gen_tok/s: generated "
+              "tokens per second, rows/s with the prompt rows; queue: arrival to first "
+              "admission; MiB/seq: pages held per running sequence, mean over steps; est/seq: "
+              "admission's estimate for a prompt, mean over requests)\n");
+  // RESULT: ratios of "default" to "full" first, then every row's figures.
+  const Row* full = nullptr;
+  const Row* def = nullptr;
+  for (const Row& r : rows) {
+    if (r.name == "full") full = &r;
+    if (r.name == "default") def = &r;
+  }
+  std::string result = "RESULT";
+  char buf[256];
+  if (full && def) {
+    char passkey_ratio[32] = "na";  // when the full cache got none right (or none ran)
+    if (full->passkey() > 0)
+      std::snprintf(passkey_ratio, sizeof passkey_ratio, "%.3f", def->passkey() / full->passkey());
+    std::snprintf(buf, sizeof buf,
+                  " concurrency_ratio=%.3f mean_concurrency_ratio=%.3f passkey_ratio=%s "
+                  "tokens_per_s_ratio=%.3f",
+                  full->max_running ? double(def->max_running) / full->max_running : 0.0,
+                  full->mean_running > 0 ? def->mean_running / full->mean_running : 0.0,
+                  passkey_ratio,
+                  full->tokens_per_s > 0 ? def->tokens_per_s / full->tokens_per_s : 0.0);
+    result += buf;
+  }
+  for (const Row& r : rows) {
+    const std::string k = quality::key_name(r.name);
+    std::snprintf(buf, sizeof buf,
+                  " %s_max_seqs=%u %s_mean_seqs=%.2f %s_tok_s=%.1f %s_queue_mean_s=%.2f "
+                  "%s_queue_p95_s=%.2f %s_passkey=%d/%d %s_preemptions=%llu",
+                  k.c_str(), r.max_running, k.c_str(), r.mean_running, k.c_str(), r.tokens_per_s,
+                  k.c_str(), r.queue_mean, k.c_str(), r.queue_p95, k.c_str(), r.passkey_correct,
+                  r.passkey_total, k.c_str(), (unsigned long long)r.preemptions);
+    result += buf;
+  }
+  std::printf("%s\n", result.c_str());
+  return 0;
+}

@@ -1,0 +1,379 @@
+// The batched forward (tools/engine/batch_forward.hpp) against the single-sequence one, on
+// the real model: three sequences at different positions run in mixed steps (one brings
+// prompt chunks while another decodes) must get the logits each gets alone, bit for bit.
+// Exact because every kernel on the way is row-independent: the Q4_1/Q8_0 tiles keep one
+// accumulator per (weight row, activation row) and sum the blocks in the same order
+// whatever the batch, the activations are quantised per row, and kvgc's batch calls
+// compute what its per-sequence calls compute (bit for bit with one attention thread).
+// Under a token budget, so the GC evicts during the run and its decisions must match too.
+// One sequence enters SnapKV-style (observe items: its chunks outside the plan, unscored
+// but the last 32 tokens, pooled scores and one step at the prompt's end), as
+// Engine::prefill's default does alone.
+// Then the plan's all-or-nothing refusal: an arena too small for the batch gives NoRoom
+// naming the first sequence that does not fit, and changes nothing.
+//
+// Needs the downloaded model (tools/fetch-model.sh): skipped (77) without it, unless
+// KVGC_REQUIRE_MODEL=1 (CI) makes a missing model a failure.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/batch_forward.hpp"
+#include "engine/forward.hpp"
+#include "engine/model.hpp"
+#include "engine/serve.hpp"
+#include "engine/tokenizer.hpp"
+#include "gguf.hpp"
+
+namespace {
+
+int g_failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("%s  %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) ++g_failures;
+}
+
+kvgc_heap_options heap_options(uint64_t arena_bytes) {
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  o.device = KVGC_DEVICE_CPU;
+  o.budget_bytes = arena_bytes;
+  o.policy = KVGC_POLICY_GENERATIONAL;
+  o.token_budget = 48;  // the 70- and 150-token prompts are evicted while they run
+  o.cpu_threads = 1;
+  return o;
+}
+
+// A sequence's script: its prompt in engine-sized chunks, then `decode` greedy tokens.
+struct Script {
+  std::vector<int32_t> prompt;
+  uint32_t decode = 3;
+  uint32_t start_step = 0;  // the batch step it joins at
+  bool observe = false;     // SnapKV-style prefill (Engine::PrefillMode::Observe)
+};
+
+// What one sequence computes alone: the logits after its prompt and after each decode
+// token (each chunk stepped, every query scoring, as the batch runs it).
+std::vector<std::vector<float>> run_alone(const engine::Model& model, const Script& s,
+                                          std::string* err) {
+  std::vector<std::vector<float>> out;
+  engine::Engine eng;
+  engine::EngineOptions eo;
+  eo.threads = 1;
+  const kvgc_heap_options o = heap_options(64ull << 20);
+  if (!eng.init(model, &o, err, eo)) return out;
+  const uint32_t n_vocab = model.config.n_vocab;
+  std::vector<float> logits(n_vocab);
+  if (s.observe && !eng.prefill(s.prompt.data(), uint32_t(s.prompt.size()), logits.data(), err,
+                                engine::Engine::PrefillMode::Observe))
+    return {};
+  for (size_t done = s.observe ? s.prompt.size() : 0; done < s.prompt.size();) {
+    const uint32_t n = std::min<uint32_t>(engine::Engine::kChunkTokens,
+                                          uint32_t(s.prompt.size() - done));
+    const bool last = done + n == s.prompt.size();
+    if (!eng.forward(s.prompt.data() + done, n, last ? logits.data() : nullptr, err))
+      return {};
+    done += n;
+  }
+  out.push_back(logits);
+  for (uint32_t i = 0; i < s.decode; ++i) {
+    const int32_t next = engine::argmax(logits.data(), n_vocab);
+    if (!eng.forward(&next, 1, logits.data(), err)) return {};
+    out.push_back(logits);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main() {
+  const std::string path = engine::default_model_path();
+  if (!std::filesystem::exists(path)) {
+    const char* require = std::getenv("KVGC_REQUIRE_MODEL");
+    std::printf("model %s not found: fetch it with tools/fetch-model.sh (or make model)\n",
+                path.c_str());
+    if (require && std::string(require) == "1") return 1;
+    std::printf("SKIPPED: the batched-engine test needs the model\n");
+    return 77;
+  }
+  std::string err;
+  gguf::File file;
+  engine::Model model;
+  engine::Tokenizer tok;
+  if (!file.open(path, &err) || !engine::load_model(file, &model, &err) || !tok.load(file, &err)) {
+    std::printf("FAIL  loading %s: %s\n", path.c_str(), err.c_str());
+    return 1;
+  }
+  const uint32_t n_vocab = model.config.n_vocab;
+  const std::string text =
+      "The lighthouse stood at the end of the long stone pier, and every night its keeper "
+      "climbed the spiral stairs to light the great lamp. Ships far out at sea watched for "
+      "its beam, and sailors told stories of the keeper who never missed a night in forty "
+      "years of storms, fog and calm. One winter a young apprentice came to learn the trade, "
+      "and the old keeper taught him how to trim the wick, polish the lens and read the "
+      "weather in the colour of the evening sky. In spring the apprentice rowed out to the "
+      "rocks beyond the harbour to count the seals, and in summer he painted the tower white "
+      "again, one band at a time, while the keeper sat below and mended the nets of the "
+      "fishermen who brought them bread, salt and the news from the town across the bay.";
+  const std::vector<int32_t> all = tok.encode(text);
+  std::vector<Script> scripts(4);
+  scripts[0].prompt.assign(all.begin(), all.begin() + std::min<size_t>(all.size(), 150));
+  scripts[1].prompt.assign(all.begin() + 3, all.begin() + 8);  // 5 tokens: decodes early
+  scripts[1].decode = 5;
+  scripts[2].prompt.assign(all.begin() + 10, all.begin() + 80);
+  scripts[2].start_step = 1;  // joins while the others run
+  scripts[3].prompt.assign(all.begin() + 20, all.begin() + 120);
+  scripts[3].observe = true;  // its chunks outside the plan, unscored but the last 32
+  scripts[3].start_step = 1;
+  check(scripts[0].prompt.size() > 128, "the long prompt spans three chunks");
+
+  std::vector<std::vector<std::vector<float>>> alone;
+  for (const Script& s : scripts) {
+    alone.push_back(run_alone(model, s, &err));
+    if (alone.back().empty()) {
+      std::printf("FAIL  single-sequence engine: %s\n", err.c_str());
+      return 1;
+    }
+  }
+
+  // The same sequences in one batch: each step every active sequence brings its next
+  // prompt chunk or its next decode token.
+  {
+    engine::BatchEngine batch;
+    engine::EngineOptions eo;
+    eo.threads = 1;
+    const kvgc_heap_options o = heap_options(64ull << 20);
+    if (!batch.init(model, &o, &err, eo)) {
+      std::printf("FAIL  BatchEngine::init: %s\n", err.c_str());
+      return 1;
+    }
+    struct State {
+      kvgc_seq seq = 0;
+      size_t done = 0;  // prompt tokens run
+      uint32_t decoded = 0;
+      int32_t next = 0;
+      std::vector<std::vector<float>> logits;
+    };
+    std::vector<State> st(scripts.size());
+    std::vector<std::vector<float>> buffers(scripts.size(), std::vector<float>(n_vocab));
+    bool mixed = false;  // a step held a prompt chunk and a decode row
+    bool ok = true;
+    for (uint32_t step = 0; ok && step < 64; ++step) {
+      std::vector<engine::BatchItem> items;
+      std::vector<size_t> who;
+      bool chunk = false, decode = false;
+      for (size_t i = 0; i < scripts.size(); ++i) {
+        const Script& s = scripts[i];
+        State& x = st[i];
+        if (step < s.start_step || x.decoded == s.decode) continue;
+        if (x.seq == 0 && kvgc_seq_create(batch.heap(), 0, &x.seq) != KVGC_OK) ok = false;
+        engine::BatchItem item;
+        item.seq = x.seq;
+        if (x.done < s.prompt.size()) {
+          item.n = std::min<uint32_t>(engine::Engine::kChunkTokens,
+                                      uint32_t(s.prompt.size() - x.done));
+          item.tokens = s.prompt.data() + x.done;
+          item.position = x.done;
+          if (s.observe) {  // split where the observation window starts, as Engine::prefill
+            const size_t from = s.prompt.size() - engine::Engine::kObserveTokens;
+            if (x.done < from) item.n = uint32_t(std::min<size_t>(item.n, from - x.done));
+            item.observe = true;
+            item.scores = x.done >= from;
+          }
+          item.logits = x.done + item.n == s.prompt.size() ? buffers[i].data() : nullptr;
+          chunk = true;
+        } else {
+          item.n = 1;
+          item.tokens = &x.next;
+          item.position = s.prompt.size() + x.decoded;
+          item.logits = buffers[i].data();
+          decode = true;
+        }
+        items.push_back(item);
+        who.push_back(i);
+      }
+      if (items.empty()) break;
+      mixed |= chunk && decode;
+      uint32_t failed = 0;
+      if (batch.step(items, &failed, &err) != engine::BatchEngine::Outcome::Ok) {
+        std::printf("FAIL  batch step %u: %s\n", step, err.c_str());
+        return 1;
+      }
+      for (size_t j = 0; j < items.size(); ++j) {
+        State& x = st[who[j]];
+        if (x.done < scripts[who[j]].prompt.size()) {
+          x.done += items[j].n;
+          if (items[j].observe && x.done == scripts[who[j]].prompt.size() &&
+              !batch.end_observe(x.seq, &err)) {
+            std::printf("FAIL  end_observe: %s\n", err.c_str());
+            return 1;
+          }
+        } else {
+          ++x.decoded;
+        }
+        if (items[j].logits != nullptr) {
+          x.logits.push_back(buffers[who[j]]);
+          x.next = engine::argmax(buffers[who[j]].data(), n_vocab);
+        }
+      }
+    }
+    check(ok, "sequences created");
+    check(mixed, "some step mixed prompt chunks with decode rows");
+    for (size_t i = 0; i < scripts.size(); ++i) {
+      const auto& a = alone[i];
+      const auto& b = st[i].logits;
+      bool same = a.size() == b.size();
+      float worst = 0.0f;
+      for (size_t k = 0; same && k < a.size(); ++k) {
+        for (uint32_t v = 0; v < n_vocab; ++v) worst = std::max(worst, std::abs(a[k][v] - b[k][v]));
+        same = std::memcmp(a[k].data(), b[k].data(), n_vocab * sizeof(float)) == 0;
+      }
+      check(same, "sequence " + std::to_string(i) + " (" +
+                      std::to_string(scripts[i].prompt.size()) + "-token prompt, " +
+                      std::to_string(a.size()) + " logit rows): batched logits equal the "
+                      "single-sequence ones bit for bit (max diff " +
+                      std::to_string(worst) + ")");
+    }
+    uint64_t live = 0, length = 0;
+    kvgc_seq_tokens(batch.heap(), st[0].seq, 0, &live, &length);
+    check(live < length, "the GC evicted during the batched run (live " + std::to_string(live) +
+                             " of " + std::to_string(length) + ")");
+  }
+
+  // All or nothing: two 150-token chunks into an arena with room for about one.
+  {
+    engine::BatchEngine batch;
+    engine::EngineOptions eo;
+    eo.threads = 1;
+    kvgc_heap_options o = heap_options(0);
+    o.token_budget = 0;
+    o.slab_bytes = 64 << 10;
+    uint64_t one = 0;
+    kvgc_model_desc desc;
+    kvgc_model_desc_init(&desc);
+    desc.n_layers = model.config.n_layers;
+    desc.n_q_heads = model.config.n_heads;
+    desc.n_kv_heads = model.config.n_kv_heads;
+    desc.head_dim = model.config.head_dim;
+    desc.dtype = KVGC_DTYPE_F16;
+    kvgc_kv_bytes(&desc, 150, KVGC_CLASS_FP16, o.page_tokens, &one);
+    o.budget_bytes = one + one / 2;
+    if (!batch.init(model, &o, &err, eo)) {
+      std::printf("FAIL  BatchEngine::init (small arena): %s\n", err.c_str());
+      return 1;
+    }
+    kvgc_seq a = 0, b = 0;
+    kvgc_seq_create(batch.heap(), 0, &a);
+    kvgc_seq_create(batch.heap(), 0, &b);
+    const std::vector<int32_t>& p = scripts[0].prompt;
+    std::vector<float> logits(n_vocab);
+    std::vector<engine::BatchItem> items(2);
+    items[0] = {a, p.data(), 150, 0, nullptr};
+    items[1] = {b, p.data(), 150, 0, logits.data()};
+    uint32_t failed = 99;
+    const auto outcome = batch.step(items, &failed, &err);
+    check(outcome == engine::BatchEngine::Outcome::NoRoom && failed == 1,
+          "a batch that does not fit: NoRoom at index 1 (got outcome " +
+              std::to_string(int(outcome)) + ", index " + std::to_string(failed) + ")");
+    uint64_t live = 1, length = 1;
+    kvgc_seq_tokens(batch.heap(), a, 0, &live, &length);
+    check(length == 0, "the refused plan appended nothing");
+    kvgc_seq_destroy(batch.heap(), b);  // preempt the one that did not fit
+    items.resize(1);
+    items[0].logits = logits.data();
+    check(batch.step(items, &failed, &err) == engine::BatchEngine::Outcome::Ok,
+          "after preempting it the rest runs: " + err);
+  }
+  // The server: three requests that outgrow a small arena (full cache) are preempted and
+  // recomputed, and still answer exactly what they answer in a roomy one (every row is
+  // computed as alone, so recomputing a context reproduces its cache); a request larger
+  // than the arena is refused with a message.
+  {
+    kvgc_model_desc desc;
+    kvgc_model_desc_init(&desc);
+    desc.n_layers = model.config.n_layers;
+    desc.n_q_heads = model.config.n_heads;
+    desc.n_kv_heads = model.config.n_kv_heads;
+    desc.head_dim = model.config.head_dim;
+    desc.dtype = KVGC_DTYPE_F16;
+    auto serve = [&](uint64_t arena, std::vector<engine::ServeRequest>* reqs,
+                     engine::ServeStats* stats) {
+      engine::BatchEngine eng;
+      engine::EngineOptions eo;
+      eo.threads = 1;
+      kvgc_heap_options o = heap_options(arena);
+      o.policy = KVGC_POLICY_FULL;
+      o.token_budget = 0;
+      o.slab_bytes = 64 << 10;
+      if (!eng.init(model, &o, &err, eo)) return false;
+      engine::ServeOptions so;
+      so.chunk_tokens = 32;
+      engine::Server server(&eng, so);
+      for (engine::ServeRequest& r : *reqs)
+        if (!server.submit(&r, &err)) return false;
+      for (int steps = 0; !server.idle(); ++steps)
+        if (steps > 2000 || !server.step(0.0, &err)) return false;
+      *stats = server.stats();
+      return true;
+    };
+    auto make = [&](bool huge) {
+      std::vector<engine::ServeRequest> reqs(3);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].prompt.assign(all.begin() + 7 * i, all.begin() + 7 * i + 60);
+        reqs[i].max_new = 24;
+        reqs[i].stop_at_eos = false;
+      }
+      if (huge) {
+        reqs.emplace_back();
+        reqs.back().prompt = all;  // 180 tokens: more than the small arena holds
+        reqs.back().max_new = 1;
+      }
+      return reqs;
+    };
+    uint64_t one = 0;
+    kvgc_kv_bytes(&desc, 61, KVGC_CLASS_FP16, 16, &one);
+    std::vector<engine::ServeRequest> roomy = make(false), tight = make(true);
+    engine::ServeStats roomy_stats, tight_stats;
+    const bool ran = serve(64ull << 20, &roomy, &roomy_stats) &&
+                     serve(one * 2 + one / 5, &tight, &tight_stats);
+    check(ran, "served in both arenas: " + err);
+    if (ran) {
+      check(roomy_stats.preemptions == 0 && tight_stats.preemptions > 0,
+            "the small arena preempts (" + std::to_string(tight_stats.preemptions) +
+                " preemptions; roomy " + std::to_string(roomy_stats.preemptions) + ")");
+      // Untouched neighbours answer exactly as in the roomy arena. A preempted request
+      // runs its 24 tokens and agrees up to where it was preempted; after that its
+      // recomputed context went through chunk attention, whose sums kvgc orders by the
+      // chunk's rows (kernels/cpu/attend_simd.inc), so greedy may drift from decode's.
+      bool neighbours = true, preempted_ok = true;
+      uint32_t preempted = 0;
+      for (size_t i = 0; i < roomy.size(); ++i) {
+        size_t k = 0;
+        while (k < roomy[i].output.size() && k < tight[i].output.size() &&
+               roomy[i].output[k] == tight[i].output[k])
+          ++k;
+        if (tight[i].preemptions == 0) {
+          neighbours = neighbours && roomy[i].output == tight[i].output;
+        } else {
+          ++preempted;
+          preempted_ok = preempted_ok && tight[i].output.size() == 24 && k >= 8;
+        }
+      }
+      check(neighbours && preempted > 0 && preempted < roomy.size(),
+            "requests never preempted answer exactly what they answer in a roomy arena");
+      check(preempted_ok, "a preempted request is recomputed and completes, agreeing up to "
+                          "its preemption");
+      check(!tight.back().error.empty() && tight.back().done && tight.back().output.empty(),
+            "a request larger than the arena is refused: " + tight.back().error);
+      check(tight_stats.max_running >= 2, "two sequences ran at once in the small arena");
+    }
+  }
+  if (g_failures) std::printf("%d check(s) failed\n", g_failures);
+  return g_failures ? 1 : 0;
+}

@@ -1,0 +1,196 @@
+#include "engine/serve.hpp"
+
+#include <algorithm>
+
+namespace engine {
+
+Server::Server(BatchEngine* engine, ServeOptions options)
+    : engine_(engine), options_(std::move(options)) {
+  kvgc_stats s;
+  kvgc_stats_init(&s);
+  if (kvgc_get_stats(engine_->heap(), &s) == KVGC_OK) arena_bytes_ = s.arena_bytes - s.scratch_bytes;
+  options_.chunk_tokens = std::max(1u, options_.chunk_tokens);
+  options_.max_step_tokens = std::max(1u, options_.max_step_tokens);
+  options_.max_running = std::max(1u, options_.max_running);
+}
+
+Server::~Server() {
+  for (const Running& r : running_) kvgc_seq_destroy(engine_->heap(), r.seq);
+}
+
+uint64_t Server::footprint(uint64_t tokens, bool prefilling) const {
+  if (options_.footprint) return options_.footprint(tokens, prefilling);
+  uint64_t bytes = 0;  // the full cache: every token's pages
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  kvgc_heap_get_options(engine_->heap(), &o);
+  kvgc_kv_bytes(&engine_->kv_model(), tokens, KVGC_CLASS_FP16, o.page_tokens, &bytes);
+  return bytes;
+}
+
+bool Server::submit(ServeRequest* request, std::string* err) {
+  if (request == nullptr || request->prompt.empty() || request->max_new == 0) {
+    if (err) *err = "Server::submit: a request needs a non-empty prompt and max_new >= 1";
+    return false;
+  }
+  request->done = false;
+  waiting_.push_back(request);
+  return true;
+}
+
+// FIFO, as vLLM: the queue's head waits until it fits, and nothing overtakes it.
+bool Server::admit(double now, std::string* err) {
+  while (!waiting_.empty() && waiting_.front()->arrival <= now &&
+         running_.size() < options_.max_running) {
+    ServeRequest* r = waiting_.front();
+    Running run{r, 0, r->prompt, 0, 0, 0};
+    run.context.insert(run.context.end(), r->output.begin(), r->output.end());
+    run.prompt_end = run.context.size();
+    run.footprint = footprint(run.context.size() + 1, true);
+    if (run.footprint > arena_bytes_) {  // could never run, even alone
+      waiting_.pop_front();
+      r->error = "needs " + std::to_string(run.footprint) + " bytes; the arena holds " +
+                 std::to_string(arena_bytes_);
+      r->done = true;
+      r->finished = now;
+      continue;
+    }
+    if (!running_.empty() && projected_ + run.footprint > arena_bytes_) break;
+    const kvgc_status s = kvgc_seq_create(engine_->heap(), 0, &run.seq);
+    if (s == KVGC_ENOMEM) break;  // host memory: try again next step
+    if (s != KVGC_OK) {
+      if (err) *err = std::string("kvgc_seq_create: ") + kvgc_status_str(s) + ": " +
+                      kvgc_errmsg(engine_->heap());
+      return false;
+    }
+    waiting_.pop_front();
+    if (r->admitted < 0) r->admitted = now;
+    projected_ += run.footprint;
+    running_.push_back(std::move(run));
+  }
+  return true;
+}
+
+void Server::preempt(size_t index) {
+  Running& r = running_[index];
+  kvgc_seq_destroy(engine_->heap(), r.seq);
+  projected_ -= r.footprint;
+  ++r.request->preemptions;
+  ++stats_.preemptions;
+  waiting_.push_front(r.request);
+  running_.erase(running_.begin() + std::ptrdiff_t(index));
+}
+
+void Server::finish(size_t index, double now) {
+  Running& r = running_[index];
+  kvgc_seq_destroy(engine_->heap(), r.seq);
+  projected_ -= r.footprint;
+  r.request->done = true;
+  r.request->finished = now;
+  running_.erase(running_.begin() + std::ptrdiff_t(index));
+}
+
+bool Server::step(double now, std::string* err) {
+  if (!admit(now, err)) return false;
+  const uint32_t n_vocab = engine_->engine().model().config.n_vocab;
+  const bool observe = options_.prefill == Engine::PrefillMode::Observe;
+  for (;;) {
+    if (running_.empty()) return true;
+    // Decode rows first (one token each), then prompt chunks while the step has rows.
+    items_.clear();
+    item_of_.clear();
+    wants_logits_.clear();
+    decode_row_.clear();
+    uint32_t rows = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < running_.size(); ++i) {
+        Running& r = running_[i];
+        const size_t left = r.context.size() - r.done;
+        if ((pass == 0) != (left == 1)) continue;
+        const uint32_t budget = options_.max_step_tokens - std::min(rows, options_.max_step_tokens);
+        if (pass == 1 && budget == 0) break;
+        uint32_t n = pass == 0 ? 1u : uint32_t(std::min<size_t>({left, options_.chunk_tokens, budget}));
+        BatchItem item;
+        item.seq = r.seq;
+        if (observe && r.done < r.prompt_end) {
+          // The prompt's last kObserveTokens score; a chunk never straddles where they start.
+          const size_t scored_from =
+              r.prompt_end > Engine::kObserveTokens ? r.prompt_end - Engine::kObserveTokens : 0;
+          if (r.done < scored_from) n = uint32_t(std::min<size_t>(n, scored_from - r.done));
+          item.observe = true;
+          item.scores = r.done >= scored_from;
+        }
+        item.tokens = r.context.data() + r.done;
+        item.n = n;
+        item.position = r.done;
+        items_.push_back(item);
+        item_of_.push_back(i);
+        wants_logits_.push_back(r.done + n == r.context.size());
+        decode_row_.push_back(pass == 0 && !r.request->output.empty());
+        rows += n;
+      }
+    }
+    // Logit buffers for the items that end their context.
+    const size_t n_logits = size_t(std::count(wants_logits_.begin(), wants_logits_.end(), true));
+    logits_.resize(n_logits * n_vocab);
+    for (size_t j = 0, next = 0; j < items_.size(); ++j)
+      if (wants_logits_[j]) items_[j].logits = &logits_[next++ * n_vocab];
+
+    uint32_t failed = 0;
+    const BatchEngine::Outcome outcome = engine_->step(items_, &failed, err);
+    if (outcome == BatchEngine::Outcome::Failed) return false;
+    if (outcome == BatchEngine::Outcome::NoRoom) {
+      if (running_.size() == 1) {  // alone and still too big: it can never run here
+        ServeRequest* r = running_[0].request;
+        r->error = "does not fit the arena even alone (" + std::to_string(running_[0].done) +
+                   " tokens cached)";
+        finish(0, now);
+        continue;
+      }
+      preempt(running_.size() - 1);  // the most recently admitted, as vLLM
+      continue;
+    }
+    ++stats_.steps;
+    stats_.running_sum += double(running_.size());
+    stats_.max_running = std::max<uint32_t>(stats_.max_running, uint32_t(running_.size()));
+    std::vector<size_t> finished, dropped;
+    for (const uint32_t j : engine_->dropped()) dropped.push_back(item_of_[j]);
+    for (size_t j = 0; j < items_.size(); ++j) {
+      Running& r = running_[item_of_[j]];
+      ServeRequest* req = r.request;
+      if (std::find(dropped.begin(), dropped.end(), item_of_[j]) != dropped.end()) continue;
+      if (decode_row_[j]) ++stats_.decode_rows;
+      else stats_.prompt_tokens += items_[j].n;
+      r.done += items_[j].n;
+      if (items_[j].observe && r.done == r.prompt_end) {  // the prompt is in: evict to budget
+        if (!engine_->end_observe(r.seq, err)) return false;
+        const uint64_t after = footprint(r.context.size() + 1, false);
+        projected_ = projected_ - r.footprint + after;
+        r.footprint = after;
+      }
+      if (items_[j].logits == nullptr) continue;
+      const int32_t token = argmax(items_[j].logits, n_vocab);
+      if (req->first_token < 0) req->first_token = now;
+      ++stats_.generated_tokens;
+      const bool stop = req->stop_at_eos && std::find(options_.stop.begin(), options_.stop.end(),
+                                                      token) != options_.stop.end();
+      if (!stop) {  // a stop token ends the answer and is not part of it
+        req->output.push_back(token);
+        r.context.push_back(token);
+      }
+      if (stop || req->output.size() >= req->max_new) finished.push_back(item_of_[j]);
+    }
+    // The finished leave and the dropped are preempted, highest index first.
+    std::vector<std::pair<size_t, bool>> leaving;
+    for (const size_t i : finished) leaving.push_back({i, true});
+    for (const size_t i : dropped) leaving.push_back({i, false});
+    std::sort(leaving.rbegin(), leaving.rend());
+    for (const auto& [i, done] : leaving) {
+      if (done) finish(i, now);
+      else preempt(i);
+    }
+    return true;
+  }
+}
+
+}  // namespace engine

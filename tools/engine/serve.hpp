@@ -1,0 +1,111 @@
+// Continuous batching over one kvgc heap (vLLM's scheduler, on the batch engine): every
+// engine step, requests whose projected pages fit join (their prompts prefilled in
+// chunks, in the same step as the others' decode rows), finished ones leave
+// (kvgc_seq_destroy), and when kvgc_batch_plan finds no room the most recently admitted
+// sequence of the batch is preempted: destroyed and queued again at the front, to be
+// recomputed (prompt and the tokens generated so far) when it is admitted again.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/batch_forward.hpp"
+
+namespace engine {
+
+struct ServeRequest {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  uint32_t max_new = 0;       // tokens to generate at most (>= 1)
+  bool stop_at_eos = true;    // end at a stop token (ServeOptions::stop)
+  double arrival = 0;         // seconds on the caller's clock
+  // Filled in by the server.
+  std::vector<int32_t> output;  // generated tokens, without the stop token that ended them
+  double admitted = -1;       // first admission
+  double first_token = -1;
+  double finished = -1;
+  uint32_t preemptions = 0;
+  bool done = false;
+  std::string error;          // set when the request can never run (done, no output)
+};
+
+struct ServeOptions {
+  uint32_t chunk_tokens = Engine::kChunkTokens;  // prompt tokens a sequence brings per step
+  uint32_t max_step_tokens = 256;  // rows per step: decode rows first, then prompt chunks
+  uint32_t max_running = 256;      // sequences in the heap at most
+  // How prompts enter the cache. Stream (default): every chunk is a batch row like any
+  // other, scoring, and the GC runs each step. Observe: SnapKV-style as Engine::prefill's
+  // default (BatchItem::observe): unscored chunks but the last Engine::kObserveTokens,
+  // no GC until the prompt's end, then pooled scores and one kvgc_step; the prompt is
+  // held whole meanwhile.
+  Engine::PrefillMode prefill = Engine::PrefillMode::Stream;
+  // The bytes a sequence of `tokens` tokens is expected to hold under the heap's policy
+  // (`prefilling`: while its prompt enters the cache): a request is admitted only while
+  // the running sequences' and its own fit the arena. Default: every page (the full cache).
+  std::function<uint64_t(uint64_t tokens, bool prefilling)> footprint;
+  std::vector<int32_t> stop;       // token ids that end an answer
+};
+
+// What the server did so far.
+struct ServeStats {
+  uint64_t steps = 0;
+  uint64_t prompt_tokens = 0;     // prompt rows run (recomputation included)
+  uint64_t decode_rows = 0;
+  uint64_t generated_tokens = 0;
+  uint64_t preemptions = 0;
+  uint32_t max_running = 0;       // sequences in one step at most
+  double running_sum = 0;         // sum over steps of the sequences in the step
+  double mean_running() const { return steps ? running_sum / double(steps) : 0.0; }
+};
+
+class Server {
+ public:
+  // `engine` must outlive the server; its heap must hold no other sequences.
+  Server(BatchEngine* engine, ServeOptions options);
+  ~Server();  // destroys the sequences still running
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Queues a request (FIFO). The request must stay alive until it is done. False with
+  // *err when it is malformed (an empty prompt, max_new 0).
+  bool submit(ServeRequest* request, std::string* err);
+  // One engine step at time `now`: admit, plan (preempting until it fits), run, sample
+  // greedily, retire the finished. False with *err when the engine fails.
+  bool step(double now, std::string* err);
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  size_t running() const { return running_.size(); }
+  size_t waiting() const { return waiting_.size(); }
+  const ServeStats& stats() const { return stats_; }
+
+ private:
+  struct Running {
+    ServeRequest* request;
+    kvgc_seq seq;
+    std::vector<int32_t> context;  // prompt, then what was generated before a preemption
+    size_t done = 0;               // context tokens in the cache
+    size_t prompt_end = 0;         // context.size() at admission: what prefill runs
+    uint64_t footprint = 0;        // projected bytes now
+  };
+  bool admit(double now, std::string* err);
+  void preempt(size_t index);      // running_[index] back to the front of the queue
+  void finish(size_t index, double now);
+  uint64_t footprint(uint64_t tokens, bool prefilling) const;
+
+  BatchEngine* engine_;
+  ServeOptions options_;
+  uint64_t arena_bytes_ = 0;
+  uint64_t projected_ = 0;         // footprints of the running sequences
+  std::deque<ServeRequest*> waiting_;
+  std::vector<Running> running_;   // in admission order
+  ServeStats stats_;
+  std::vector<BatchItem> items_;
+  std::vector<size_t> item_of_;    // running_ index of each item
+  std::vector<bool> wants_logits_; // the item ends its context: sample its next token
+  std::vector<bool> decode_row_;   // the item feeds the last generated token
+  std::vector<float> logits_;
+};
+
+}  // namespace engine

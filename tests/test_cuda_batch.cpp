@@ -435,3 +435,99 @@ TEST_CASE("batched decode attention on CUDA: launches do not grow with the batch
   }
 }
 #endif
+
+TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend, export, observe, step)") {
+  // End to end through kvgc.h: one plan uploads every layer's tables, one append and one
+  // attention per layer; the CPU heap runs the same batch. Full cache for the outputs
+  // (no GC decision can diverge on rounding), then h2o with the ladder for the GC path.
+  std::mt19937 rng(fresh_seed("c-api batch"));
+  const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16, 4);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  for (kvgc_policy policy : {KVGC_POLICY_FULL, KVGC_POLICY_H2O}) {
+    CAPTURE(policy);
+    kvgc_heap_options o = cpu_options(64 << 20, 16);
+    o.policy = policy;
+    o.byte_budget_fraction = policy == KVGC_POLICY_FULL ? 0 : 0.3;
+    o.sinks = 2;
+    o.window = 8;
+    kvgc_heap* cpu = make_heap(m, KVGC_DEVICE_CPU, 16, 64 << 20, &o);
+    kvgc_heap* gpu = make_heap(m, KVGC_DEVICE_CUDA, 16, 64 << 20, &o);
+    kvgc_batch *bc, *bg;
+    REQUIRE(kvgc_batch_create(cpu, &bc) == KVGC_OK);
+    REQUIRE(kvgc_batch_create(gpu, &bg) == KVGC_OK);
+    constexpr uint32_t B = 5;
+    kvgc_seq sc[B], sg[B];
+    for (uint32_t i = 0; i < B; ++i) {
+      REQUIRE(kvgc_seq_create(cpu, i % 2, &sc[i]) == KVGC_OK);
+      REQUIRE(kvgc_seq_create(gpu, i % 2, &sg[i]) == KVGC_OK);
+    }
+    const size_t kv_row = 2 * 64, q_row = 8 * 64;
+    for (int step = 0; step < 12; ++step) {
+      uint32_t n_new[B];
+      uint32_t rows = 0;
+      for (uint32_t i = 0; i < B; ++i) rows += n_new[i] = step == 0 ? 1 + rng() % 300 : (i == 3 && step % 4 ? 0 : 1);
+      uint32_t failed = 99;
+      REQUIRE(kvgc_batch_plan(bc, sc, n_new, B, &failed, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_batch_plan(bg, sg, n_new, B, &failed, stream) == KVGC_OK);
+      for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+        std::vector<uint16_t> k(rows * kv_row), v(rows * kv_row), q(rows * q_row);
+        std::normal_distribution<float> g(0.f, 1.f);
+        for (auto* a : {&k, &v, &q})
+          for (auto& x : *a) kvgc::cpu::store(reinterpret_cast<uint8_t*>(&x), KVGC_DTYPE_F16, g(rng));
+        DeviceBuffer dk(k.size() * 2), dv(v.size() * 2), dq(q.size() * 2), dout(q.size() * 2);
+        REQUIRE(cudaMemcpy(dk.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(dv.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemset(dout.p, 0xA5, q.size() * 2) == cudaSuccess);  // poison
+        std::vector<uint16_t> out_c(q.size());
+        REQUIRE(kvgc_batch_append(bc, layer, k.data(), v.data(), nullptr) == KVGC_OK);
+        REQUIRE(kvgc_batch_append(bg, layer, dk.p, dv.p, stream) == KVGC_OK);
+        REQUIRE(kvgc_batch_attend(bc, layer, q.data(), out_c.data(), nullptr, nullptr) == KVGC_OK);
+        REQUIRE(kvgc_batch_attend(bg, layer, dq.p, dout.p, nullptr, stream) == KVGC_OK);
+        REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+        std::vector<uint16_t> out_g(q.size());
+        REQUIRE(cudaMemcpy(out_g.data(), dout.p, q.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+        std::vector<uint8_t> bc8(out_c.size() * 2), bg8(out_g.size() * 2);
+        std::memcpy(bc8.data(), out_c.data(), bc8.size());
+        std::memcpy(bg8.data(), out_g.data(), bg8.size());
+        CHECK(rel_rms(bc8, bg8, out_c.size(), KVGC_DTYPE_F16) <= 2e-3);
+        // The exported page table: the device's arrays say what the CPU's say.
+        kvgc_batch_view vc, vg;
+        std::memset(&vc, 0, sizeof vc);
+        std::memset(&vg, 0, sizeof vg);
+        vc.struct_size = vg.struct_size = sizeof vc;
+        REQUIRE(kvgc_batch_export(bc, layer, &vc) == KVGC_OK);
+        REQUIRE(kvgc_batch_export(bg, layer, &vg) == KVGC_OK);
+        REQUIRE(vg.n_pages == vc.n_pages);
+        std::vector<uint32_t> indptr(B + 1);
+        std::vector<uint8_t> cls(vg.n_pages + 1);
+        REQUIRE(cudaMemcpy(indptr.data(), vg.page_indptr, (B + 1) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        REQUIRE(cudaMemcpy(cls.data(), vg.page_class, vg.n_pages, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(std::equal(indptr.begin(), indptr.end(), vc.page_indptr));
+        CHECK(std::equal(cls.begin(), cls.begin() + vg.n_pages, vc.page_class));
+        // A slot-indexed observe on the device, as an engine's own kernel would hand it.
+        DeviceBuffer dmass(size_t(vg.n_pages) * vg.page_tokens * 4 + 4);
+        REQUIRE(cudaMemset(dmass.p, 0, size_t(vg.n_pages) * vg.page_tokens * 4 + 4) == cudaSuccess);
+        REQUIRE(kvgc_batch_observe(bg, layer, dmass.get<float>(), stream) == KVGC_OK);
+      }
+      const kvgc_status a = kvgc_batch_step(bc, nullptr), b = kvgc_batch_step(bg, stream);
+      REQUIRE((a == KVGC_OK || a == KVGC_EBUDGET));
+      REQUIRE((b == KVGC_OK || b == KVGC_EBUDGET));
+      require_check(gpu);
+    }
+    for (uint32_t i = 0; i < B; ++i)
+      for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+        uint64_t lc = 0, lg = 0, nc = 0, ng = 0;
+        REQUIRE(kvgc_seq_tokens(cpu, sc[i], layer, &lc, &nc) == KVGC_OK);
+        REQUIRE(kvgc_seq_tokens(gpu, sg[i], layer, &lg, &ng) == KVGC_OK);
+        CHECK(nc == ng);
+        if (policy == KVGC_POLICY_FULL) CHECK(lc == lg);
+      }
+    kvgc_batch_destroy(bc);
+    kvgc_batch_destroy(bg);
+    kvgc_heap_destroy(cpu);
+    kvgc_heap_destroy(gpu);
+  }
+  cudaStreamDestroy(stream);
+}

@@ -184,6 +184,21 @@ void attend_one(const AttendOp& op, ThreadPool* pool) {
     }
 }
 
+// A sequence of a batch with no queries: nothing attends, but with scores on its recent
+// scores still take the op's decay (recent_decay^0 = 1 for the runtime's batches), as
+// the CUDA executor does.
+void decay_only(const AttendOp& one) {
+  if (!one.add_scores || one.recent_decay == 1.0f) return;
+  for (uint32_t p = 0; p < one.n_pages; ++p) {
+    const SegPage& sp = one.pages[p];
+    const PageLayout& L = one.layout[sp.cls];
+    const auto* words = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
+    auto* recent = reinterpret_cast<float*>(sp.page + L.recent_off);
+    for (uint32_t s = 0; s < L.page_tokens; ++s)
+      if (words[s / 32] >> (s % 32) & 1u) recent[s] = accumulate_score(recent[s] * one.recent_decay, 0.f);
+  }
+}
+
 }  // namespace
 
 // A batch: sequences one after the other on one thread (exactly the per-sequence calls).
@@ -196,6 +211,7 @@ void attend(const AttendOp& op, ThreadPool* pool) {
   if (!pool || pool->size() < 2 || op.n_seqs == 1) {
     for (uint32_t i = 0; i < op.n_seqs; ++i)
       if (op.seqs[i].n_q) attend_one(attend_seq_op(op, i), pool);
+      else decay_only(attend_seq_op(op, i));
     return;
   }
   uint64_t total = 0;
@@ -205,7 +221,10 @@ void attend(const AttendOp& op, ThreadPool* pool) {
   rest.reserve(op.n_seqs);
   for (uint32_t i = 0; i < op.n_seqs; ++i) {
     const AttendSeq& s = op.seqs[i];
-    if (!s.n_q) continue;  // no new rows: nothing attends
+    if (!s.n_q) {  // no new rows: nothing attends
+      decay_only(attend_seq_op(op, i));
+      continue;
+    }
     if (s.n_live >= 2 * split_min_slots() && s.n_live * s.n_q > share)
       attend_one(attend_seq_op(op, i), pool);
     else

@@ -28,6 +28,7 @@
 #include "engine/serve.hpp"
 #include "engine/tokenizer.hpp"
 #include "gguf.hpp"
+#include "model_missing.hpp"
 
 namespace {
 
@@ -94,14 +95,7 @@ std::vector<std::vector<float>> run_alone(const engine::Model& model, const Scri
 
 int main() {
   const std::string path = engine::default_model_path();
-  if (!std::filesystem::exists(path)) {
-    const char* require = std::getenv("KVGC_REQUIRE_MODEL");
-    std::printf("model %s not found: fetch it with tools/fetch-model.sh (or make model)\n",
-                path.c_str());
-    if (require && std::string(require) == "1") return 1;
-    std::printf("SKIPPED: the batched-engine test needs the model\n");
-    return 77;
-  }
+  if (const int missing = model_missing(path, "the batched-engine test")) return missing;
   std::string err;
   gguf::File file;
   engine::Model model;
@@ -255,13 +249,7 @@ int main() {
     o.token_budget = 0;
     o.slab_bytes = 64 << 10;
     uint64_t one = 0;
-    kvgc_model_desc desc;
-    kvgc_model_desc_init(&desc);
-    desc.n_layers = model.config.n_layers;
-    desc.n_q_heads = model.config.n_heads;
-    desc.n_kv_heads = model.config.n_kv_heads;
-    desc.head_dim = model.config.head_dim;
-    desc.dtype = KVGC_DTYPE_F16;
+    const kvgc_model_desc desc = engine::kv_desc(model.config, KVGC_DTYPE_F16);
     kvgc_kv_bytes(&desc, 150, KVGC_CLASS_FP16, o.page_tokens, &one);
     o.budget_bytes = one + one / 2;
     if (!batch.init(model, &o, &err, eo)) {
@@ -295,13 +283,7 @@ int main() {
   // computed as alone, so recomputing a context reproduces its cache); a request larger
   // than the arena is refused with a message.
   {
-    kvgc_model_desc desc;
-    kvgc_model_desc_init(&desc);
-    desc.n_layers = model.config.n_layers;
-    desc.n_q_heads = model.config.n_heads;
-    desc.n_kv_heads = model.config.n_kv_heads;
-    desc.head_dim = model.config.head_dim;
-    desc.dtype = KVGC_DTYPE_F16;
+    const kvgc_model_desc desc = engine::kv_desc(model.config, KVGC_DTYPE_F16);
     auto serve = [&](uint64_t arena, std::vector<engine::ServeRequest>* reqs,
                      engine::ServeStats* stats) {
       engine::BatchEngine eng;

@@ -24,6 +24,7 @@
 #include "engine/tokenizer.hpp"
 #include "fuzz/tokenizer_reference.hpp"
 #include "gguf.hpp"
+#include "model_missing.hpp"
 
 namespace {
 
@@ -86,14 +87,7 @@ std::string read_file(const std::string& path) {
 
 int main() {
   const std::string path = engine::default_model_path();
-  if (!std::filesystem::exists(path)) {
-    const char* require = std::getenv("KVGC_REQUIRE_MODEL");
-    std::printf("model %s not found: fetch it with tools/fetch-model.sh (or make model)\n",
-                path.c_str());
-    if (require && std::string(require) == "1") return 1;
-    std::printf("SKIPPED: the real-model test needs the model\n");
-    return 77;
-  }
+  if (const int missing = model_missing(path, "the real-model test")) return missing;
   engine::set_default_threads(2);
   std::string err;
   gguf::File file;

@@ -69,12 +69,7 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
   model_ = &model;
   options_ = engine_options;
   const Config& c = model.config;
-  kvgc_model_desc_init(&kv_model_);
-  kv_model_.n_layers = c.n_layers;
-  kv_model_.n_q_heads = c.n_heads;
-  kv_model_.n_kv_heads = c.n_kv_heads;
-  kv_model_.head_dim = c.head_dim;
-  kv_model_.dtype = options_.kv_dtype;
+  kv_model_ = kv_desc(c, options_.kv_dtype);
   if (kvgc_failed(kvgc_heap_create(&kv_model_, options, &heap_), "kvgc_heap_create", err) ||
       (options_.own_sequence &&
        kvgc_failed(kvgc_seq_create(heap_, 0, &seq_), "kvgc_seq_create", err))) {

@@ -10,6 +10,7 @@
 #include "engine/matmul.hpp"
 #include "engine/quant.hpp"
 #include "gguf.hpp"
+#include "kvgc.h"
 
 namespace engine {
 
@@ -76,5 +77,17 @@ bool load_model(const gguf::File& file, Model* model, std::string* err);
 // $KVGC_MODEL if set, else ~/.cache/kvgc/<kDefaultModelFile>.
 inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 std::string default_model_path();
+
+// The KV cache shape kvgc is told for this model, K/V stored in `dtype`.
+inline kvgc_model_desc kv_desc(const Config& c, kvgc_dtype dtype) {
+  kvgc_model_desc m;
+  kvgc_model_desc_init(&m);
+  m.n_layers = c.n_layers;
+  m.n_q_heads = c.n_heads;
+  m.n_kv_heads = c.n_kv_heads;
+  m.head_dim = c.head_dim;
+  m.dtype = dtype;
+  return m;
+}
 
 }  // namespace engine

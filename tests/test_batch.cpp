@@ -465,3 +465,48 @@ TEST_CASE("batch: a tenant limit set while a plan holds pages counts them, and q
   kvgc_batch_destroy(b);
   kvgc_heap_destroy(h);
 }
+
+TEST_CASE("batch: a 128K-token sequence beside one-token ones equals the per-sequence calls") {
+  // Lengths from 1 to 128K in one batch: the long one is filled by per-sequence appends
+  // (a 128K-query prefill would take minutes), then every step decodes a row for each.
+  const kvgc_model_desc m = model(1, 1, 16, KVGC_DTYPE_F32, 4);
+  kvgc_heap* hb = make_heap(m, KVGC_POLICY_FULL, 1, 96u << 20);
+  kvgc_heap* hs = make_heap(m, KVGC_POLICY_FULL, 1, 96u << 20);
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(hb, &b) == KVGC_OK);
+  const uint32_t lengths[4] = {128u << 10, 1, 0, 300};
+  kvgc_seq sb[4], ss[4];
+  std::mt19937 rng(5);
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(kvgc_seq_create(hb, 0, &sb[i]) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(hs, 0, &ss[i]) == KVGC_OK);
+    for (uint32_t done = 0; done < lengths[i];) {
+      const uint32_t n = std::min<uint32_t>(lengths[i] - done, 8192);
+      const std::vector<float> k = random_rows(rng, n * 16), v = random_rows(rng, n * 16);
+      REQUIRE(kvgc_append(hb, sb[i], 0, k.data(), v.data(), n, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_append(hs, ss[i], 0, k.data(), v.data(), n, nullptr) == KVGC_OK);
+      done += n;
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    uint32_t n_new[4] = {1, 1, 1, 1}, failed = 99;
+    REQUIRE(kvgc_batch_plan(b, sb, n_new, 4, &failed, nullptr) == KVGC_OK);
+    const std::vector<float> k = random_rows(rng, 4 * 16), v = random_rows(rng, 4 * 16), q = random_rows(rng, 4 * 64);
+    std::vector<float> ob(4 * 64, NAN), os(4 * 64, NAN);
+    REQUIRE(kvgc_batch_append(b, 0, k.data(), v.data(), nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_attend(b, 0, q.data(), ob.data(), nullptr, nullptr) == KVGC_OK);
+    for (int i = 0; i < 4; ++i) {
+      REQUIRE(kvgc_append(hs, ss[i], 0, k.data() + i * 16, v.data() + i * 16, 1, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_attend(hs, ss[i], 0, q.data() + i * 64, 1, os.data() + i * 64, nullptr, nullptr) == KVGC_OK);
+    }
+    CHECK(std::memcmp(ob.data(), os.data(), ob.size() * 4) == 0);
+    REQUIRE(kvgc_batch_step(b, nullptr) == KVGC_OK);
+  }
+  uint64_t live = 0, len = 0;
+  REQUIRE(kvgc_seq_tokens(hb, sb[0], 0, &live, &len) == KVGC_OK);
+  CHECK(len == (128u << 10) + 3);
+  REQUIRE(kvgc_heap_check(hb) == KVGC_OK);
+  kvgc_batch_destroy(b);
+  kvgc_heap_destroy(hb);
+  kvgc_heap_destroy(hs);
+}

@@ -213,7 +213,8 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   b.rows.resize(LB);
   b.tail.resize(LB);
   b.epoch.resize(LB);
-  host::vector<uint64_t> need(n);
+  host::vector<uint64_t>& need = b.need;  // kept across steps: no allocation per plan
+  need.resize(n);
   uint64_t new_pages = 0, n_pages = 0;
   auto walk = [&]() -> Status {
     new_pages = n_pages = 0;
@@ -245,7 +246,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
 
   // All or nothing, in batch order: the first sequence whose pages do not fit.
   const uint64_t page_bytes = layout_[KVGC_CLASS_FP16].bytes;
-  host::vector<std::pair<uint32_t, uint64_t>> tenant_need;  // few tenants: linear search
+  host::vector<std::pair<uint32_t, uint64_t>>& tenant_need = b.tenant_need;  // few tenants: linear search
   auto first_misfit = [&](kvgc_status* why) -> uint32_t {
     tenant_need.clear();
     uint64_t total = 0;
@@ -414,7 +415,6 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
     b.upload_pending = true;
   }
   b.planned = true;
-  b.serial = serial;
   b.n_rows = uint32_t(rows);
   planned_ = &b;
   return Status::Ok();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "../allocator/host_memory.hpp"
 #include "../allocator/page_pool.hpp"
@@ -28,7 +29,6 @@ struct BatchPlan : host::HostAllocated {
     uint32_t slot, tenant; // checked before each call (the sequence may be gone)
   };
   bool planned = false;   // a plan is live (not spent, not cancelled)
-  uint64_t serial = 0;    // the heap's plan number; a sequence's mark for duplicates
   uint32_t n_rows = 0;
   host::vector<Entry> seqs;
   host::vector<uint8_t> appended;       // [L]
@@ -36,6 +36,8 @@ struct BatchPlan : host::HostAllocated {
   host::vector<uint32_t> cnt_new, cnt_pages, tail_room, run_start;  // [L*B] the plan's counts
   host::vector<uint64_t> length, rows;  // [L*B] each segment's length and attention rows
   host::vector<uint8_t*> tail;          // [L*B] its FP16 tail page when it has room
+  host::vector<uint64_t> need;          // [B] new pages per sequence, all layers
+  host::vector<std::pair<uint32_t, uint64_t>> tenant_need;  // the plan's bytes per limited tenant
   host::vector<uint64_t> epoch;         // [L*B] each segment's epoch at plan
   host::vector<uint32_t> res_off;       // [L*B + 1] into reserved
   host::vector<PageId> reserved;        // pages taken for new tokens, not yet in a table

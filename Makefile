@@ -2,6 +2,10 @@
 # `make test` builds and runs the test suite.
 BUILD ?= build
 MESON_FLAGS ?=
+# The interpreter the Python package is built for and its tests run under (the venv
+# tools/setup-deps.sh makes: nanobind, numpy, pytest).
+KVGC_BUILD_VENV ?= $(HOME)/.cache/kvgc/build-venv
+export KVGC_BUILD_VENV
 export PATH := $(PATH):/usr/local/cuda/bin
 
 .PHONY: all deps build demo demo-alloc model test sanitize fuzz fuzz-tokenizer cuda-emu bench clean
@@ -13,7 +17,7 @@ deps:
 	@tools/setup-deps.sh
 
 $(BUILD)/build.ninja: | deps
-	meson setup $(BUILD) $(MESON_FLAGS)
+	meson setup $(BUILD) -Dpython_exe=$(KVGC_BUILD_VENV)/bin/python $(MESON_FLAGS)
 
 build: $(BUILD)/build.ninja
 	ninja -C $(BUILD)

@@ -1,0 +1,97 @@
+"""kvgc.h's enums as IntEnums, and the dtype names they are given by."""
+import enum
+
+__all__ = ["Status", "DType", "Device", "StorageClass", "Policy", "Demote", "Harvest",
+           "Generation", "LayerBudget", "dtype_of"]
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    EINVAL = 1
+    ENOMEM = 2
+    EBUDGET = 3
+    ENOTFOUND = 4
+    EDEVICE = 5
+    EUNSUPPORTED = 6
+    EINTERNAL = 7
+
+
+class DType(enum.IntEnum):
+    """The model's K/V dtype: every array handed to a heap has it."""
+    F16 = 0
+    BF16 = 1
+    F32 = 2
+
+
+class Device(enum.IntEnum):
+    AUTO = 0
+    CPU = 1
+    CUDA = 2
+
+
+class StorageClass(enum.IntEnum):
+    """How a token's K/V are stored: a ladder by rank FP16 > INT8 > INT4 > evicted."""
+    FP16 = 0
+    INT4 = 1
+    INT8 = 2
+
+
+class Policy(enum.IntEnum):
+    GENERATIONAL = 0
+    FULL = 1
+    STREAMING = 2
+    H2O = 3
+    RANDOM = 4
+
+
+class Demote(enum.IntEnum):
+    OFF = 0
+    INT4 = 1
+    INT8 = 2
+    LADDER = 3  # int8, then int4, then eviction
+
+
+class Harvest(enum.IntEnum):
+    DEFERRED = 0
+    IMMEDIATE = 1
+
+
+class Generation(enum.IntEnum):
+    SINK = 0
+    YOUNG = 1
+    INTERMEDIATE = 2
+    LONG_TERM = 3
+
+
+class LayerBudget(enum.IntEnum):
+    UNIFORM = 0
+    PYRAMID = 1
+    ENTROPY = 2
+
+
+_DTYPE_NAMES = {"float16": DType.F16, "f16": DType.F16, "half": DType.F16,
+                "bfloat16": DType.BF16, "bf16": DType.BF16,
+                "float32": DType.F32, "f32": DType.F32, "float": DType.F32}
+
+
+def dtype_of(dtype):
+    """A kvgc.DType from a DType, a name ("float16", "bfloat16", "float32"), a numpy
+    dtype or a torch dtype. Raises InvalidArgument for anything else."""
+    from ._errors import InvalidArgument
+    if isinstance(dtype, DType):
+        return dtype
+    if isinstance(dtype, bool):
+        raise InvalidArgument(f"dtype={dtype!r}: expected float16, bfloat16 or float32")
+    if isinstance(dtype, int) and dtype in DType._value2member_map_:
+        return DType(dtype)
+    # torch.float16 prints as "torch.float16"; numpy dtypes and types have a .name or __name__.
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    else:
+        name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or name
+    try:
+        return _DTYPE_NAMES[str(name).lower()]
+    except KeyError:
+        raise InvalidArgument(
+            f"dtype={dtype!r}: kvgc stores float16, bfloat16 or float32 K/V") from None

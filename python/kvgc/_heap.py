@@ -1,0 +1,304 @@
+"""Heap and Batch: kvgc.h's heap, sequences and batches, with keyword options and arrays.
+
+Arrays (numpy arrays, torch tensors, anything with DLPack) cross with no copy: they must
+be C-contiguous, in the heap's dtype and on its device, or the call raises
+InvalidArgument naming the array before anything reaches kvgc. K/V rows are
+[tokens, n_kv_heads, head_dim]; queries and outputs [rows, n_q_heads, head_dim].
+"""
+from ._enums import Device, DType, Policy, StorageClass, dtype_of
+from ._errors import InvalidArgument
+from ._options import heap_options
+from . import _kvgc
+
+__all__ = ["Heap", "Batch", "Stats", "kv_bytes"]
+
+_NO_SCORES = 0x1  # KVGC_ATTEND_NO_SCORES
+_NUMPY_DTYPE = {DType.F16: "float16", DType.F32: "float32"}
+
+
+def _stream(stream):
+    """cudaStream_t as an int: None (the legacy default stream), an int, or an object with
+    .cuda_stream (torch.cuda.Stream). nanobind does not pass __dlpack__ a stream, so the
+    stream is always explicit."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return stream
+    handle = getattr(stream, "cuda_stream", None)
+    if isinstance(handle, int):
+        return handle
+    raise InvalidArgument(f"stream={stream!r}: expected None, an int (cudaStream_t) or an "
+                          "object with .cuda_stream (torch.cuda.Stream)")
+
+
+def _is_torch(a):
+    return type(a).__module__.startswith("torch")
+
+
+def _empty_like(a, shape):
+    """A C-contiguous output of `shape` with a's type, dtype and device."""
+    if _is_torch(a):
+        import torch
+        return torch.empty(shape, dtype=a.dtype, device=a.device)
+    import numpy
+    return numpy.empty(shape, dtype=a.dtype)
+
+
+class Stats:
+    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 3): every field as an attribute.
+
+    The ones most users want: ``live_tokens``, ``used_bytes`` (bytes of pages in use, every
+    class), ``arena_bytes``, ``tokens_evicted``, ``tokens_demoted``, ``compactions``,
+    ``fragmentation``; ``classes["fp16"|"int8"|"int4"]`` holds each storage class's pages.
+    """
+
+    def __init__(self, fields):
+        self.__dict__.update(fields)
+        self.device = Device(self.device)
+
+    def as_dict(self):
+        """The snapshot as a plain dict."""
+        return dict(self.__dict__)
+
+    def __repr__(self):
+        return (f"kvgc.Stats(live_tokens={self.live_tokens}, used_bytes={self.used_bytes}, "
+                f"arena_bytes={self.arena_bytes}, tokens_evicted={self.tokens_evicted}, "
+                f"tokens_demoted={self.tokens_demoted}, compactions={self.compactions})")
+
+
+class Heap(_kvgc.Heap):
+    """One model's KV memory on one device: an arena, page pools, sequences and the GC.
+
+    Heap(n_layers, n_q_heads, n_kv_heads, head_dim, dtype, *, device="cpu", **options)
+
+    dtype: "float16", "bfloat16", "float32", a numpy or torch dtype, or kvgc.DType.
+    device: "cpu", "cuda" or "auto" (KVGC_DEVICE).
+    options, each the keyword form of a KVGC_* variable (None: the default):
+        budget           arena: bytes (int, "512M"), or a fraction of free memory (0.5, "50%")
+        policy           "generational" (default), "full", "streaming", "h2o", "random"
+        token_budget     live tokens per segment: an int, or a fraction of the length (0.25, "25%")
+        byte_budget      bytes per segment: an int, or a fraction of the full cache's (0.1, "10%")
+        sinks, window, page_tokens, compact_threshold, score_noise, seed, recent_decay
+        demote           "off", "int4", "int8", "int8,int4" (the ladder, default)
+        layer_budget     "uniform", "pyramid", "entropy" (with layer_weights=[...])
+        harvest          "deferred" (default) or "immediate"
+        cpu_threads      int or "auto" (KVGC_THREADS)
+        verbose          bool: print the effective configuration to stderr
+        first_layer, total_layers   a pipeline rank's range of the model's layers
+        budget_bytes, budget_fraction, cuda_device, slab_bytes: the raw C fields
+        ignore_env       True: the KVGC_* environment is not read (it overrides otherwise)
+
+    Use it as a context manager, or call close(); a closed heap raises InvalidArgument.
+    """
+
+    def __init__(self, n_layers, n_q_heads, n_kv_heads, head_dim, dtype, *, device="cpu",
+                 **options):
+        kv_dtype = dtype_of(dtype)
+        opts = heap_options(device=device, **options)
+        super().__init__(_count("n_layers", n_layers), _count("n_q_heads", n_q_heads),
+                         _count("n_kv_heads", n_kv_heads), _count("head_dim", head_dim),
+                         int(kv_dtype), opts)
+        self.dtype = kv_dtype
+        self.n_layers, self.n_q_heads = n_layers, n_q_heads
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        self.device = "cuda" if self.options["device"] == Device.CUDA else "cpu"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else self.device
+        return (f"kvgc.Heap(n_layers={self.n_layers}, n_q_heads={self.n_q_heads}, "
+                f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"dtype={self._kv_name()}, {state})")
+
+    @property
+    def options(self):
+        """The effective options (defaults, then the keywords, then KVGC_*), as a dict."""
+        o = self._options()
+        o["device"] = Device(o["device"])
+        o["policy"] = Policy(o["policy"])
+        return o
+
+    def fork(self, seq, tenant=0, stream=None):
+        """A new sequence of `tenant` holding a copy of seq's whole cache and GC state."""
+        return self._fork(seq, tenant, _stream(stream))
+
+    def append(self, seq, layer, k, v, stream=None):
+        """Appends k and v ([n, n_kv_heads, head_dim]) to segment (seq, layer); all or
+        nothing (OutOfMemory when the pages do not fit)."""
+        self._append(seq, layer, k, v, _stream(stream))
+
+    def attend(self, seq, layer, q, out=None, *, scale=0.0, scores=True, stream=None):
+        """Attention of q ([n_q, n_q_heads, head_dim]) over the segment, fused with the GC's
+        signal. The queries are the segment's last n_q appended tokens (query i is at
+        position length - n_q + i; causal over live tokens). scores=False leaves the GC's
+        scores alone. scale 0 means 1/sqrt(head_dim). Returns out (allocated like q when
+        None)."""
+        if out is None:
+            out = _empty_like(q, tuple(q.shape))
+        self._attend(seq, layer, q, out, scale, 0 if scores else _NO_SCORES, _stream(stream))
+        return out
+
+    def observe(self, seq, layer, mass, stream=None):
+        """Adds attention mass (float32 [live], in read order) to the tokens' scores, for
+        engines that compute attention themselves."""
+        self._observe(seq, layer, mass, _stream(stream))
+
+    def step(self, seq, stream=None):
+        """The end of an engine step: GC, demotion and compaction as the policy says.
+        Returns False when a budget could not be met because the protected tokens alone
+        exceed it (KVGC_EBUDGET: advisory, nothing lost), else True."""
+        return self._step(seq, _stream(stream)) == 0
+
+    def live_tokens(self, seq, layer):
+        """Live tokens of segment (seq, layer)."""
+        return self.tokens(seq, layer)[0]
+
+    def _outputs(self, n, like, specs):
+        if like is not None and _is_torch(like):
+            import torch
+            dev = like.device
+            tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                   "int32": torch.int32, "uint8": torch.uint8}
+            return [torch.empty(s, dtype=tdt[d], device=dev) for s, d in specs]
+        if self.device == "cuda" or self.dtype == DType.BF16:
+            try:
+                import torch
+            except ImportError:
+                raise InvalidArgument("reading this heap needs torch (a CUDA or bfloat16 heap): "
+                                      "pass the outputs as torch tensors") from None
+            dev = "cuda:%d" % self._options()["cuda_device"] if self.device == "cuda" else "cpu"
+            tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                   "int32": torch.int32, "uint8": torch.uint8}
+            return [torch.empty(s, dtype=tdt[d], device=dev) for s, d in specs]
+        import numpy
+        return [numpy.empty(s, dtype=d) for s, d in specs]
+
+    def _kv_name(self):
+        return {DType.F16: "float16", DType.BF16: "bfloat16", DType.F32: "float32"}[self.dtype]
+
+    def read(self, seq, layer, k_out=None, v_out=None, pos_out=None, *, stream=None, like=None):
+        """The segment's live K/V ([live, n_kv_heads, head_dim]) and positions (int32), dense,
+        in read order (int8/int4 tokens dequantised). Without outputs it allocates numpy
+        arrays (CPU heaps; torch tensors for CUDA or bfloat16 heaps, or when `like` is a
+        tensor). Returns (k, v, pos)."""
+        if k_out is None and v_out is None and pos_out is None:
+            n = self.live_tokens(seq, layer)
+            shape = (n, self.n_kv_heads, self.head_dim)
+            k_out, v_out, pos_out = self._outputs(
+                n, like, [(shape, self._kv_name()), (shape, self._kv_name()), ((n,), "int32")])
+        n = self._read(seq, layer, k_out, v_out, pos_out, _stream(stream))
+        return tuple(None if a is None else a[:n] for a in (k_out, v_out, pos_out))
+
+    def read_scores(self, seq, layer, scores_out=None, gen_out=None, *, stream=None, like=None):
+        """Each live token's accumulated score (float32) and generation (uint8, kvgc.Generation),
+        in read order. Returns (scores, generations)."""
+        if scores_out is None and gen_out is None:
+            n = self.live_tokens(seq, layer)
+            scores_out, gen_out = self._outputs(n, like, [((n,), "float32"), ((n,), "uint8")])
+        n = self._read_scores(seq, layer, scores_out, gen_out, _stream(stream))
+        return tuple(None if a is None else a[:n] for a in (scores_out, gen_out))
+
+    def read_classes(self, seq, layer, cls_out=None, *, stream=None, like=None):
+        """Each live token's storage class (uint8, kvgc.StorageClass), in read order."""
+        if cls_out is None:
+            n = self.live_tokens(seq, layer)
+            (cls_out,) = self._outputs(n, like, [((n,), "uint8")])
+        n = self._read_classes(seq, layer, cls_out, _stream(stream))
+        return cls_out[:n]
+
+    def stats(self):
+        """A kvgc.Stats snapshot (applies pending GC results first)."""
+        return Stats(self._stats())
+
+    def page_layout(self, cls=StorageClass.FP16):
+        """The documented page layout of a storage class (kvgc_page_layout) as a dict."""
+        if isinstance(cls, str):
+            try:
+                cls = StorageClass[cls.upper()]
+            except KeyError:
+                raise InvalidArgument(f"cls={cls!r}: expected 'fp16', 'int8' or 'int4'") from None
+        return self._page_layout(int(cls))
+
+    def batch(self):
+        """A kvgc.Batch over this heap: one plan per engine step, one call per layer."""
+        return Batch(self)
+
+
+class Batch(_kvgc.Batch):
+    """Many sequences per call (kvgc.h's batch API): once per engine step
+
+        batch.plan(seqs, n_new)                   # all or nothing
+        for layer in range(n_layers):
+            batch.append(layer, k, v)             # [sum n_new, n_kv_heads, head_dim]
+            out = batch.attend(layer, q)          # [sum n_new, n_q_heads, head_dim]
+        batch.step()                              # every sequence's GC
+
+    Rows are in batch order. plan raises OutOfMemory or BudgetExceeded with
+    .failed_index, the first sequence that did not fit (preempt it and plan again).
+    A per-sequence call that changes a planned sequence's pages makes the plan stale
+    (InvalidArgument). Close it, or let Heap.close() close it.
+    """
+
+    def __init__(self, heap):
+        if not isinstance(heap, Heap):
+            raise InvalidArgument(f"heap={heap!r}: expected a kvgc.Heap")
+        super().__init__(heap)
+        self.heap = heap
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def plan(self, seqs, n_new, stream=None):
+        """Plans one engine step: n_new[i] new tokens for sequence seqs[i]."""
+        self._plan([int(s) for s in seqs], [int(n) for n in n_new], _stream(stream))
+
+    def append(self, layer, k, v, stream=None):
+        self._append(layer, k, v, _stream(stream))
+
+    def attend(self, layer, q, out=None, *, scale=0.0, scores=True, stream=None):
+        if out is None:
+            out = _empty_like(q, tuple(q.shape))
+        self._attend(layer, q, out, scale, 0 if scores else _NO_SCORES, _stream(stream))
+        return out
+
+    def observe(self, layer, mass, stream=None):
+        """Mass per page slot, float32 [n_pages, page_tokens] of export(layer)'s pages."""
+        self._observe(layer, mass, _stream(stream))
+
+    def step(self, stream=None):
+        """Every planned sequence's step; False on KVGC_EBUDGET (advisory)."""
+        return self._step(_stream(stream)) == 0
+
+    def export(self, layer):
+        """The planned batch's page tables for `layer` (kvgc_batch_view) as a dict: numpy
+        copies on the CPU, device addresses (ints) on CUDA; with heap.page_layout() an
+        engine's own kernel reads the pages."""
+        return self._export(layer)
+
+
+def _count(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgument(f"{name}={value!r}: expected a positive int")
+    return value
+
+
+def kv_bytes(n_layers, n_kv_heads, head_dim, dtype, tokens, cls="fp16", page_tokens=0):
+    """KV bytes `tokens` tokens of one sequence take across all layers in storage class
+    `cls`: with page_tokens=0 the raw K/V payload any engine stores; with page_tokens > 0
+    what kvgc holds for them (whole pages with their slot metadata)."""
+    if isinstance(cls, str):
+        try:
+            cls = StorageClass[cls.upper()]
+        except KeyError:
+            raise InvalidArgument(f"cls={cls!r}: expected 'fp16', 'int8' or 'int4'") from None
+    return _kvgc.kv_bytes(_count("n_layers", n_layers), _count("n_kv_heads", n_kv_heads),
+                          _count("head_dim", head_dim), int(dtype_of(dtype)), int(tokens),
+                          int(cls), int(page_tokens))

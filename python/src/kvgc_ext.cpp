@@ -1,0 +1,812 @@
+// kvgc._kvgc: the nanobind module under the Python package. It binds kvgc.h and nothing
+// below it (as tools/ does), and only converts and checks: arrays arrive by DLPack or the
+// buffer protocol with no copy, their dtype, shape, contiguity and device are checked
+// against the heap before any C call, and a failed status becomes the exception class the
+// Python layer registered for it, carrying kvgc_errmsg(). Option parsing, enums and
+// output allocation live in the pure-Python layer (python/kvgc/__init__.py).
+#include <kvgc.h>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// A failed call: its status, message and (batch plans) the index of the sequence at fault.
+struct KvgcError {
+  int status;
+  std::string message;
+  long failed_index = -1;
+};
+
+// Exception classes by status, set once by the Python layer (kvgc._errors). A plain
+// handle, deliberately never released: a static nb::object would be decref'd after the
+// interpreter finalises.
+nb::handle g_error_types;
+
+[[noreturn]] void raise(int status, std::string message, long failed_index = -1) {
+  throw KvgcError{status, std::move(message), failed_index};
+}
+
+[[noreturn]] void invalid(const std::string& message) { raise(KVGC_EINVAL, message); }
+
+void check_status(kvgc_status status, const kvgc_heap* heap, const char* call,
+                  long failed_index = -1) {
+  if (status == KVGC_OK) return;
+  // kvgc's message names the call and the argument already.
+  const char* msg = kvgc_errmsg(heap);
+  raise(status, msg && *msg ? std::string(msg) : std::string(call) + ": " + kvgc_status_str(status),
+        failed_index);
+}
+
+using Array = nb::ndarray<nb::ro>;    // any input array: numpy, torch, anything DLPack
+using OutArray = nb::ndarray<>;       // a writable output array
+
+const char* dtype_name(nb::dlpack::dtype t) {
+  using nb::dlpack::dtype_code;
+  if (t.lanes != 1) return "a vector dtype";
+  switch (dtype_code(t.code)) {
+    case dtype_code::Float:
+      return t.bits == 16 ? "float16" : t.bits == 32 ? "float32" : t.bits == 64 ? "float64" : "float";
+    case dtype_code::Bfloat: return t.bits == 16 ? "bfloat16" : "bfloat";
+    case dtype_code::Int:
+      return t.bits == 8 ? "int8" : t.bits == 16 ? "int16" : t.bits == 32 ? "int32" : "int64";
+    case dtype_code::UInt:
+      return t.bits == 8 ? "uint8" : t.bits == 16 ? "uint16" : t.bits == 32 ? "uint32" : "uint64";
+    case dtype_code::Bool: return "bool";
+    default: return "an unknown dtype";
+  }
+}
+
+nb::dlpack::dtype dtype_of(kvgc_dtype d) {
+  switch (d) {
+    case KVGC_DTYPE_F16: return {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
+    case KVGC_DTYPE_BF16: return {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    default: return {uint8_t(nb::dlpack::dtype_code::Float), 32, 1};
+  }
+}
+
+constexpr nb::dlpack::dtype kF32{uint8_t(nb::dlpack::dtype_code::Float), 32, 1};
+constexpr nb::dlpack::dtype kI32{uint8_t(nb::dlpack::dtype_code::Int), 32, 1};
+constexpr nb::dlpack::dtype kU8{uint8_t(nb::dlpack::dtype_code::UInt), 8, 1};
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += shape[i] < 0 ? std::string("n") : std::to_string(shape[i]);
+  }
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+// What the heap needs of every array it is handed.
+struct Where {
+  int device_type;  // nb::device::cpu::value or cuda::value
+  int device_id;
+};
+
+// Checks `a` (named `name`) against the expected dtype, shape (-1: any, returned through
+// *n), C-contiguity and device; returns its data pointer. Nothing is copied.
+template <typename A>
+void* checked(const A& a, const char* name, nb::dlpack::dtype dt, std::vector<int64_t> shape,
+              const Where& where, uint64_t* n = nullptr) {
+  if (a.dtype() != dt) {
+    invalid(std::string(name) + " has dtype " + dtype_name(a.dtype()) + "; the heap needs " +
+            dtype_name(dt));
+  }
+  bool ok = a.ndim() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) {
+    if (shape[i] >= 0 && int64_t(a.shape(i)) != shape[i]) ok = false;
+  }
+  if (!ok) {
+    std::string got = "(";
+    for (size_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+    got += a.ndim() == 1 ? ",)" : ")";
+    invalid(std::string(name) + " has shape " + got + "; expected " + shape_str(shape));
+  }
+  // C-contiguous: strides (in elements) as a dense row-major array's; size-1 dims are free.
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) {
+      invalid(std::string(name) + " is not C-contiguous (call .contiguous() or "
+              "numpy.ascontiguousarray first): kvgc reads it in place, without a copy");
+    }
+    expect *= int64_t(a.shape(i));
+  }
+  if (a.device_type() != where.device_type ||
+      (where.device_type == nb::device::cuda::value && a.device_id() != where.device_id)) {
+    const auto dev = [](int type, int id) {
+      return type == nb::device::cpu::value ? std::string("cpu")
+             : type == nb::device::cuda::value ? "cuda:" + std::to_string(id)
+                                               : "device type " + std::to_string(type);
+    };
+    invalid(std::string(name) + " is on " + dev(a.device_type(), a.device_id()) +
+            "; the heap is on " + dev(where.device_type, where.device_id));
+  }
+  if (n && a.ndim() > 0) *n = a.shape(0);
+  return const_cast<void*>(static_cast<const void*>(a.data()));
+}
+
+uint32_t to_u32(uint64_t v, const char* name) {
+  if (v > UINT32_MAX) invalid(std::string(name) + " = " + std::to_string(v) + " is above 2^32-1");
+  return uint32_t(v);
+}
+
+class Batch;
+
+class Heap {
+ public:
+  Heap(uint32_t n_layers, uint32_t n_q_heads, uint32_t n_kv_heads, uint32_t head_dim, int dtype,
+       const nb::dict& options) {
+    kvgc_model_desc_init(&model_);
+    model_.n_layers = n_layers;
+    model_.n_q_heads = n_q_heads;
+    model_.n_kv_heads = n_kv_heads;
+    model_.head_dim = head_dim;
+    model_.dtype = kvgc_dtype(dtype);
+    kvgc_heap_options opts;
+    kvgc_heap_options_init(&opts);
+    std::vector<float> weights;
+    fill_options(options, &opts, &weights);
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_heap_create(&model_, &opts, &heap_);
+    }
+    check_status(st, nullptr, "kvgc_heap_create");
+    kvgc_heap_options eff;
+    kvgc_heap_options_init(&eff);
+    kvgc_heap_get_options(heap_, &eff);
+    where_.device_type = eff.device == KVGC_DEVICE_CUDA ? nb::device::cuda::value
+                                                        : nb::device::cpu::value;
+    where_.device_id = eff.cuda_device;
+  }
+  ~Heap() { close(); }
+  Heap(const Heap&) = delete;
+  Heap& operator=(const Heap&) = delete;
+
+  void close();
+  bool closed() const { return heap_ == nullptr; }
+
+  kvgc_heap* get() const {
+    if (!heap_) invalid("the heap is closed (Heap.close() was called)");
+    return heap_;
+  }
+  const kvgc_model_desc& model() const { return model_; }
+  const Where& where() const { return where_; }
+  void forget(Batch* b) { batches_.erase(std::remove(batches_.begin(), batches_.end(), b), batches_.end()); }
+  void remember(Batch* b) { batches_.push_back(b); }
+
+  uint64_t new_sequence(uint32_t tenant) {
+    kvgc_seq s = 0;
+    check_status(kvgc_seq_create(get(), tenant, &s), heap_, "kvgc_seq_create");
+    return s;
+  }
+  void free_sequence(uint64_t seq) {
+    kvgc_heap* h = get();
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_seq_destroy(h, seq);
+    }
+    check_status(st, h, "kvgc_seq_destroy");
+  }
+  uint64_t fork(uint64_t seq, uint32_t tenant, uintptr_t stream) {
+    kvgc_heap* h = get();
+    kvgc_seq out = 0;
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_seq_fork(h, seq, tenant, &out, reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_seq_fork");
+    return out;
+  }
+  std::tuple<uint64_t, uint64_t> tokens(uint64_t seq, uint32_t layer) {
+    uint64_t live = 0, length = 0;
+    check_status(kvgc_seq_tokens(get(), seq, layer, &live, &length), heap_, "kvgc_seq_tokens");
+    return {live, length};
+  }
+
+  void append(uint64_t seq, uint32_t layer, const Array& k, const Array& v, uintptr_t stream) {
+    kvgc_heap* h = get();
+    uint64_t n = 0;
+    const nb::dlpack::dtype dt = dtype_of(model_.dtype);
+    const int64_t kvh = model_.n_kv_heads, hd = model_.head_dim;
+    void* kp = checked(k, "k", dt, {-1, kvh, hd}, where_, &n);
+    void* vp = checked(v, "v", dt, {int64_t(n), kvh, hd}, where_);
+    const uint32_t n32 = to_u32(n, "k.shape[0]");
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_append(h, seq, layer, kp, vp, n32, reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_append");
+  }
+
+  void attend(uint64_t seq, uint32_t layer, const Array& q, const OutArray& out, float scale,
+              uint32_t flags, uintptr_t stream) {
+    kvgc_heap* h = get();
+    uint64_t n = 0;
+    const nb::dlpack::dtype dt = dtype_of(model_.dtype);
+    const int64_t qh = model_.n_q_heads, hd = model_.head_dim;
+    void* qp = checked(q, "q", dt, {-1, qh, hd}, where_, &n);
+    void* op = checked(out, "out", dt, {int64_t(n), qh, hd}, where_);
+    const uint32_t n32 = to_u32(n, "q.shape[0]");
+    kvgc_attend_params params;
+    kvgc_attend_params_init(&params);
+    params.scale = scale;
+    params.flags = flags;
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_attend(h, seq, layer, qp, n32, op, &params, reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_attend");
+  }
+
+  void observe(uint64_t seq, uint32_t layer, const Array& mass, uintptr_t stream) {
+    kvgc_heap* h = get();
+    uint64_t n = 0;
+    void* mp = checked(mass, "mass", kF32, {-1}, where_, &n);
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_observe(h, seq, layer, static_cast<const float*>(mp), n,
+                        reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_observe");
+  }
+
+  // KVGC_OK or KVGC_EBUDGET (advisory); any other failure raises.
+  int step(uint64_t seq, uintptr_t stream) {
+    kvgc_heap* h = get();
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_step(h, seq, reinterpret_cast<void*>(stream));
+    }
+    if (st != KVGC_EBUDGET) check_status(st, h, "kvgc_step");
+    return st;
+  }
+
+  // Outputs may be None; returns the live count (capacity: the outputs' first dimension).
+  uint64_t read(uint64_t seq, uint32_t layer, nb::object k_out, nb::object v_out,
+                nb::object pos_out, uintptr_t stream) {
+    kvgc_heap* h = get();
+    const nb::dlpack::dtype dt = dtype_of(model_.dtype);
+    const int64_t kvh = model_.n_kv_heads, hd = model_.head_dim;
+    uint64_t cap = UINT64_MAX;
+    void *kp = nullptr, *vp = nullptr;
+    int32_t* pp = nullptr;
+    const auto take = [&](nb::object o, const char* name, nb::dlpack::dtype t,
+                          std::vector<int64_t> shape) -> void* {
+      if (o.is_none()) return nullptr;
+      OutArray a = nb::cast<OutArray>(o);
+      uint64_t n = 0;
+      void* p = checked(a, name, t, std::move(shape), where_, &n);
+      cap = std::min(cap, n);
+      return p;
+    };
+    kp = take(k_out, "k_out", dt, {-1, kvh, hd});
+    vp = take(v_out, "v_out", dt, {-1, kvh, hd});
+    pp = static_cast<int32_t*>(take(pos_out, "pos_out", kI32, {-1}));
+    if (cap == UINT64_MAX) cap = 0;
+    uint64_t n = 0;
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_read(h, seq, layer, kp, vp, pp, cap, &n, reinterpret_cast<void*>(stream));
+    }
+    if (st == KVGC_EINVAL && n > cap && (kp || vp || pp)) {
+      invalid("the outputs hold " + std::to_string(cap) + " rows; the segment has " +
+              std::to_string(n) + " live tokens");
+    }
+    if (!(kp || vp || pp) && st == KVGC_EINVAL && n > 0) st = KVGC_OK;  // a count query
+    check_status(st, h, "kvgc_read");
+    return n;
+  }
+
+  uint64_t read_scores(uint64_t seq, uint32_t layer, nb::object scores, nb::object gens,
+                       uintptr_t stream) {
+    kvgc_heap* h = get();
+    uint64_t cap = UINT64_MAX;
+    float* sp = nullptr;
+    uint8_t* gp = nullptr;
+    uint64_t n = 0;
+    if (!scores.is_none()) {
+      sp = static_cast<float*>(checked(nb::cast<OutArray>(scores), "scores_out", kF32, {-1}, where_, &n));
+      cap = std::min(cap, n);
+    }
+    if (!gens.is_none()) {
+      gp = static_cast<uint8_t*>(checked(nb::cast<OutArray>(gens), "gen_out", kU8, {-1}, where_, &n));
+      cap = std::min(cap, n);
+    }
+    if (cap == UINT64_MAX) cap = 0;
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_read_scores(h, seq, layer, sp, gp, cap, &n, reinterpret_cast<void*>(stream));
+    }
+    if (st == KVGC_EINVAL && n > cap && (sp || gp)) {
+      invalid("the outputs hold " + std::to_string(cap) + " rows; the segment has " +
+              std::to_string(n) + " live tokens");
+    }
+    if (!(sp || gp) && st == KVGC_EINVAL && n > 0) st = KVGC_OK;
+    check_status(st, h, "kvgc_read_scores");
+    return n;
+  }
+
+  uint64_t read_classes(uint64_t seq, uint32_t layer, nb::object cls, uintptr_t stream) {
+    kvgc_heap* h = get();
+    uint64_t cap = 0, n = 0;
+    uint8_t* cp = nullptr;
+    if (!cls.is_none()) {
+      cp = static_cast<uint8_t*>(checked(nb::cast<OutArray>(cls), "cls_out", kU8, {-1}, where_, &cap));
+    }
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_read_classes(h, seq, layer, cp, cap, &n, reinterpret_cast<void*>(stream));
+    }
+    if (st == KVGC_EINVAL && n > cap && cp) {
+      invalid("cls_out holds " + std::to_string(cap) + " rows; the segment has " +
+              std::to_string(n) + " live tokens");
+    }
+    if (!cp && st == KVGC_EINVAL && n > 0) st = KVGC_OK;
+    check_status(st, h, "kvgc_read_classes");
+    return n;
+  }
+
+  void check() {
+    kvgc_heap* h = get();
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_heap_check(h);
+    }
+    check_status(st, h, "kvgc_heap_check");
+  }
+
+  void tenant_limit(uint32_t tenant, uint64_t max_bytes) {
+    check_status(kvgc_tenant_set_limit(get(), tenant, max_bytes), heap_, "kvgc_tenant_set_limit");
+  }
+  std::tuple<uint64_t, uint64_t> tenant_usage(uint32_t tenant) {
+    uint64_t bytes = 0, limit = 0;
+    check_status(kvgc_tenant_usage(get(), tenant, &bytes, &limit), heap_, "kvgc_tenant_usage");
+    return {bytes, limit};
+  }
+
+  nb::dict stats();
+  nb::dict options();
+  nb::dict page_layout(int cls);
+
+ private:
+  static void fill_options(const nb::dict& d, kvgc_heap_options* o, std::vector<float>* weights);
+
+  kvgc_model_desc model_{};
+  kvgc_heap* heap_ = nullptr;
+  Where where_{nb::device::cpu::value, 0};
+  std::vector<Batch*> batches_;
+};
+
+class Batch {
+ public:
+  explicit Batch(Heap& heap) : heap_(&heap) {
+    kvgc_heap* h = heap.get();
+    check_status(kvgc_batch_create(h, &batch_), h, "kvgc_batch_create");
+    heap.remember(this);
+  }
+  ~Batch() {
+    close();
+  }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  void close() {
+    if (batch_) {
+      kvgc_batch_destroy(batch_);
+      batch_ = nullptr;
+    }
+    if (heap_) {
+      heap_->forget(this);
+      heap_ = nullptr;
+    }
+  }
+  bool closed() const { return batch_ == nullptr; }
+
+  void plan(const std::vector<uint64_t>& seqs, const std::vector<uint32_t>& n_new,
+            uintptr_t stream) {
+    kvgc_heap* h = heap();
+    if (seqs.size() != n_new.size()) {
+      invalid("seqs has " + std::to_string(seqs.size()) + " entries and n_new " +
+              std::to_string(n_new.size()) + "; they must match");
+    }
+    const uint32_t n = to_u32(seqs.size(), "len(seqs)");
+    uint64_t rows = 0;
+    for (uint32_t x : n_new) rows += x;
+    uint32_t failed = UINT32_MAX;
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_batch_plan(batch_, seqs.data(), n_new.data(), n, &failed,
+                           reinterpret_cast<void*>(stream));
+    }
+    if (st == KVGC_OK) {
+      rows_ = rows;
+    } else {
+      rows_ = 0;
+      check_status(st, h, "kvgc_batch_plan", failed == UINT32_MAX ? -1 : long(failed));
+    }
+  }
+
+  void append(uint32_t layer, const Array& k, const Array& v, uintptr_t stream) {
+    kvgc_heap* h = heap();
+    const kvgc_model_desc& m = heap_->model();
+    const nb::dlpack::dtype dt = dtype_of(m.dtype);
+    const int64_t rows = int64_t(rows_), kvh = m.n_kv_heads, hd = m.head_dim;
+    void* kp = checked(k, "k", dt, {rows, kvh, hd}, heap_->where());
+    void* vp = checked(v, "v", dt, {rows, kvh, hd}, heap_->where());
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_batch_append(batch_, layer, kp, vp, reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_batch_append");
+  }
+
+  void attend(uint32_t layer, const Array& q, const OutArray& out, float scale, uint32_t flags,
+              uintptr_t stream) {
+    kvgc_heap* h = heap();
+    const kvgc_model_desc& m = heap_->model();
+    const nb::dlpack::dtype dt = dtype_of(m.dtype);
+    const int64_t rows = int64_t(rows_), qh = m.n_q_heads, hd = m.head_dim;
+    void* qp = checked(q, "q", dt, {rows, qh, hd}, heap_->where());
+    void* op = checked(out, "out", dt, {rows, qh, hd}, heap_->where());
+    kvgc_attend_params params;
+    kvgc_attend_params_init(&params);
+    params.scale = scale;
+    params.flags = flags;
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_batch_attend(batch_, layer, qp, op, &params, reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_batch_attend");
+  }
+
+  void observe(uint32_t layer, const Array& mass, uintptr_t stream) {
+    kvgc_heap* h = heap();
+    kvgc_batch_view view;
+    std::memset(&view, 0, sizeof view);
+    view.struct_size = sizeof view;
+    check_status(kvgc_batch_export(batch_, layer, &view), h, "kvgc_batch_observe");
+    void* mp = checked(mass, "mass", kF32, {int64_t(view.n_pages), int64_t(view.page_tokens)},
+                       heap_->where());
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_batch_observe(batch_, layer, static_cast<const float*>(mp),
+                              reinterpret_cast<void*>(stream));
+    }
+    check_status(st, h, "kvgc_batch_observe");
+  }
+
+  int step(uintptr_t stream) {
+    kvgc_heap* h = heap();
+    kvgc_status st;
+    {
+      nb::gil_scoped_release release;
+      st = kvgc_batch_step(batch_, reinterpret_cast<void*>(stream));
+    }
+    rows_ = 0;
+    if (st != KVGC_EBUDGET) check_status(st, h, "kvgc_batch_step");
+    return st;
+  }
+
+  nb::dict export_view(uint32_t layer);
+
+ private:
+  kvgc_heap* heap() const {
+    if (!batch_ || !heap_) invalid("the batch is closed (Batch.close() or Heap.close() was called)");
+    return heap_->get();
+  }
+
+  Heap* heap_;
+  kvgc_batch* batch_ = nullptr;
+  uint64_t rows_ = 0;
+};
+
+void Heap::close() {
+  // The heap must outlive its batches (kvgc.h): close them first.
+  while (!batches_.empty()) batches_.back()->close();
+  if (heap_) {
+    kvgc_heap_destroy(heap_);
+    heap_ = nullptr;
+  }
+}
+
+template <typename T>
+nb::object numpy_copy(const T* data, size_t n, nb::handle numpy_empty, const char* dtype) {
+  nb::object arr = numpy_empty(n, "dtype"_a = dtype);
+  if (n) {
+    OutArray a = nb::cast<OutArray>(arr);
+    std::memcpy(a.data(), data, n * sizeof(T));
+  }
+  return arr;
+}
+
+nb::dict Batch::export_view(uint32_t layer) {
+  kvgc_heap* h = heap();
+  kvgc_batch_view v;
+  std::memset(&v, 0, sizeof v);
+  v.struct_size = sizeof v;
+  check_status(kvgc_batch_export(batch_, layer, &v), h, "kvgc_batch_export");
+  nb::dict d;
+  d["n_seqs"] = v.n_seqs;
+  d["n_pages"] = v.n_pages;
+  d["n_rows"] = v.n_rows;
+  d["page_tokens"] = v.page_tokens;
+  d["arena_base"] = reinterpret_cast<uintptr_t>(v.arena_base);
+  if (heap_->where().device_type == nb::device::cpu::value) {
+    // Host arrays: copied out, so they stay valid after the plan is spent.
+    nb::object empty = nb::module_::import_("numpy").attr("empty");
+    d["page_indptr"] = numpy_copy(v.page_indptr, v.n_seqs + 1, empty, "uint32");
+    d["page_offset"] = numpy_copy(v.page_offset, v.n_pages, empty, "uint64");
+    d["page_class"] = numpy_copy(v.page_class, v.n_pages, empty, "uint8");
+    d["q_indptr"] = numpy_copy(v.q_indptr, v.n_seqs + 1, empty, "uint32");
+    d["q_pos0"] = numpy_copy(v.q_pos0, v.n_seqs, empty, "int32");
+  } else {
+    // Device arrays: their addresses, valid until the plan is spent or stale.
+    d["page_indptr"] = reinterpret_cast<uintptr_t>(v.page_indptr);
+    d["page_offset"] = reinterpret_cast<uintptr_t>(v.page_offset);
+    d["page_class"] = reinterpret_cast<uintptr_t>(v.page_class);
+    d["q_indptr"] = reinterpret_cast<uintptr_t>(v.q_indptr);
+    d["q_pos0"] = reinterpret_cast<uintptr_t>(v.q_pos0);
+  }
+  return d;
+}
+
+// ---- options ------------------------------------------------------------------------
+// Keys are kvgc_heap_options' field names; values arrive normalised by the Python layer
+// (enums as ints), so this only range-checks what C's types cannot hold.
+void Heap::fill_options(const nb::dict& d, kvgc_heap_options* o, std::vector<float>* weights) {
+  for (auto [key_h, value] : d) {
+    const std::string key = nb::cast<std::string>(key_h);
+    if (value.is_none()) continue;
+    const auto u64 = [&] { return nb::cast<uint64_t>(value); };
+    const auto u32 = [&] { return to_u32(nb::cast<uint64_t>(value), key.c_str()); };
+    const auto f64 = [&] { return nb::cast<double>(value); };
+    if (key == "flags") o->flags = u32();
+    else if (key == "device") o->device = kvgc_device(u32());
+    else if (key == "cuda_device") o->cuda_device = nb::cast<int>(value);
+    else if (key == "budget_bytes") o->budget_bytes = u64();
+    else if (key == "budget_fraction") o->budget_fraction = f64();
+    else if (key == "policy") o->policy = kvgc_policy(u32());
+    else if (key == "token_budget") o->token_budget = u64();
+    else if (key == "token_budget_fraction") o->token_budget_fraction = f64();
+    else if (key == "sinks") o->sinks = u32();
+    else if (key == "window") o->window = u32();
+    else if (key == "page_tokens") o->page_tokens = u32();
+    else if (key == "compact_threshold") o->compact_threshold = f64();
+    else if (key == "demote") o->demote = kvgc_demote(u32());
+    else if (key == "layer_budget") o->layer_budget = kvgc_layer_budget(u32());
+    else if (key == "score_noise") o->score_noise = f64();
+    else if (key == "seed") o->seed = u64();
+    else if (key == "slab_bytes") o->slab_bytes = u32();
+    else if (key == "verbose") o->verbose = nb::cast<int>(value);
+    else if (key == "harvest") o->harvest = kvgc_harvest(u32());
+    else if (key == "cpu_threads") o->cpu_threads = u32();
+    else if (key == "byte_budget") o->byte_budget = u64();
+    else if (key == "byte_budget_fraction") o->byte_budget_fraction = f64();
+    else if (key == "recent_decay") o->recent_decay = f64();
+    else if (key == "first_layer") o->first_layer = u32();
+    else if (key == "total_layers") o->total_layers = u32();
+    else if (key == "layer_weights") {
+      *weights = nb::cast<std::vector<float>>(value);
+      o->layer_weights = weights->data();
+      o->n_layer_weights = to_u32(weights->size(), "len(layer_weights)");
+    } else {
+      invalid("unknown heap option '" + key + "'");
+    }
+  }
+}
+
+nb::dict Heap::options() {
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  check_status(kvgc_heap_get_options(get(), &o), heap_, "kvgc_heap_get_options");
+  nb::dict d;
+  d["flags"] = o.flags;
+  d["device"] = int(o.device);
+  d["cuda_device"] = o.cuda_device;
+  d["budget_bytes"] = o.budget_bytes;
+  d["budget_fraction"] = o.budget_fraction;
+  d["policy"] = int(o.policy);
+  d["token_budget"] = o.token_budget;
+  d["token_budget_fraction"] = o.token_budget_fraction;
+  d["sinks"] = o.sinks;
+  d["window"] = o.window;
+  d["page_tokens"] = o.page_tokens;
+  d["compact_threshold"] = o.compact_threshold;
+  d["demote"] = int(o.demote);
+  d["layer_budget"] = int(o.layer_budget);
+  d["score_noise"] = o.score_noise;
+  d["seed"] = o.seed;
+  d["slab_bytes"] = o.slab_bytes;
+  d["verbose"] = o.verbose;
+  d["harvest"] = int(o.harvest);
+  d["cpu_threads"] = o.cpu_threads;
+  d["byte_budget"] = o.byte_budget;
+  d["byte_budget_fraction"] = o.byte_budget_fraction;
+  d["recent_decay"] = o.recent_decay;
+  d["first_layer"] = o.first_layer;
+  d["total_layers"] = o.total_layers;
+  return d;
+}
+
+nb::dict class_stats(const kvgc_class_stats& c) {
+  nb::dict d;
+  d["page_bytes"] = c.page_bytes;
+  d["slabs"] = c.slabs;
+  d["reserved_bytes"] = c.reserved_bytes;
+  d["used_bytes"] = c.used_bytes;
+  d["free_bytes"] = c.free_bytes;
+  d["pages_used"] = c.pages_used;
+  d["pages_free"] = c.pages_free;
+  return d;
+}
+
+nb::dict Heap::stats() {
+  kvgc_stats s;
+  kvgc_stats_init(&s);
+  check_status(kvgc_get_stats(get(), &s), heap_, "kvgc_get_stats");
+  nb::dict d;
+#define KVGC_STAT(f) d[#f] = s.f
+  KVGC_STAT(version);
+  d["device"] = int(s.device);
+  KVGC_STAT(arena_bytes); KVGC_STAT(slab_bytes); KVGC_STAT(slabs_total); KVGC_STAT(slabs_free);
+  KVGC_STAT(free_bytes); KVGC_STAT(sequences); KVGC_STAT(segments); KVGC_STAT(live_tokens);
+  KVGC_STAT(slots_held); KVGC_STAT(dead_slots); KVGC_STAT(fragmentation); KVGC_STAT(appends);
+  KVGC_STAT(tokens_appended); KVGC_STAT(pages_allocated); KVGC_STAT(pages_freed);
+  KVGC_STAT(slabs_acquired); KVGC_STAT(slabs_released); KVGC_STAT(enomem); KVGC_STAT(steps);
+  KVGC_STAT(observes); KVGC_STAT(gcs); KVGC_STAT(minor_gcs); KVGC_STAT(major_gcs);
+  KVGC_STAT(tokens_ranked); KVGC_STAT(tokens_evicted); KVGC_STAT(tokens_demoted);
+  KVGC_STAT(tokens_promoted); KVGC_STAT(tokens_tenured); KVGC_STAT(compactions);
+  KVGC_STAT(slots_moved); KVGC_STAT(bytes_moved); KVGC_STAT(ebudget); KVGC_STAT(attends);
+  KVGC_STAT(scratch_bytes);
+#undef KVGC_STAT
+  d["tier_tokens"] = nb::make_tuple(s.tier_tokens[0], s.tier_tokens[1], s.tier_tokens[2],
+                                    s.tier_tokens[3]);
+  d["tokens_demoted_to"] = nb::make_tuple(s.tokens_demoted_to[0], s.tokens_demoted_to[1],
+                                          s.tokens_demoted_to[2]);
+  nb::dict cls;
+  cls["fp16"] = class_stats(s.cls[KVGC_CLASS_FP16]);
+  cls["int4"] = class_stats(s.cls[KVGC_CLASS_INT4]);
+  cls["int8"] = class_stats(s.cls_int8);
+  d["classes"] = cls;
+  d["used_bytes"] = s.cls[KVGC_CLASS_FP16].used_bytes + s.cls[KVGC_CLASS_INT4].used_bytes +
+                    s.cls_int8.used_bytes;
+  return d;
+}
+
+nb::dict Heap::page_layout(int cls) {
+  kvgc_page_layout l;
+  std::memset(&l, 0, sizeof l);
+  l.struct_size = sizeof l;
+  check_status(kvgc_page_layout_get(get(), kvgc_storage_class(cls), &l), heap_,
+               "kvgc_page_layout_get");
+  nb::dict d;
+#define KVGC_FIELD(f) d[#f] = l.f
+  KVGC_FIELD(version);
+  d["cls"] = int(l.cls);
+  d["dtype"] = int(l.dtype);
+  KVGC_FIELD(page_tokens); KVGC_FIELD(n_kv_heads); KVGC_FIELD(head_dim); KVGC_FIELD(group);
+  KVGC_FIELD(qwords); KVGC_FIELD(page_bytes); KVGC_FIELD(live_offset); KVGC_FIELD(pos_offset);
+  KVGC_FIELD(score_offset); KVGC_FIELD(recent_offset); KVGC_FIELD(gen_offset);
+  KVGC_FIELD(k_offset); KVGC_FIELD(v_offset); KVGC_FIELD(kq_offset); KVGC_FIELD(vq_offset);
+  KVGC_FIELD(head_stride); KVGC_FIELD(slot_stride);
+#undef KVGC_FIELD
+  return d;
+}
+
+uint64_t kv_bytes(uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim, int dtype,
+                  uint64_t tokens, int cls, uint32_t page_tokens) {
+  kvgc_model_desc m;
+  kvgc_model_desc_init(&m);
+  m.n_layers = n_layers;
+  m.n_q_heads = n_kv_heads;
+  m.n_kv_heads = n_kv_heads;
+  m.head_dim = head_dim;
+  m.dtype = kvgc_dtype(dtype);
+  uint64_t bytes = 0;
+  check_status(kvgc_kv_bytes(&m, tokens, kvgc_storage_class(cls), page_tokens, &bytes), nullptr,
+               "kvgc_kv_bytes");
+  return bytes;
+}
+
+}  // namespace
+
+NB_MODULE(_kvgc, m) {
+  m.doc() = "kvgc's C API (kvgc.h), bound with nanobind. Use the `kvgc` package, not this.";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const KvgcError& e) {
+      nb::object cls = g_error_types.is_valid() ? g_error_types.attr("get")(e.status, nb::none())
+                                                : nb::none();
+      if (cls.is_none()) {
+        PyErr_SetString(PyExc_RuntimeError, e.message.c_str());
+        return;
+      }
+      nb::object exc = cls(e.message, e.status, e.failed_index);
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  m.def("_set_error_types", [](nb::dict types) { g_error_types = types.release(); },
+        "Registers the exception class for each status (called once by kvgc._errors).");
+  m.def("version", [] { return std::string(kvgc_version()); },
+        "The library's version string (kvgc_version()).");
+  m.def("version_number", [] { return kvgc_version_number(); });
+  m.attr("HEADER_VERSION") = KVGC_VERSION_STRING;
+  m.attr("PAGE_LAYOUT_VERSION") = KVGC_PAGE_LAYOUT_VERSION;
+  m.attr("STATS_VERSION") = KVGC_STATS_VERSION;
+  m.def("status_str", [](int s) { return std::string(kvgc_status_str(s)); });
+  m.def("errmsg", [] { return std::string(kvgc_errmsg(nullptr)); },
+        "The calling thread's last kvgc error message.");
+  m.def("data_pointer", [](const Array& a) { return reinterpret_cast<uintptr_t>(a.data()); },
+        "The address kvgc would read `a` at (a diagnostic: equal to tensor.data_ptr() or "
+        "array.ctypes.data, since arrays cross without a copy).");
+  m.def("kv_bytes", &kv_bytes, "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "dtype"_a,
+        "tokens"_a, "cls"_a, "page_tokens"_a);
+
+  nb::class_<Heap>(m, "Heap")
+      .def(nb::init<uint32_t, uint32_t, uint32_t, uint32_t, int, const nb::dict&>(),
+           "n_layers"_a, "n_q_heads"_a, "n_kv_heads"_a, "head_dim"_a, "dtype"_a, "options"_a)
+      .def("close", &Heap::close)
+      .def_prop_ro("closed", &Heap::closed)
+      .def("new_sequence", &Heap::new_sequence, "tenant"_a = 0)
+      .def("free_sequence", &Heap::free_sequence, "seq"_a)
+      .def("_fork", &Heap::fork, "seq"_a, "tenant"_a, "stream"_a)
+      .def("tokens", &Heap::tokens, "seq"_a, "layer"_a)
+      .def("_append", &Heap::append, "seq"_a, "layer"_a, "k"_a, "v"_a, "stream"_a)
+      .def("_attend", &Heap::attend, "seq"_a, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a,
+           "stream"_a)
+      .def("_observe", &Heap::observe, "seq"_a, "layer"_a, "mass"_a, "stream"_a)
+      .def("_step", &Heap::step, "seq"_a, "stream"_a)
+      .def("_read", &Heap::read, "seq"_a, "layer"_a, "k_out"_a.none(), "v_out"_a.none(),
+           "pos_out"_a.none(), "stream"_a)
+      .def("_read_scores", &Heap::read_scores, "seq"_a, "layer"_a, "scores_out"_a.none(),
+           "gen_out"_a.none(), "stream"_a)
+      .def("_read_classes", &Heap::read_classes, "seq"_a, "layer"_a, "cls_out"_a.none(),
+           "stream"_a)
+      .def("check", &Heap::check)
+      .def("tenant_limit", &Heap::tenant_limit, "tenant"_a, "max_bytes"_a)
+      .def("tenant_usage", &Heap::tenant_usage, "tenant"_a)
+      .def("_stats", &Heap::stats)
+      .def("_options", &Heap::options)
+      .def("_page_layout", &Heap::page_layout, "cls"_a);
+
+  nb::class_<Batch>(m, "Batch")
+      .def(nb::init<Heap&>(), "heap"_a, nb::keep_alive<1, 2>())
+      .def("close", &Batch::close)
+      .def_prop_ro("closed", &Batch::closed)
+      .def("_plan", &Batch::plan, "seqs"_a, "n_new"_a, "stream"_a)
+      .def("_append", &Batch::append, "layer"_a, "k"_a, "v"_a, "stream"_a)
+      .def("_attend", &Batch::attend, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a, "stream"_a)
+      .def("_observe", &Batch::observe, "layer"_a, "mass"_a, "stream"_a)
+      .def("_step", &Batch::step, "stream"_a)
+      .def("_export", &Batch::export_view, "layer"_a);
+}

@@ -110,7 +110,10 @@ class Heap(_kvgc.Heap):
         self.close()
 
     def __repr__(self):
-        state = "closed" if self.closed else self.device
+        try:
+            state = "closed" if self.closed else self.device
+        except (TypeError, AttributeError):  # __init__ failed before the C heap existed
+            return "kvgc.Heap(<not created>)"
         return (f"kvgc.Heap(n_layers={self.n_layers}, n_q_heads={self.n_q_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
                 f"dtype={self._kv_name()}, {state})")

@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -49,8 +50,125 @@ void check_status(kvgc_status status, const kvgc_heap* heap, const char* call,
         failed_index);
 }
 
-using Array = nb::ndarray<nb::ro>;    // any input array: numpy, torch, anything DLPack
+using Array = nb::ndarray<nb::ro>;    // any input array: numpy, anything DLPack
 using OutArray = nb::ndarray<>;       // a writable output array
+
+// The DLPack C exchange API (dlpack.h 1.2+, `type(t).__dlpack_c_exchange_api__`): torch
+// fills a DLTensor straight from the tensor object, without __dlpack__()'s capsule and
+// Python call (about 11 us a tensor on this binding's first measurement). Declared here to
+// the ABI that dlpack.h fixes; no dlpack header is needed at build time.
+struct DLDeviceC { int32_t device_type; int32_t device_id; };
+struct DLDataTypeC { uint8_t code; uint8_t bits; uint16_t lanes; };
+struct DLTensorC {
+  void* data;
+  DLDeviceC device;
+  int32_t ndim;
+  DLDataTypeC dtype;
+  int64_t* shape;
+  int64_t* strides;  // NULL: compact row-major
+  uint64_t byte_offset;
+};
+struct ExchangeHeader { uint32_t major, minor; ExchangeHeader* prev_api; };
+struct ExchangeAPI {
+  ExchangeHeader header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensorC* out);
+  void* current_work_stream;
+};
+
+// The exchange API of obj's type, or nullptr; looked up once per type (under the GIL).
+const ExchangeAPI* exchange_api(nb::handle obj) {
+  struct Entry { PyTypeObject* type; const ExchangeAPI* api; };
+  static Entry cache[8];
+  static unsigned used = 0;
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  for (unsigned i = 0; i < used; ++i) {
+    if (cache[i].type == type) return cache[i].api;
+  }
+  const ExchangeAPI* api = nullptr;
+  PyObject* cap = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type),
+                                         "__dlpack_c_exchange_api__");
+  if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+    api = static_cast<const ExchangeAPI*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+    if (api && (api->header.major != 1 || !api->dltensor_from_py_object_no_sync)) api = nullptr;
+  }
+  Py_XDECREF(cap);
+  PyErr_Clear();
+  if (used < 8) cache[used++] = {type, api};  // types live as long as the process here
+  return api;
+}
+
+// An array argument seen without a copy: through the exchange API when its type has one,
+// else nanobind's ndarray (the buffer protocol for numpy, __dlpack__ for the rest). Valid
+// while the caller holds the object, which it does for the whole call.
+class View {
+ public:
+  View(nb::handle obj, const char* name, bool writable) {
+    if (const ExchangeAPI* api = exchange_api(obj)) {
+      DLTensorC t{};
+      if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) == 0 && t.ndim <= kMaxDims) {
+        data_ = static_cast<char*>(t.data) + t.byte_offset;
+        dtype_ = {t.dtype.code, t.dtype.bits, t.dtype.lanes};
+        ndim_ = size_t(t.ndim);
+        device_type_ = t.device.device_type;
+        device_id_ = t.device.device_id;
+        int64_t compact = 1;
+        for (size_t i = ndim_; i-- > 0;) {
+          shape_[i] = t.shape[i];
+          stride_[i] = t.strides ? t.strides[i] : compact;
+          compact *= t.shape[i];
+        }
+        return;
+      }
+      PyErr_Clear();  // fall back to nanobind's path, which reports its own errors
+    }
+    bool ok = false;
+    if (writable) {
+      ok = nb::try_cast(obj, out_, false);
+      if (ok) take(out_);
+    } else {
+      ok = nb::try_cast(obj, in_, false);
+      if (ok) take(in_);
+    }
+    if (!ok || ndim_ > kMaxDims) {
+      throw nb::type_error((std::string(name) + " must be a " + (writable ? "writable " : "") +
+                            "array (numpy, torch or any DLPack tensor), not " +
+                            nb::inst_name(obj).c_str()).c_str());
+    }
+  }
+  nb::dlpack::dtype dtype() const { return dtype_; }
+  size_t ndim() const { return ndim_; }
+  size_t shape(size_t i) const { return size_t(shape_[i]); }
+  int64_t stride(size_t i) const { return stride_[i]; }
+  int device_type() const { return device_type_; }
+  int device_id() const { return device_id_; }
+  const void* data() const { return data_; }
+
+ private:
+  static constexpr size_t kMaxDims = 8;
+  template <typename A>
+  void take(const A& a) {
+    data_ = a.data();
+    dtype_ = a.dtype();
+    ndim_ = a.ndim();
+    device_type_ = a.device_type();
+    device_id_ = a.device_id();
+    for (size_t i = 0; i < ndim_ && i < kMaxDims; ++i) {
+      shape_[i] = int64_t(a.shape(i));
+      stride_[i] = a.stride(i);
+    }
+  }
+  const void* data_ = nullptr;
+  nb::dlpack::dtype dtype_{};
+  size_t ndim_ = 0;
+  int64_t shape_[kMaxDims] = {};
+  int64_t stride_[kMaxDims] = {};
+  int device_type_ = 0, device_id_ = 0;
+  Array in_;
+  OutArray out_;
+};
 
 const char* dtype_name(nb::dlpack::dtype t) {
   using nb::dlpack::dtype_code;
@@ -218,7 +336,8 @@ class Heap {
     return {live, length};
   }
 
-  void append(uint64_t seq, uint32_t layer, const Array& k, const Array& v, uintptr_t stream) {
+  void append(uint64_t seq, uint32_t layer, nb::handle k_obj, nb::handle v_obj, uintptr_t stream) {
+    const View k(k_obj, "k", false), v(v_obj, "v", false);
     kvgc_heap* h = get();
     uint64_t n = 0;
     const nb::dlpack::dtype dt = dtype_of(model_.dtype);
@@ -234,8 +353,9 @@ class Heap {
     check_status(st, h, "kvgc_append");
   }
 
-  void attend(uint64_t seq, uint32_t layer, const Array& q, const OutArray& out, float scale,
+  void attend(uint64_t seq, uint32_t layer, nb::handle q_obj, nb::handle out_obj, float scale,
               uint32_t flags, uintptr_t stream) {
+    const View q(q_obj, "q", false), out(out_obj, "out", true);
     kvgc_heap* h = get();
     uint64_t n = 0;
     const nb::dlpack::dtype dt = dtype_of(model_.dtype);
@@ -255,7 +375,8 @@ class Heap {
     check_status(st, h, "kvgc_attend");
   }
 
-  void observe(uint64_t seq, uint32_t layer, const Array& mass, uintptr_t stream) {
+  void observe(uint64_t seq, uint32_t layer, nb::handle mass_obj, uintptr_t stream) {
+    const View mass(mass_obj, "mass", false);
     kvgc_heap* h = get();
     uint64_t n = 0;
     void* mp = checked(mass, "mass", kF32, {-1}, where_, &n);
@@ -292,7 +413,7 @@ class Heap {
     const auto take = [&](nb::object o, const char* name, nb::dlpack::dtype t,
                           std::vector<int64_t> shape) -> void* {
       if (o.is_none()) return nullptr;
-      OutArray a = nb::cast<OutArray>(o);
+      const View a(o, name, true);
       uint64_t n = 0;
       void* p = checked(a, name, t, std::move(shape), where_, &n);
       cap = std::min(cap, n);
@@ -325,11 +446,11 @@ class Heap {
     uint8_t* gp = nullptr;
     uint64_t n = 0;
     if (!scores.is_none()) {
-      sp = static_cast<float*>(checked(nb::cast<OutArray>(scores), "scores_out", kF32, {-1}, where_, &n));
+      sp = static_cast<float*>(checked(View(scores, "scores_out", true), "scores_out", kF32, {-1}, where_, &n));
       cap = std::min(cap, n);
     }
     if (!gens.is_none()) {
-      gp = static_cast<uint8_t*>(checked(nb::cast<OutArray>(gens), "gen_out", kU8, {-1}, where_, &n));
+      gp = static_cast<uint8_t*>(checked(View(gens, "gen_out", true), "gen_out", kU8, {-1}, where_, &n));
       cap = std::min(cap, n);
     }
     if (cap == UINT64_MAX) cap = 0;
@@ -352,7 +473,7 @@ class Heap {
     uint64_t cap = 0, n = 0;
     uint8_t* cp = nullptr;
     if (!cls.is_none()) {
-      cp = static_cast<uint8_t*>(checked(nb::cast<OutArray>(cls), "cls_out", kU8, {-1}, where_, &cap));
+      cp = static_cast<uint8_t*>(checked(View(cls, "cls_out", true), "cls_out", kU8, {-1}, where_, &cap));
     }
     kvgc_status st;
     {
@@ -385,6 +506,26 @@ class Heap {
     uint64_t bytes = 0, limit = 0;
     check_status(kvgc_tenant_usage(get(), tenant, &bytes, &limit), heap_, "kvgc_tenant_usage");
     return {bytes, limit};
+  }
+
+  // kvgc_attend `reps` times in a C++ loop: the C call alone, for the binding benchmark.
+  double time_attend(uint64_t seq, uint32_t layer, nb::handle q_obj, nb::handle out_obj,
+                     uint32_t reps) {
+    const View q(q_obj, "q", false), out(out_obj, "out", true);
+    kvgc_heap* h = get();
+    uint64_t n = 0;
+    const nb::dlpack::dtype dt = dtype_of(model_.dtype);
+    void* qp = checked(q, "q", dt, {-1, int64_t(model_.n_q_heads), int64_t(model_.head_dim)}, where_, &n);
+    void* op = checked(out, "out", dt, {int64_t(n), int64_t(model_.n_q_heads), int64_t(model_.head_dim)}, where_);
+    kvgc_attend_params params;
+    kvgc_attend_params_init(&params);
+    nb::gil_scoped_release release;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint32_t i = 0; i < reps; ++i) {
+      if (kvgc_attend(h, seq, layer, qp, uint32_t(n), op, &params, nullptr) != KVGC_OK) break;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count() / (reps ? reps : 1);
   }
 
   nb::dict stats();
@@ -450,7 +591,8 @@ class Batch {
     }
   }
 
-  void append(uint32_t layer, const Array& k, const Array& v, uintptr_t stream) {
+  void append(uint32_t layer, nb::handle k_obj, nb::handle v_obj, uintptr_t stream) {
+    const View k(k_obj, "k", false), v(v_obj, "v", false);
     kvgc_heap* h = heap();
     const kvgc_model_desc& m = heap_->model();
     const nb::dlpack::dtype dt = dtype_of(m.dtype);
@@ -465,8 +607,9 @@ class Batch {
     check_status(st, h, "kvgc_batch_append");
   }
 
-  void attend(uint32_t layer, const Array& q, const OutArray& out, float scale, uint32_t flags,
+  void attend(uint32_t layer, nb::handle q_obj, nb::handle out_obj, float scale, uint32_t flags,
               uintptr_t stream) {
+    const View q(q_obj, "q", false), out(out_obj, "out", true);
     kvgc_heap* h = heap();
     const kvgc_model_desc& m = heap_->model();
     const nb::dlpack::dtype dt = dtype_of(m.dtype);
@@ -485,7 +628,8 @@ class Batch {
     check_status(st, h, "kvgc_batch_attend");
   }
 
-  void observe(uint32_t layer, const Array& mass, uintptr_t stream) {
+  void observe(uint32_t layer, nb::handle mass_obj, uintptr_t stream) {
+    const View mass(mass_obj, "mass", false);
     kvgc_heap* h = heap();
     kvgc_batch_view view;
     std::memset(&view, 0, sizeof view);
@@ -766,7 +910,7 @@ NB_MODULE(_kvgc, m) {
   m.def("status_str", [](int s) { return std::string(kvgc_status_str(s)); });
   m.def("errmsg", [] { return std::string(kvgc_errmsg(nullptr)); },
         "The calling thread's last kvgc error message.");
-  m.def("data_pointer", [](const Array& a) { return reinterpret_cast<uintptr_t>(a.data()); },
+  m.def("data_pointer", [](nb::handle a) { return reinterpret_cast<uintptr_t>(View(a, "array", false).data()); },
         "The address kvgc would read `a` at (a diagnostic: equal to tensor.data_ptr() or "
         "array.ctypes.data, since arrays cross without a copy).");
   m.def("kv_bytes", &kv_bytes, "n_layers"_a, "n_kv_heads"_a, "head_dim"_a, "dtype"_a,
@@ -775,12 +919,17 @@ NB_MODULE(_kvgc, m) {
   nb::class_<Heap>(m, "Heap")
       .def(nb::init<uint32_t, uint32_t, uint32_t, uint32_t, int, const nb::dict&>(),
            "n_layers"_a, "n_q_heads"_a, "n_kv_heads"_a, "head_dim"_a, "dtype"_a, "options"_a)
-      .def("close", &Heap::close)
-      .def_prop_ro("closed", &Heap::closed)
-      .def("new_sequence", &Heap::new_sequence, "tenant"_a = 0)
-      .def("free_sequence", &Heap::free_sequence, "seq"_a)
+      .def("close", &Heap::close,
+           "Frees every sequence, batch and the arena. Idempotent; the heap is unusable after.")
+      .def_prop_ro("closed", &Heap::closed, "True once close() was called.")
+      .def("new_sequence", &Heap::new_sequence, "tenant"_a = 0,
+           "A new empty sequence of `tenant`; returns its id (an int, never 0, never reused).")
+      .def("free_sequence", &Heap::free_sequence, "seq"_a,
+           "Frees the sequence's pages at once (NotFound for an unknown id).")
       .def("_fork", &Heap::fork, "seq"_a, "tenant"_a, "stream"_a)
-      .def("tokens", &Heap::tokens, "seq"_a, "layer"_a)
+      .def("tokens", &Heap::tokens, "seq"_a, "layer"_a,
+           "(live, length) of segment (seq, layer): live tokens, and tokens ever appended\n"
+           "(the logical length positions continue from).")
       .def("_append", &Heap::append, "seq"_a, "layer"_a, "k"_a, "v"_a, "stream"_a)
       .def("_attend", &Heap::attend, "seq"_a, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a,
            "stream"_a)
@@ -792,17 +941,23 @@ NB_MODULE(_kvgc, m) {
            "gen_out"_a.none(), "stream"_a)
       .def("_read_classes", &Heap::read_classes, "seq"_a, "layer"_a, "cls_out"_a.none(),
            "stream"_a)
-      .def("check", &Heap::check)
-      .def("tenant_limit", &Heap::tenant_limit, "tenant"_a, "max_bytes"_a)
-      .def("tenant_usage", &Heap::tenant_usage, "tenant"_a)
+      .def("check", &Heap::check,
+           "Walks every invariant of the heap (kvgc_heap_check); InternalError on a violation.")
+      .def("tenant_limit", &Heap::tenant_limit, "tenant"_a, "max_bytes"_a,
+           "Caps the bytes of pages `tenant`'s sequences hold (0 removes the cap); growth past\n"
+           "it raises BudgetExceeded.")
+      .def("tenant_usage", &Heap::tenant_usage, "tenant"_a,
+           "(bytes held, limit) of `tenant` (limit 0: none).")
       .def("_stats", &Heap::stats)
       .def("_options", &Heap::options)
-      .def("_page_layout", &Heap::page_layout, "cls"_a);
+      .def("_page_layout", &Heap::page_layout, "cls"_a)
+      .def("_time_attend", &Heap::time_attend, "seq"_a, "layer"_a, "q"_a, "out"_a, "reps"_a,
+           "ns per kvgc_attend call, looped in C++ (bench/python_binding.py).");
 
   nb::class_<Batch>(m, "Batch")
       .def(nb::init<Heap&>(), "heap"_a, nb::keep_alive<1, 2>())
-      .def("close", &Batch::close)
-      .def_prop_ro("closed", &Batch::closed)
+      .def("close", &Batch::close, "Frees the batch and the pages its plan still reserves.")
+      .def_prop_ro("closed", &Batch::closed, "True once closed (or its heap was).")
       .def("_plan", &Batch::plan, "seqs"_a, "n_new"_a, "stream"_a)
       .def("_append", &Batch::append, "layer"_a, "k"_a, "v"_a, "stream"_a)
       .def("_attend", &Batch::attend, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a, "stream"_a)

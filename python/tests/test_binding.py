@@ -1,0 +1,412 @@
+"""The binding's own tests: numpy and the package only (run by `make test`, suite python).
+
+The C library is tested by its own suites; these check what the binding adds: arrays
+cross without copies and are refused (heap unchanged) when their dtype, shape, layout or
+device is wrong, statuses become the right exception classes with kvgc_errmsg, every
+option keyword reaches the C struct, and the calls compute what kvgc.h says (attention
+against a numpy reference, batch calls equal to per-sequence calls, pages decoded
+through the documented layout equal to read()).
+"""
+import ctypes
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import kvgc
+
+L, QH, KVH, D = 2, 8, 2, 32
+
+
+def make_heap(**kw):
+    kw.setdefault("budget", "16M")
+    kw.setdefault("ignore_env", True)
+    return kvgc.Heap(L, QH, KVH, D, kw.pop("dtype", "float32"), **kw)
+
+
+def rand(*shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def fill(heap, seq, n, seed=1):
+    k, v = rand(n, KVH, D, seed=seed), rand(n, KVH, D, seed=seed + 100)
+    for layer in range(heap.n_layers):
+        heap.append(seq, layer, k, v)
+    return k, v
+
+
+def reference_attention(q, k, v, scale=None):
+    """Causal attention of the last len(q) positions over k/v ([n, KVH, D]), GQA; and the
+    mass each key received, summed over query heads and queries."""
+    n, nq = len(k), len(q)
+    scale = scale or 1.0 / np.sqrt(D)
+    out = np.zeros((nq, QH, D), np.float64)
+    mass = np.zeros(n, np.float64)
+    for i in range(nq):
+        pos = n - nq + i
+        for h in range(QH):
+            kv = h // (QH // KVH)
+            logits = k[: pos + 1, kv].astype(np.float64) @ q[i, h].astype(np.float64) * scale
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
+            out[i, h] = p @ v[: pos + 1, kv]
+            mass[: pos + 1] += p
+    return out, mass
+
+
+def test_version_and_help():
+    assert kvgc.__version__ == kvgc.version() == kvgc._kvgc.HEADER_VERSION
+    assert "KV cache" in kvgc.__doc__
+    assert "byte_budget" in kvgc.Heap.__doc__ and "plan" in kvgc.Batch.__doc__
+    assert kvgc.Heap.attend.__doc__ and kvgc.Heap.new_sequence.__doc__
+
+
+def test_attend_matches_reference_and_feeds_scores():
+    with make_heap(policy="full") as heap:
+        seq = heap.new_sequence()
+        k, v = fill(heap, seq, 40)
+        q = rand(3, QH, D, seed=7)
+        out = heap.attend(seq, 0, q)
+        ref, mass = reference_attention(q, k, v)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+        scores, gens = heap.read_scores(seq, 0)
+        np.testing.assert_allclose(scores, mass, rtol=1e-4, atol=1e-6)
+        assert gens.dtype == np.uint8 and len(gens) == 40
+        # scores=False leaves them alone; a given scale is used.
+        out2 = heap.attend(seq, 0, q, scores=False, scale=0.5)
+        ref2, _ = reference_attention(q, k, v, scale=0.5)
+        np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(heap.read_scores(seq, 0)[0], scores)
+
+
+def test_no_copy_in_or_out():
+    with make_heap(policy="full") as heap:
+        seq = heap.new_sequence()
+        k, v = fill(heap, seq, 10)
+        assert kvgc._kvgc.data_pointer(k) == k.ctypes.data
+        q = rand(1, QH, D)
+        out = np.empty((1, QH, D), np.float32)
+        assert heap.attend(seq, 0, q, out) is out
+        k_out = np.zeros((10, KVH, D), np.float32)
+        v_out = np.zeros((10, KVH, D), np.float32)
+        pos = np.zeros(10, np.int32)
+        kr, vr, pr = heap.read(seq, 0, k_out, v_out, pos)
+        assert kr.base is k_out or kr is k_out  # a view of the caller's array, filled in place
+        np.testing.assert_array_equal(k_out, k)
+        np.testing.assert_array_equal(v_out, v)
+        np.testing.assert_array_equal(pos, np.arange(10))
+
+
+@pytest.mark.parametrize("bad, what", [
+    (lambda k: k.astype(np.float16), "dtype float16"),
+    (lambda k: k[:, :1], "shape"),
+    (lambda k: k.reshape(-1, D), "shape"),
+    (lambda k: np.asfortranarray(k), "C-contiguous"),
+    (lambda k: k[:, :, ::2], "shape"),
+    (lambda k: np.ascontiguousarray(np.swapaxes(k, 0, 1)), "shape"),
+])
+def test_bad_arrays_refused_before_any_c_call(bad, what):
+    with make_heap() as heap:
+        seq = heap.new_sequence()
+        k, v = fill(heap, seq, 5)
+        before = heap.stats()
+        with pytest.raises(kvgc.InvalidArgument, match=what) as e:
+            heap.append(seq, 0, bad(k), v)
+        assert e.value.status == kvgc.Status.EINVAL and e.value.status_name == "KVGC_EINVAL"
+        assert "k " in str(e.value) or str(e.value).startswith("k ")
+        after = heap.stats()
+        assert (after.live_tokens, after.appends) == (before.live_tokens, before.appends)
+        heap.check()
+
+
+def test_bad_arguments_name_themselves():
+    with make_heap() as heap:
+        seq = heap.new_sequence()
+        fill(heap, seq, 4)
+        with pytest.raises(kvgc.InvalidArgument, match="q has dtype"):
+            heap.attend(seq, 0, rand(1, QH, D, dtype=np.float64))
+        with pytest.raises(kvgc.InvalidArgument, match="out has shape"):
+            heap.attend(seq, 0, rand(2, QH, D), np.empty((1, QH, D), np.float32))
+        with pytest.raises(kvgc.InvalidArgument, match="layer"):
+            heap.append(seq, 5, rand(1, KVH, D), rand(1, KVH, D))
+        with pytest.raises(kvgc.InvalidArgument, match="mass"):
+            heap.observe(seq, 0, np.ones(4, np.float64))
+        with pytest.raises(kvgc.InvalidArgument, match="stream"):
+            heap.step(seq, stream="default")
+        with pytest.raises(TypeError):
+            heap.append(seq, 0, [[0.0]], [[0.0]])
+        with pytest.raises(kvgc.NotFound, match="not a live sequence"):
+            heap.step(seq + 1000)
+        with pytest.raises(kvgc.InvalidArgument, match="outputs hold 2 rows"):
+            heap.read(seq, 0, np.empty((2, KVH, D), np.float32))
+        heap.check()
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(policy="lru"), "policy='lru'"),
+    (dict(token_budget=1.5), "token_budget=1.5"),
+    (dict(byte_budget=-3), "byte_budget=-3"),
+    (dict(sinks=-1), "sinks=-1"),
+    (dict(demote="int2"), "demote='int2'"),
+    (dict(budget="12Q"), "budget='12Q'"),
+    (dict(windw=3), "unknown heap option 'windw'"),
+    (dict(page_tokens=0), "page_tokens"),
+    (dict(recent_decay=2.0), "recent_decay"),
+])
+def test_bad_options(kw, what):
+    with pytest.raises(kvgc.InvalidArgument, match=what.replace("(", r"\(")):
+        make_heap(**kw)
+
+
+def test_every_option_reaches_the_heap():
+    heap = make_heap(policy="h2o", token_budget=0.5, sinks=2, window=8, page_tokens=8,
+                     compact_threshold=0.5, demote="int4", layer_budget="pyramid",
+                     score_noise=0.25, seed=42, harvest="immediate", cpu_threads=2,
+                     recent_decay=0.9, verbose=False)
+    o = heap.options
+    assert o["policy"] == kvgc.Policy.H2O and o["token_budget_fraction"] == 0.5
+    assert (o["sinks"], o["window"], o["page_tokens"], o["seed"]) == (2, 8, 8, 42)
+    assert o["demote"] == kvgc.Demote.INT4 and o["layer_budget"] == kvgc.LayerBudget.PYRAMID
+    assert o["harvest"] == kvgc.Harvest.IMMEDIATE and o["cpu_threads"] == 2
+    assert o["compact_threshold"] == 0.5 and o["score_noise"] == 0.25 and o["recent_decay"] == 0.9
+    assert o["budget_bytes"] == 16 << 20
+    heap.close()
+    heap = make_heap(byte_budget="10%", token_budget=100, budget=0.01,
+                     layer_budget="entropy", layer_weights=[1.0, 3.0])
+    o = heap.options
+    assert o["byte_budget_fraction"] == pytest.approx(0.1) and o["token_budget"] == 100
+    heap.close()
+
+
+def test_environment_overrides_unless_ignored(monkeypatch):
+    monkeypatch.setenv("KVGC_WINDOW", "7")
+    with kvgc.Heap(L, QH, KVH, D, "float32", budget="8M", window=3) as heap:
+        assert heap.options["window"] == 7
+    with kvgc.Heap(L, QH, KVH, D, "float32", budget="8M", window=3, ignore_env=True) as heap:
+        assert heap.options["window"] == 3
+    monkeypatch.setenv("KVGC_POLICY", "lru")
+    with pytest.raises(kvgc.InvalidArgument, match="KVGC_POLICY"):
+        kvgc.Heap(L, QH, KVH, D, "float32", budget="8M")
+
+
+def test_dtypes():
+    for name, np_dtype in (("float16", np.float16), (np.float32, np.float32)):
+        with kvgc.Heap(1, 2, 1, 8, name, budget="4M", ignore_env=True, policy="full") as heap:
+            seq = heap.new_sequence()
+            k = rand(3, 1, 8, dtype=np_dtype)
+            heap.append(seq, 0, k, k)
+            np.testing.assert_array_equal(heap.read(seq, 0)[0], k)
+    with pytest.raises(kvgc.InvalidArgument, match="dtype='int8'"):
+        kvgc.Heap(1, 2, 1, 8, "int8")
+    with pytest.raises(kvgc.InvalidArgument, match="head_dim"):
+        kvgc.Heap(1, 2, 1, 0, "float32")
+
+
+def test_closed_heap_and_batch():
+    heap = make_heap()
+    seq = heap.new_sequence()
+    batch = heap.batch()
+    heap.close()
+    heap.close()  # idempotent
+    assert heap.closed and batch.closed and "closed" in repr(heap)
+    with pytest.raises(kvgc.InvalidArgument, match="heap is closed"):
+        heap.append(seq, 0, rand(1, KVH, D), rand(1, KVH, D))
+    with pytest.raises(kvgc.InvalidArgument, match="batch is closed"):
+        batch.plan([seq], [1])
+
+
+def test_out_of_memory_changes_nothing():
+    # Two slabs of 64 KiB: a handful of pages.
+    with make_heap(budget=128 << 10, slab_bytes=64 << 10, policy="full") as heap:
+        seq = heap.new_sequence()
+        chunk = rand(16, KVH, D)
+        appended = 0
+        with pytest.raises(kvgc.OutOfMemory) as e:
+            for _ in range(1000):
+                heap.append(seq, 0, chunk, chunk)
+                appended += 16
+        assert isinstance(e.value, MemoryError) and "KVGC_ENOMEM" == e.value.status_name
+        assert heap.tokens(seq, 0) == (appended, appended)
+        assert heap.stats().enomem == 1
+        heap.check()
+
+
+def test_tenant_quota_is_budget_exceeded():
+    with make_heap(policy="full") as heap:
+        seq = heap.new_sequence(tenant=3)
+        fill(heap, seq, 16)
+        used, limit = heap.tenant_usage(3)
+        assert used > 0 and limit == 0
+        heap.tenant_limit(3, used)
+        with pytest.raises(kvgc.BudgetExceeded):
+            fill(heap, seq, 16)
+        assert heap.tenant_usage(3) == (used, used)
+
+
+def test_step_meets_a_byte_budget_with_the_ladder():
+    with make_heap(byte_budget=0.3, window=8, sinks=2, harvest="immediate") as heap:
+        seq = heap.new_sequence()
+        for t in range(256):
+            fill(heap, seq, 1, seed=t)
+            for layer in range(L):
+                heap.attend(seq, layer, rand(1, QH, D, seed=1000 + t))
+            heap.step(seq)
+        s = heap.stats()
+        assert s.tokens_evicted > 0 and s.tokens_demoted > 0
+        classes = heap.read_classes(seq, 0)
+        assert set(np.unique(classes)) <= {0, 1, 2} and (classes != 0).any()
+        _, _, pos = heap.read(seq, 0)
+        assert {0, 1} <= set(pos.tolist())          # sinks kept
+        assert set(range(248, 256)) <= set(pos.tolist())  # the young window kept
+        # bytes held per layer within the budget (+ what one step appends)
+        full = kvgc.kv_bytes(1, KVH, D, "float32", 256)
+        assert s.used_bytes / L <= 0.3 * full + kvgc.kv_bytes(1, KVH, D, "float32", 1, page_tokens=16)
+        heap.check()
+
+
+def test_fork_and_observe():
+    with make_heap(policy="h2o") as heap:
+        a = heap.new_sequence()
+        fill(heap, a, 20)
+        heap.observe(a, 0, np.arange(20, dtype=np.float32))
+        b = heap.fork(a, tenant=1)
+        for x, y in zip(heap.read(a, 0), heap.read(b, 0)):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(heap.read_scores(b, 0)[0], np.arange(20, dtype=np.float32))
+        heap.free_sequence(a)
+        assert heap.tokens(b, 1) == (20, 20)
+        with pytest.raises(kvgc.NotFound):
+            heap.tokens(a, 0)
+
+
+def test_batch_equals_per_sequence_calls():
+    lengths = [5, 40, 1]
+    rows = [1, 3, 2]
+    results = []
+    for batched in (False, True):
+        heap = make_heap(policy="h2o", token_budget=24, window=4)
+        seqs = [heap.new_sequence() for _ in lengths]
+        for i, (s, n) in enumerate(zip(seqs, lengths)):
+            fill(heap, s, n, seed=10 * i)
+        for step in range(6):
+            k = rand(sum(rows), KVH, D, seed=step)
+            v = rand(sum(rows), KVH, D, seed=step + 50)
+            q = rand(sum(rows), QH, D, seed=step + 99)
+            outs = []
+            if batched:
+                batch = heap.batch()
+                batch.plan(seqs, rows)
+                for layer in range(L):
+                    batch.append(layer, k, v)
+                    outs.append(batch.attend(layer, q))
+                batch.step()
+                batch.close()
+            else:
+                bounds = np.cumsum([0] + rows)
+                for layer in range(L):
+                    out = np.empty_like(q)
+                    for i, s in enumerate(seqs):
+                        lo, hi = bounds[i], bounds[i + 1]
+                        heap.append(s, layer, k[lo:hi], v[lo:hi])
+                        heap.attend(s, layer, q[lo:hi], out[lo:hi])
+                    outs.append(out)
+                for s in seqs:
+                    heap.step(s)
+            results.append(outs)
+        state = [heap.read(s, layer) + heap.read_scores(s, layer) for s in seqs for layer in range(L)]
+        results.append(state)
+        heap.close()
+    n = len(results) // 2
+    for x, y in zip(results[:n], results[n:]):
+        for a, b in zip(x, y):
+            for u, w in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b]):
+                np.testing.assert_array_equal(u, w)
+
+
+def test_batch_plan_names_the_sequence_that_does_not_fit():
+    with make_heap(budget=128 << 10, slab_bytes=64 << 10, policy="full") as heap:
+        small, big = heap.new_sequence(), heap.new_sequence()
+        batch = heap.batch()
+        with pytest.raises(kvgc.OutOfMemory) as e:
+            batch.plan([small, big], [1, 100000])
+        assert e.value.failed_index == 1
+        with pytest.raises(kvgc.InvalidArgument) as e:
+            batch.plan([small, small], [1, 1])
+        assert e.value.failed_index == 1
+        with pytest.raises(kvgc.InvalidArgument, match="must match"):
+            batch.plan([small], [1, 1])
+        assert heap.tokens(small, 0) == (0, 0)
+
+
+def test_pages_read_through_the_documented_layout_equal_read():
+    with make_heap(policy="full", page_tokens=8) as heap:
+        seq = heap.new_sequence()
+        fill(heap, seq, 20)
+        batch = heap.batch()
+        batch.plan([seq], [1])
+        k1, v1 = rand(1, KVH, D, seed=5), rand(1, KVH, D, seed=6)
+        for layer in range(L):
+            batch.append(layer, k1, v1)
+        view = batch.export(0)
+        lay = heap.page_layout("fp16")
+        assert lay["version"] == kvgc.PAGE_LAYOUT_VERSION and view["n_pages"] == 3
+        keys, positions = {}, {}
+        for p in range(view["n_pages"]):
+            base = view["arena_base"] + int(view["page_offset"][p])
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * lay["page_bytes"]).from_address(base))
+            live = raw[lay["live_offset"]:lay["live_offset"] + 4].view(np.uint32)[0]
+            pos = raw[lay["pos_offset"]:lay["pos_offset"] + 4 * 8].view(np.int32)
+            for s in range(8):
+                if live >> s & 1:
+                    for h in range(KVH):
+                        at = lay["k_offset"] + h * lay["head_stride"] + s * lay["slot_stride"]
+                        keys[(int(pos[s]), h)] = raw[at:at + 4 * D].view(np.float32)
+                    positions[int(pos[s])] = True
+        batch.step()
+        k, _, pos = heap.read(seq, 0)
+        assert sorted(positions) == sorted(pos.tolist()) == list(range(21))
+        for i, p in enumerate(pos):
+            for h in range(KVH):
+                np.testing.assert_array_equal(keys[(int(p), h)], k[i, h])
+
+
+def test_kv_bytes():
+    assert kvgc.kv_bytes(30, 3, 64, "float16", 1000) == 30 * 3 * 64 * 2 * 2 * 1000
+    assert kvgc.kv_bytes(30, 3, 64, "float16", 1000, cls="int4") < kvgc.kv_bytes(
+        30, 3, 64, "float16", 1000, cls="int8")
+    with pytest.raises(kvgc.InvalidArgument, match="cls"):
+        kvgc.kv_bytes(1, 1, 64, "float16", 1, cls="int2")
+
+
+def test_threads_share_a_heap():
+    # The GIL is released around kvgc's calls; the heap's own lock serialises them.
+    with make_heap(policy="h2o", token_budget=32) as heap:
+        seqs = [heap.new_sequence() for _ in range(4)]
+        errors = []
+
+        def work(s, seed):
+            try:
+                for t in range(50):
+                    fill(heap, s, 1, seed=seed + t)
+                    heap.attend(s, 0, rand(1, QH, D, seed=seed + 500 + t))
+                    heap.step(s)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(s, 1000 * i)) for i, s in enumerate(seqs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        heap.check()
+        assert all(heap.tokens(s, 0)[1] == 50 for s in seqs)
+
+
+@pytest.mark.skipif(os.environ.get("KVGC_TEST_CUDA") != "1", reason="KVGC_TEST_CUDA=1 and a GPU")
+def test_cuda_needs_device_arrays():  # pragma: no cover - needs a GPU
+    with kvgc.Heap(L, QH, KVH, D, "float16", device="cuda", budget="64M") as heap:
+        seq = heap.new_sequence()
+        with pytest.raises(kvgc.InvalidArgument, match="is on cpu; the heap is on cuda"):
+            heap.append(seq, 0, rand(1, KVH, D, dtype=np.float16), rand(1, KVH, D, dtype=np.float16))

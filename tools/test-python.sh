@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# make test-python: installs the package with pip into a venv of its own (torch,
+# transformers 4.57.x, kvpress 0.5.5, gguf: about 8 GB, created once and reused), then runs
+# the binding's tests against the installed package and the transformers and kvpress tests
+# (python/tests/torch). Not part of `make test`: torch is too heavy for it.
+#   KVGC_PY_VENV       the venv (default ~/.cache/kvgc/pyvenv)
+#   KVGC_REQUIRE_MODEL=1  the SmolLM2 tests fail instead of skipping when the model is missing
+#   PYTEST_ARGS        extra pytest arguments (e.g. -k batch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${KVGC_PY_VENV:-$HOME/.cache/kvgc/pyvenv}"
+reqs=python/requirements-test.txt
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+if [ ! -x "$venv/bin/python" ]; then
+  echo "test-python: creating $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+fi
+if [ ! -f "$venv/.installed" ] || ! cmp -s "$reqs" "$venv/.installed"; then
+  echo "test-python: installing $reqs into $venv (first time: minutes, ~8 GB)" >&2
+  "$venv/bin/python" -m pip install -q -r "$reqs"
+  cp "$reqs" "$venv/.installed"
+fi
+# The package as a user installs it (pip install .), built incrementally in build-pip.
+echo "test-python: pip install . (build dir build-pip)" >&2
+"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation --force-reinstall \
+  -Cbuild-dir=build-pip .
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# From a directory outside the tree: `import kvgc` must find the installed package.
+cd "$(mktemp -d)"
+status=0
+"$venv/bin/python" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} \
+  "$OLDPWD/python/tests/test_binding.py" "$OLDPWD/python/tests/torch" || status=$?
+exit $status

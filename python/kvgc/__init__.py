@@ -33,6 +33,13 @@ from ._options import OPTION_NAMES
 
 _kvgc._set_error_types(dict(_BY_STATUS))
 
+# help() and tracebacks name the public classes by where users import them from.
+for _cls in (Heap, Batch, Stats, Error, InvalidArgument, OutOfMemory, BudgetExceeded, NotFound,
+             DeviceError, Unsupported, InternalError, DType, Device, StorageClass, Policy,
+             Demote, Harvest, Generation, LayerBudget, Status):
+    _cls.__module__ = "kvgc"
+del _cls
+
 __version__ = _kvgc.version()
 PAGE_LAYOUT_VERSION = _kvgc.PAGE_LAYOUT_VERSION
 STATS_VERSION = _kvgc.STATS_VERSION

@@ -5,12 +5,19 @@ be C-contiguous, in the heap's dtype and on its device, or the call raises
 InvalidArgument naming the array before anything reaches kvgc. K/V rows are
 [tokens, n_kv_heads, head_dim]; queries and outputs [rows, n_q_heads, head_dim].
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
 from ._enums import Device, DType, Policy, StorageClass, dtype_of
 from ._errors import InvalidArgument
 from ._options import heap_options
 from . import _kvgc
 
 __all__ = ["Heap", "Batch", "Stats", "kv_bytes"]
+
+Array = Any   # a numpy array, a torch tensor, or any DLPack tensor
+Stream = Union[None, int, Any]  # None, a cudaStream_t as an int, or an object with .cuda_stream
 
 _NO_SCORES = 0x1  # KVGC_ATTEND_NO_SCORES
 _NUMPY_DTYPE = {DType.F16: "float16", DType.F32: "float32"}
@@ -91,8 +98,8 @@ class Heap(_kvgc.Heap):
     Use it as a context manager, or call close(); a closed heap raises InvalidArgument.
     """
 
-    def __init__(self, n_layers, n_q_heads, n_kv_heads, head_dim, dtype, *, device="cpu",
-                 **options):
+    def __init__(self, n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: int,
+                 dtype: Any, *, device: str = "cpu", **options: Any) -> None:
         kv_dtype = dtype_of(dtype)
         opts = heap_options(device=device, **options)
         super().__init__(_count("n_layers", n_layers), _count("n_q_heads", n_q_heads),
@@ -119,23 +126,24 @@ class Heap(_kvgc.Heap):
                 f"dtype={self._kv_name()}, {state})")
 
     @property
-    def options(self):
+    def options(self) -> dict:
         """The effective options (defaults, then the keywords, then KVGC_*), as a dict."""
         o = self._options()
         o["device"] = Device(o["device"])
         o["policy"] = Policy(o["policy"])
         return o
 
-    def fork(self, seq, tenant=0, stream=None):
+    def fork(self, seq: int, tenant: int = 0, stream: Stream = None) -> int:
         """A new sequence of `tenant` holding a copy of seq's whole cache and GC state."""
         return self._fork(seq, tenant, _stream(stream))
 
-    def append(self, seq, layer, k, v, stream=None):
+    def append(self, seq: int, layer: int, k: Array, v: Array, stream: Stream = None) -> None:
         """Appends k and v ([n, n_kv_heads, head_dim]) to segment (seq, layer); all or
         nothing (OutOfMemory when the pages do not fit)."""
         self._append(seq, layer, k, v, _stream(stream))
 
-    def attend(self, seq, layer, q, out=None, *, scale=0.0, scores=True, stream=None):
+    def attend(self, seq: int, layer: int, q: Array, out: Optional[Array] = None, *,
+               scale: float = 0.0, scores: bool = True, stream: Stream = None) -> Array:
         """Attention of q ([n_q, n_q_heads, head_dim]) over the segment, fused with the GC's
         signal. The queries are the segment's last n_q appended tokens (query i is at
         position length - n_q + i; causal over live tokens). scores=False leaves the GC's
@@ -146,18 +154,18 @@ class Heap(_kvgc.Heap):
         self._attend(seq, layer, q, out, scale, 0 if scores else _NO_SCORES, _stream(stream))
         return out
 
-    def observe(self, seq, layer, mass, stream=None):
+    def observe(self, seq: int, layer: int, mass: Array, stream: Stream = None) -> None:
         """Adds attention mass (float32 [live], in read order) to the tokens' scores, for
         engines that compute attention themselves."""
         self._observe(seq, layer, mass, _stream(stream))
 
-    def step(self, seq, stream=None):
+    def step(self, seq: int, stream: Stream = None) -> bool:
         """The end of an engine step: GC, demotion and compaction as the policy says.
         Returns False when a budget could not be met because the protected tokens alone
         exceed it (KVGC_EBUDGET: advisory, nothing lost), else True."""
         return self._step(seq, _stream(stream)) == 0
 
-    def live_tokens(self, seq, layer):
+    def live_tokens(self, seq: int, layer: int) -> int:
         """Live tokens of segment (seq, layer)."""
         return self.tokens(seq, layer)[0]
 
@@ -184,7 +192,9 @@ class Heap(_kvgc.Heap):
     def _kv_name(self):
         return {DType.F16: "float16", DType.BF16: "bfloat16", DType.F32: "float32"}[self.dtype]
 
-    def read(self, seq, layer, k_out=None, v_out=None, pos_out=None, *, stream=None, like=None):
+    def read(self, seq: int, layer: int, k_out: Optional[Array] = None,
+             v_out: Optional[Array] = None, pos_out: Optional[Array] = None, *,
+             stream: Stream = None, like: Optional[Array] = None) -> Tuple[Array, Array, Array]:
         """The segment's live K/V ([live, n_kv_heads, head_dim]) and positions (int32), dense,
         in read order (int8/int4 tokens dequantised). Without outputs it allocates numpy
         arrays (CPU heaps; torch tensors for CUDA or bfloat16 heaps, or when `like` is a
@@ -197,7 +207,9 @@ class Heap(_kvgc.Heap):
         n = self._read(seq, layer, k_out, v_out, pos_out, _stream(stream))
         return tuple(None if a is None else a[:n] for a in (k_out, v_out, pos_out))
 
-    def read_scores(self, seq, layer, scores_out=None, gen_out=None, *, stream=None, like=None):
+    def read_scores(self, seq: int, layer: int, scores_out: Optional[Array] = None,
+                    gen_out: Optional[Array] = None, *, stream: Stream = None,
+                    like: Optional[Array] = None) -> Tuple[Array, Array]:
         """Each live token's accumulated score (float32) and generation (uint8, kvgc.Generation),
         in read order. Returns (scores, generations)."""
         if scores_out is None and gen_out is None:
@@ -206,7 +218,8 @@ class Heap(_kvgc.Heap):
         n = self._read_scores(seq, layer, scores_out, gen_out, _stream(stream))
         return tuple(None if a is None else a[:n] for a in (scores_out, gen_out))
 
-    def read_classes(self, seq, layer, cls_out=None, *, stream=None, like=None):
+    def read_classes(self, seq: int, layer: int, cls_out: Optional[Array] = None, *,
+                     stream: Stream = None, like: Optional[Array] = None) -> Array:
         """Each live token's storage class (uint8, kvgc.StorageClass), in read order."""
         if cls_out is None:
             n = self.live_tokens(seq, layer)
@@ -214,11 +227,11 @@ class Heap(_kvgc.Heap):
         n = self._read_classes(seq, layer, cls_out, _stream(stream))
         return cls_out[:n]
 
-    def stats(self):
+    def stats(self) -> Stats:
         """A kvgc.Stats snapshot (applies pending GC results first)."""
         return Stats(self._stats())
 
-    def page_layout(self, cls=StorageClass.FP16):
+    def page_layout(self, cls: Union[str, StorageClass] = StorageClass.FP16) -> dict:
         """The documented page layout of a storage class (kvgc_page_layout) as a dict."""
         if isinstance(cls, str):
             try:
@@ -227,7 +240,7 @@ class Heap(_kvgc.Heap):
                 raise InvalidArgument(f"cls={cls!r}: expected 'fp16', 'int8' or 'int4'") from None
         return self._page_layout(int(cls))
 
-    def batch(self):
+    def batch(self) -> Batch:
         """A kvgc.Batch over this heap: one plan per engine step, one call per layer."""
         return Batch(self)
 
@@ -247,7 +260,7 @@ class Batch(_kvgc.Batch):
     (InvalidArgument). Close it, or let Heap.close() close it.
     """
 
-    def __init__(self, heap):
+    def __init__(self, heap: Heap) -> None:
         if not isinstance(heap, Heap):
             raise InvalidArgument(f"heap={heap!r}: expected a kvgc.Heap")
         super().__init__(heap)
@@ -259,28 +272,29 @@ class Batch(_kvgc.Batch):
     def __exit__(self, *exc):
         self.close()
 
-    def plan(self, seqs, n_new, stream=None):
+    def plan(self, seqs: Sequence[int], n_new: Sequence[int], stream: Stream = None) -> None:
         """Plans one engine step: n_new[i] new tokens for sequence seqs[i]."""
         self._plan([int(s) for s in seqs], [int(n) for n in n_new], _stream(stream))
 
-    def append(self, layer, k, v, stream=None):
+    def append(self, layer: int, k: Array, v: Array, stream: Stream = None) -> None:
         self._append(layer, k, v, _stream(stream))
 
-    def attend(self, layer, q, out=None, *, scale=0.0, scores=True, stream=None):
+    def attend(self, layer: int, q: Array, out: Optional[Array] = None, *, scale: float = 0.0,
+               scores: bool = True, stream: Stream = None) -> Array:
         if out is None:
             out = _empty_like(q, tuple(q.shape))
         self._attend(layer, q, out, scale, 0 if scores else _NO_SCORES, _stream(stream))
         return out
 
-    def observe(self, layer, mass, stream=None):
+    def observe(self, layer: int, mass: Array, stream: Stream = None) -> None:
         """Mass per page slot, float32 [n_pages, page_tokens] of export(layer)'s pages."""
         self._observe(layer, mass, _stream(stream))
 
-    def step(self, stream=None):
+    def step(self, stream: Stream = None) -> bool:
         """Every planned sequence's step; False on KVGC_EBUDGET (advisory)."""
         return self._step(_stream(stream)) == 0
 
-    def export(self, layer):
+    def export(self, layer: int) -> dict:
         """The planned batch's page tables for `layer` (kvgc_batch_view) as a dict: numpy
         copies on the CPU, device addresses (ints) on CUDA; with heap.page_layout() an
         engine's own kernel reads the pages."""
@@ -293,7 +307,8 @@ def _count(name, value):
     return value
 
 
-def kv_bytes(n_layers, n_kv_heads, head_dim, dtype, tokens, cls="fp16", page_tokens=0):
+def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, dtype: Any, tokens: int,
+             cls: Union[str, StorageClass] = "fp16", page_tokens: int = 0) -> int:
     """KV bytes `tokens` tokens of one sequence take across all layers in storage class
     `cls`: with page_tokens=0 the raw K/V payload any engine stores; with page_tokens > 0
     what kvgc holds for them (whole pages with their slot metadata)."""

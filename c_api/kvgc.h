@@ -430,8 +430,13 @@ KVGC_API kvgc_status kvgc_read_classes(kvgc_heap* heap, kvgc_seq seq, uint32_t l
  *
  * The plan stays valid until the batch's kvgc_batch_step or its next plan. A call on the
  * heap that changes a planned sequence's pages in between (a per-sequence append or
- * step, kvgc_seq_destroy, a fork of it is fine) makes the plan stale: the batch's calls
- * then fail with KVGC_EINVAL and change nothing; plan again. One plan per heap at a time:
+ * step, kvgc_seq_destroy, a fork of it is fine), whichever layer it touches, makes the
+ * whole plan stale: every later call on it (append, attend, export and observe at any
+ * layer, and kvgc_batch_step) fails with KVGC_EINVAL and changes nothing; plan again.
+ * Calls that succeeded before it stand (a layer already appended keeps its rows), so an
+ * engine that mixes per-sequence calls into a planned step evens its layers itself.
+ * (tests/test_batch.cpp, "a plan goes stale as a whole"; 0.5.0 as first released let only
+ * the touched layer go stale.) One plan per heap at a time:
  * planning a batch makes the heap's other batches' plans stale (their device tables share
  * one region of the arena). Pages a plan reserved for layers that were never appended go
  * back at the next plan, the step or kvgc_batch_destroy. */

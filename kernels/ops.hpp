@@ -127,8 +127,9 @@ struct SelectOp {
   uint8_t ladder[3];
   double slope[3];            // rung r: ladder[r] -> ladder[r + 1], r = n_ladder - 1: evicted
   // Destination slots per class, taken in order; a run from slot 0 is a fresh page which
-  // the op scrubs whole before it writes to it (a recycled page must not show its previous
-  // owner's bytes), and leaves untouched when it takes none of its slots.
+  // the op zeroes whole before anything else, whether it takes its slots or not (a
+  // recycled page must not show its previous owner's bytes, and an unused one stays in
+  // the segment's page table until the results are applied).
   const AppendRun* demote_dst[KVGC_CLASS_COUNT];
   uint32_t n_demote_dst[KVGC_CLASS_COUNT];
   uint32_t promote;           // at most this many intermediate -> long-term

@@ -9,9 +9,11 @@
 // attend  per layer: one AttendOp whose sequences are the batch's (kernels/ops.hpp).
 // step    every sequence's kvgc_step.
 //
-// A plan is checked at every call: the batch must be the heap's planned one and each
-// planned segment's epoch unchanged (heap.hpp: a per-sequence call that touched its pages
-// bumps it), so a stale plan fails instead of writing into pages that moved.
+// A plan is checked at every call: the batch must be the heap's planned one, and no
+// planned segment may have changed since (heap.hpp: ManagedHeap::touch, through which
+// every change outside the batch's own calls goes, marks the whole plan stale), so a
+// stale plan fails at every layer instead of writing into pages that moved or leaving a
+// sequence's layers uneven.
 #include "batch.hpp"
 
 #include <algorithm>
@@ -141,14 +143,32 @@ Status ManagedHeap::batch_live(BatchPlan& b, uint32_t layer, const char* fn) {
     return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
                                  " is out of range (model has " + std::to_string(model_.n_layers) +
                                  " layers)");
-  const uint32_t B = uint32_t(b.seqs.size());
-  for (uint32_t i = 0; i < B; ++i) {
-    const BatchPlan::Entry& e = b.seqs[i];
-    const bool alive = e.slot < seq_slots_.size() && seq_slots_[e.slot] == e.s && e.s->id == e.id;
-    if (!alive || e.s->layers[layer].epoch != b.epoch[layer * B + i])
+  // The plan is stale as a whole: a change to any planned segment (touch) or a destroyed
+  // sequence fails every call, whichever layer it names, so that no layer of a sequence
+  // can take the step's rows while another cannot. The per-layer epochs and the
+  // sequences' slots are checked too (O(B)); on a failure the walk over every layer only
+  // names the sequence.
+  const uint32_t B = uint32_t(b.seqs.size()), L = model_.n_layers;
+  auto alive = [&](const BatchPlan::Entry& e) {
+    return e.slot < seq_slots_.size() && seq_slots_[e.slot] == e.s && e.s->id == e.id;
+  };
+  for (uint32_t i = 0; i < B && !b.stale; ++i)
+    if (!alive(b.seqs[i]) || b.seqs[i].s->layers[layer].epoch != b.epoch[size_t(layer) * B + i])
+      b.stale = true;
+  if (b.stale) {
+    for (uint32_t i = 0; i < B; ++i) {
+      const BatchPlan::Entry& e = b.seqs[i];
+      const bool live = alive(e);
+      uint32_t changed = L;
+      for (uint32_t l = 0; live && l < L && changed == L; ++l)
+        if (e.s->layers[l].epoch != b.epoch[size_t(l) * B + i]) changed = l;
+      if (live && changed == L) continue;
       return fail(KVGC_EINVAL, std::string(fn) + ": the plan is stale: seq " + std::to_string(e.id) +
-                                   (alive ? " changed" : " was destroyed") +
-                                   " since kvgc_batch_plan (plan again)");
+                                   (live ? " changed at layer " + std::to_string(changed) : " was destroyed") +
+                                   " since kvgc_batch_plan, so no layer of the plan runs (plan again)");
+    }
+    return fail(KVGC_EINVAL, std::string(fn) + ": the plan is stale: a planned sequence changed since "
+                                               "kvgc_batch_plan, so no layer of the plan runs (plan again)");
   }
   return Status::Ok();
 }
@@ -168,6 +188,8 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   batch_release(b);
   if (planned_) batch_release(*planned_);
   const uint64_t serial = ++plan_serial_;
+  b.serial = serial;
+  b.stale = false;
   const uint32_t L = model_.n_layers, pt = opts_.page_tokens;
   b.seqs.clear();
   b.seqs.reserve(n);
@@ -224,6 +246,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       for (uint32_t l = 0; l < L; ++l) {
         Segment& seg = e.s->layers[l];
         KVGC_TRY(settle(e.tenant, seg));  // usually long complete
+        seg.plan_mark = serial;  // from now on a change to it makes the plan stale (touch)
         const PageTable& f = seg.table[KVGC_CLASS_FP16];
         const size_t x = size_t(l) * n + i;
         b.cnt_new[x] = uint32_t(f.pages_needed(pool_, pt, e.n_new));
@@ -415,6 +438,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
     b.upload_pending = true;
   }
   b.planned = true;
+  b.stale = false;  // the plan's own settling and compaction came before its epochs
   b.n_rows = uint32_t(rows);
   planned_ = &b;
   return Status::Ok();

@@ -116,7 +116,7 @@ void ManagedHeap::free_empty_pages(uint32_t tenant, PageTable& t) {
 Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget& budget,
                             void* stream, bool* short_of_budget) {
   Segment& seg = s.layers[layer];
-  ++seg.epoch;
+  touch(seg);
   KVGC_TRY(settle(s.tenant, seg));  // the previous GC's results, usually long complete
   KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
   const uint32_t pt = opts_.page_tokens;
@@ -147,8 +147,9 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   // many new pages as the decision could fill and the arena allows. A decision may move
   // every token of a dearer class into this one (the monotone rule moves tokens down with
   // the cheaper tokens that outrank them), but never more than the budget holds of this
-  // class. The op scrubs a fresh page only when it uses it; pages it does not use go back
-  // untouched when the results are applied. Fewer targets (a full arena, a quota) only
+  // class. The op zeroes every fresh page first (scrubbing: until the results are applied
+  // they are in the segment's page tables, used or not); pages it does not use go back
+  // when the results are applied. Fewer targets (a full arena, a quota) only
   // means more evictions: the decision stays monotone.
   runs_.clear();
   const bool reclaims = g.reclaim > 0 || v.bytes_over;
@@ -316,7 +317,7 @@ Status ManagedHeap::compact(uint32_t tenant, Segment& seg, int cls, void* stream
     counts[i] = {pool_.desc(t.pages[i]).used, pool_.desc(t.pages[i]).live};
   const CompactionPlan plan = plan_compaction(counts, opts_.page_tokens);
   if (plan.moves.empty()) return Status::Ok();
-  ++seg.epoch;
+  touch(seg);
   host::vector<CompactMove> moves(plan.moves.size());
   for (size_t i = 0; i < moves.size(); ++i)
     moves[i] = {page_ptr(t.pages[plan.moves[i].dst]), page_ptr(t.pages[plan.moves[i].src]),

@@ -73,7 +73,7 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
   if (!p.active) return Status::Ok();
   KVGC_TRY(backend_->event_wait(p.event));
   p.active = false;
-  ++seg.epoch;
+  touch(seg);
   --pending_;
   const SelectResult& r = *p.result();
   const uint16_t* page_live = p.page_live();

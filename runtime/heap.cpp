@@ -391,7 +391,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   seg.tier[kGenYoung] += n - sinks;
   seg.length += n;
   seg.since_minor = uint32_t(std::min<uint64_t>(uint64_t(seg.since_minor) + n, UINT32_MAX));
-  ++seg.epoch;
+  touch(seg);
   counters_.appends += 1;
   counters_.tokens_appended += n;
 

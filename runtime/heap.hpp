@@ -67,8 +67,10 @@ struct Segment {
   bool promote_blocked = false;
   PendingGc gc;
   // Bumped by every change to the segment's pages or their counts outside a batch's own
-  // calls (append, a GC, its harvest, compaction): a batch plan made before is stale.
+  // calls (append, a GC, its harvest, compaction), through ManagedHeap::touch: a batch
+  // plan made before is stale.
   uint64_t epoch = 0;
+  uint64_t plan_mark = 0;  // the serial of the last plan that took it (touch: stale plans)
   uint64_t draws = 0;  // rankings so far: salts the score noise of the next
   // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
   // append only lengthens it, each with its first row (numbered by `used` while a GC is
@@ -168,6 +170,14 @@ class ManagedHeap : public host::HostAllocated {
     return s.slot * model_.n_layers + layer;
   }
   uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
+  // Every change to a segment's pages or counts outside a batch's own calls goes through
+  // here: it bumps the segment's epoch and, when the segment belongs to the live plan,
+  // makes that whole plan stale (kvgc.h: every later call on the plan fails with
+  // KVGC_EINVAL), whichever layer changed.
+  void touch(Segment& seg) {
+    ++seg.epoch;
+    if (planned_ && seg.plan_mark == planned_->serial) planned_->stale = true;
+  }
   void free_pages(uint32_t tenant, Segment& s);
   // Every page a segment takes or gives back goes through these two: they keep the
   // tenant's byte count, which quotas are checked against.

@@ -510,3 +510,94 @@ TEST_CASE("batch: a 128K-token sequence beside one-token ones equals the per-seq
   kvgc_heap_destroy(hb);
   kvgc_heap_destroy(hs);
 }
+
+// Issue 22 (part 1): a plan went stale per (sequence, layer), not as a whole. A
+// per-sequence append to one layer of a planned sequence failed only that layer's batch
+// calls: layers 0 and 2 took the step's rows, layer 1 did not (the sequence ended with 3,
+// 1 and 3 tokens). kvgc.h: every later call on a stale plan fails with KVGC_EINVAL and
+// changes nothing, whichever layer it names.
+TEST_CASE("batch: a plan goes stale as a whole, whichever layer a per-sequence call touched") {
+  const kvgc_model_desc m = model(3, 2, 16, KVGC_DTYPE_F32);
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);  // the defaults, on the CPU, in a small arena
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  o.device = KVGC_DEVICE_CPU;
+  o.budget_bytes = 16u << 20;
+  kvgc_heap* h = nullptr;
+  REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(h, &b) == KVGC_OK);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(h, 0, &s) == KVGC_OK);
+  auto lengths = [&] {
+    std::vector<uint64_t> len(m.n_layers);
+    for (uint32_t l = 0; l < m.n_layers; ++l)
+      REQUIRE(kvgc_seq_tokens(h, s, l, nullptr, &len[l]) == KVGC_OK);
+    return len;
+  };
+  const size_t row = size_t(m.n_kv_heads) * m.head_dim, q_row = size_t(m.n_q_heads) * m.head_dim;
+  std::vector<float> k(3 * row, 0.5f), q(3 * q_row, 0.25f), out(3 * q_row), mass(64, 0.1f);
+  uint32_t n = 3, failed = 99;
+
+  // The issue's repro, exactly.
+  REQUIRE(kvgc_batch_plan(b, &s, &n, 1, &failed, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_append(h, s, 1, k.data(), k.data(), 1, nullptr) == KVGC_OK);  // layer 1 only
+  const std::vector<uint64_t> before = lengths();
+  CHECK(before == std::vector<uint64_t>{0, 1, 0});
+  CHECK(kvgc_batch_append(b, 0, k.data(), k.data(), nullptr) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(h)).find("stale") != std::string::npos);
+  CHECK(std::string(kvgc_errmsg(h)).find("layer 1") != std::string::npos);
+  CHECK(kvgc_batch_append(b, 1, k.data(), k.data(), nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_batch_append(b, 2, k.data(), k.data(), nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_batch_step(b, nullptr) == KVGC_EINVAL);
+  // The batch added the same to every layer: nothing.
+  CHECK(lengths() == before);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+
+  // Layers even again, then a whole plan runs: every layer takes the step's rows.
+  REQUIRE(kvgc_append(h, s, 0, k.data(), k.data(), 1, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_append(h, s, 2, k.data(), k.data(), 1, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_plan(b, &s, &n, 1, &failed, nullptr) == KVGC_OK);
+  for (uint32_t l = 0; l < m.n_layers; ++l) {
+    REQUIRE(kvgc_batch_append(b, l, k.data(), k.data(), nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_attend(b, l, q.data(), out.data(), nullptr, nullptr) == KVGC_OK);
+  }
+  REQUIRE(kvgc_batch_step(b, nullptr) == KVGC_OK);
+  CHECK(lengths() == std::vector<uint64_t>{4, 4, 4});
+
+  // Stale after a layer already ran: the calls made before it stand, every later one
+  // fails (a layer already appended cannot be attended, exported or observed either).
+  REQUIRE(kvgc_batch_plan(b, &s, &n, 1, &failed, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_append(b, 0, k.data(), k.data(), nullptr) == KVGC_OK);
+  REQUIRE(kvgc_append(h, s, 2, k.data(), k.data(), 1, nullptr) == KVGC_OK);
+  CHECK(kvgc_batch_attend(b, 0, q.data(), out.data(), nullptr, nullptr) == KVGC_EINVAL);
+  kvgc_batch_view view;
+  std::memset(&view, 0, sizeof view);
+  view.struct_size = sizeof view;
+  CHECK(kvgc_batch_export(b, 0, &view) == KVGC_EINVAL);
+  CHECK(kvgc_batch_observe(b, 0, mass.data(), nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_batch_append(b, 1, k.data(), k.data(), nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_batch_step(b, nullptr) == KVGC_EINVAL);
+  CHECK(lengths() == std::vector<uint64_t>{7, 4, 5});  // layer 0's batch rows, layer 2's own
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+
+  // A per-sequence step of another planned sequence (its GC may change any layer's pages):
+  // the same holds for it.
+  kvgc_seq t;
+  REQUIRE(kvgc_seq_create(h, 0, &t) == KVGC_OK);
+  std::vector<float> big(200 * row, 0.5f);
+  for (uint32_t l = 0; l < m.n_layers; ++l)
+    REQUIRE(kvgc_append(h, t, l, big.data(), big.data(), 200, nullptr) == KVGC_OK);
+  kvgc_seq both[2] = {s, t};
+  uint32_t n2[2] = {1, 1};
+  REQUIRE(kvgc_batch_plan(b, both, n2, 2, &failed, nullptr) == KVGC_OK);
+  const kvgc_status ss = kvgc_step(h, t, nullptr);
+  REQUIRE((ss == KVGC_OK || ss == KVGC_EBUDGET));
+  for (uint32_t l = 0; l < m.n_layers; ++l)
+    CHECK(kvgc_batch_append(b, l, k.data(), k.data(), nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_batch_step(b, nullptr) == KVGC_EINVAL);
+  CHECK(lengths() == std::vector<uint64_t>{7, 4, 5});
+  kvgc_batch_destroy(b);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  kvgc_heap_destroy(h);
+}

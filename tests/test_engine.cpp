@@ -629,4 +629,54 @@ TEST_CASE("engine: kvgc-run ends every failure with a message and exit status 1"
   CHECK(run_kvgc_run(fine.path, &output) == 0);
   CHECK(output.find("decode") != std::string::npos);
 }
+
+// `command` run by the shell, its exit status and its stdout and stderr.
+int run_shell(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  size_t got = 0;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, got);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Issue 22: `kvgc-serve /dev/zero` grew one line without a bound (3.1 GB of RSS in 10 s
+// before it said "holds no prompt"). Prompt files are now read up to 64 MiB, then refused
+// with a message naming the bound; kvgc-run's --prompt-file the same. The tools run with
+// their address space capped at 1 GiB (not under ASan, which reserves far more), so an
+// unbounded read fails at the cap at once instead of taking the machine (before the fix:
+// kvgc-run "out of memory", kvgc-serve's getline gave up and said "holds no prompt").
+TEST_CASE("engine: kvgc-serve and kvgc-run read a prompt file up to 64 MiB, then refuse it") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const std::string cap;
+#else
+  const std::string cap = "ulimit -v 1048576; ";
+#endif
+  std::vector<std::string> tools = {std::string(KVGC_RUN_EXE) + " --prompt-file"};
+#ifdef KVGC_SERVE_EXE
+  if (std::filesystem::exists(KVGC_SERVE_EXE))  // the sanitizer trees build only kvgc-run
+    tools.push_back(KVGC_SERVE_EXE);
+#endif
+  for (const std::string& tool : tools) {
+    CAPTURE(tool);
+    std::string output;
+    CHECK(run_shell(cap + tool + " /dev/zero --model /nonexistent.gguf", &output) == 2);
+    CAPTURE(output);
+    CHECK(output.find("'/dev/zero' holds more than 64 MiB") != std::string::npos);
+    CHECK(output.find("holds no prompt") == std::string::npos);
+    // A regular file past the bound is refused unread (a sparse one: no disk used).
+    TempGguf big("", "big_prompts");
+    std::filesystem::resize_file(big.path, (70u << 20));
+    output.clear();
+    CHECK(run_shell(cap + tool + " '" + big.path.string() + "' --model /nonexistent.gguf", &output) == 2);
+    CHECK(output.find("holds 73400320 bytes, more than the 64 MiB") != std::string::npos);
+    // Within the bound, the file is read: an empty one holds no prompt (kvgc-serve), or
+    // the tool goes on to the model (kvgc-run).
+    TempGguf empty("", "prompts");  // any file: an empty one
+    output.clear();
+    run_shell(cap + tool + " '" + empty.path.string() + "' --model /nonexistent.gguf", &output);
+    CHECK(output.find("64 MiB") == std::string::npos);
+  }
+}
 #endif

@@ -4,7 +4,10 @@
 // every page B holds is scanned (tests/page_scan.hpp): the bytes no slot owns (the
 // alignment padding between its regions, after K, after V, at its end) and those of
 // slots never written must be zero, and A's marker must appear nowhere. One geometry happening to be clean proved nothing: the padding moves
-// with page_tokens, heads, head_dim and dtype.
+// with page_tokens, heads, head_dim and dtype. Under the deferred harvest the scan also
+// runs in the window between a kvgc_step and its harvest, when B's page tables still
+// hold the demotion pages the GC reserved and did not use (issue 22: they held A's bytes
+// there, their live masks only cleared).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -45,6 +48,8 @@ struct Geometry {
 struct ScanResult {
   size_t pages[KVGC_CLASS_COUNT] = {};
   size_t dirty_padding = 0, markers = 0;  // pages with a dirty byte; marker hits
+  size_t window_scans = 0;   // scans made with a GC's results pending (deferred harvest)
+  size_t window_empty = 0;   // pages below FP16 with no live slot seen in those scans
   std::string first;  // where the first finding was
 };
 
@@ -70,9 +75,11 @@ void fill(kvgc_heap* h, kvgc_seq s, const std::vector<uint8_t>& rows, uint32_t c
   }
 }
 
-// One heap of geometry g whose ladder reaches class `target` (FP16 pages come from
-// appends in every run).
-ScanResult scan_geometry(const Geometry& g, int target) {
+// One heap of geometry g with demotion `demote` (FP16 pages come from appends in every
+// run). With the deferred harvest, B's pages are scanned first in the window the last
+// step left open (its results pending), then again once they are applied.
+ScanResult scan_geometry(const Geometry& g, kvgc_demote demote,
+                         kvgc_harvest harvest = KVGC_HARVEST_IMMEDIATE) {
   ScanResult res;
   const kvgc_model_desc m = model(1, g.heads, g.head_dim, g.dtype);
   const kvgc::PageLayout fp16 =
@@ -83,10 +90,10 @@ ScanResult scan_geometry(const Geometry& g, int target) {
   o.sinks = 1;
   o.window = 1;
   o.token_budget_fraction = 0.5;
-  o.harvest = KVGC_HARVEST_IMMEDIATE;
+  o.harvest = harvest;
   bool need[KVGC_CLASS_COUNT] = {};
-  need[KVGC_CLASS_FP16] = need[target] = true;
-  o.demote = demote_reaching(target);
+  need[KVGC_CLASS_FP16] = true;
+  o.demote = demote;
   kvgc_heap* h = nullptr;
   REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
   kvgc::ManagedHeap* impl = kvgc::internal_heap(h);
@@ -111,6 +118,24 @@ ScanResult scan_geometry(const Geometry& g, int target) {
   const size_t eb = elem_bytes(m);
   for (size_t i = 0; i < mine.size() / eb; ++i)
     kvgc::cpu::store(&mine[i * eb], m.dtype, float(int(i % 13) - 6) * 0.25f);
+  // Every byte of one of B's pages: padding and never-written slots zero, A's marker
+  // nowhere.
+  auto scan = [&](const uint8_t* page, int cls, uint32_t used) {
+    const kvgc::PageLayout& L = impl->layout(cls);
+    const size_t bytes = L.bytes;
+    const std::string bad = scan_page(L, page, used);
+    if (!bad.empty()) {
+      if (res.first.empty()) res.first = bad;
+      ++res.dirty_padding;
+    }
+    for (const uint8_t* p = page; (p = static_cast<const uint8_t*>(
+                                       std::memchr(p, kMarker[0], size_t(page + bytes - p))));
+         ++p)
+      if (p + 8 <= page + bytes && std::memcmp(p, kMarker, 8) == 0) {
+        if (res.first.empty()) res.first = "marker at byte " + std::to_string(p - page);
+        ++res.markers;
+      }
+  };
   for (int round = 0; round < 2; ++round) {
     kvgc_seq a, b;
     REQUIRE(kvgc_seq_create(h, 7, &a) == KVGC_OK);
@@ -120,33 +145,43 @@ ScanResult scan_geometry(const Geometry& g, int target) {
     REQUIRE(kvgc_seq_create(h, 8, &b) == KVGC_OK);
     REQUIRE(kvgc_append(h, b, 0, mine.data(), mine.data(), 1, nullptr) == KVGC_OK);
     fill(h, b, mine, chunk);
+    // The deferred harvest's window: nothing has applied the last step's results yet
+    // (for_each_page does not settle; kvgc_seq_tokens below does).
+    const bool window = harvest == KVGC_HARVEST_DEFERRED && impl->pending_gcs() > 0;
+    if (window) {
+      ++res.window_scans;
+      REQUIRE(impl->for_each_page(b, [&](const uint8_t* page, size_t, int cls, uint32_t used) {
+        const kvgc::PageLayout& L = impl->layout(cls);
+        bool any = false;
+        for (uint32_t w = 0; w < kvgc::PageLayout::live_words(L.page_tokens); ++w)
+          any |= reinterpret_cast<const uint32_t*>(page + L.live_off)[w] != 0;
+        res.window_empty += cls != KVGC_CLASS_FP16 && !any;
+        ++res.pages[cls];
+        scan(page, cls, used);
+      }).ok());
+      CHECK(impl->pending_gcs() > 0);  // the scan itself applied nothing
+    }
     uint64_t live = 0;
     REQUIRE(kvgc_seq_tokens(h, b, 0, &live, nullptr) == KVGC_OK);
     CHECK(live > 0);
-    REQUIRE(impl->for_each_page(b, [&](const uint8_t* page, size_t bytes, int cls, uint32_t used) {
+    REQUIRE(impl->for_each_page(b, [&](const uint8_t* page, size_t, int cls, uint32_t used) {
       ++res.pages[cls];
-      const kvgc::PageLayout& L = impl->layout(cls);
-      REQUIRE(bytes == L.bytes);
-      const std::string bad = scan_page(L, page, used);
-      if (!bad.empty()) {
-        if (res.first.empty()) res.first = bad;
-        ++res.dirty_padding;
-      }
-      for (const uint8_t* p = page; (p = static_cast<const uint8_t*>(
-                                         std::memchr(p, kMarker[0], size_t(page + bytes - p))));
-           ++p)
-        if (p + 8 <= page + bytes && std::memcmp(p, kMarker, 8) == 0) {
-          if (res.first.empty()) res.first = "marker at byte " + std::to_string(p - page);
-          ++res.markers;
-        }
+      scan(page, cls, used);
     }).ok());
     REQUIRE(kvgc_seq_destroy(h, b) == KVGC_OK);
   }
+  // Every class the ladder holds was reached (a ladder of several rungs may push one
+  // class's tokens all further down by the end: one of them, and FP16, will do).
+  const bool ladder_of_rungs = ladder.n > 2;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-    if (need[c]) {
+    if (need[c] && !(ladder_of_rungs && c != KVGC_CLASS_FP16)) {
       INFO("class " << c << " pages were never taken by B");
       CHECK(res.pages[c] > 0);
     }
+  if (ladder_of_rungs) {
+    INFO("no page below fp16 was ever taken by B");
+    CHECK(res.pages[KVGC_CLASS_INT4] + res.pages[KVGC_CLASS_INT8] > 0);
+  }
   CHECK(kvgc_heap_check(h) == KVGC_OK);
   kvgc_heap_destroy(h);
   return res;
@@ -189,7 +224,7 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in another's pages,
     CAPTURE(int(g.dtype));
     for (int target = 1; target < KVGC_CLASS_COUNT; ++target) {  // every class below fp16
       CAPTURE(target);
-      const ScanResult r = scan_geometry(g, target);
+      const ScanResult r = scan_geometry(g, demote_reaching(target));
       INFO(r.first);
       CHECK(r.dirty_padding == 0);
       CHECK(r.markers == 0);
@@ -202,4 +237,55 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in another's pages,
   MESSAGE(grid.size() << " geometries, " << dirty << " with a finding; pages scanned per class:"
                       << per_class);
   CHECK(grid.size() > 150 / stride);
+}
+
+// Issue 22: between a kvgc_step and its harvest (KVGC_HARVEST=deferred, the default), B's
+// page tables hold the demotion pages the GC reserved; those it did not use had only
+// their live masks cleared and showed A's bytes (443 findings from outside over the int8
+// and ladder geometries; 0 once the harvest was forced). The select op now zeroes every
+// fresh destination page whole before anything else, so the window is as clean as after.
+TEST_CASE("scrubbing: no byte of a destroyed tenant survives in the deferred harvest's window, int8 and ladder") {
+  std::vector<Geometry> grid = {{16, 2, 32, KVGC_DTYPE_F16},
+                                {3, 5, 64, KVGC_DTYPE_F16},
+                                {100, 1, 40, KVGC_DTYPE_F16}};
+  const uint32_t pts[] = {1, 2, 3, 7, 16, 33, 100, 256};
+  const uint32_t hds[] = {8, 24, 40, 64, 72, 128, 200, 256};
+  const kvgc_dtype dts[] = {KVGC_DTYPE_F16, KVGC_DTYPE_BF16, KVGC_DTYPE_F32};
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || KVGC_ASSERT_LEVEL >= 2
+  const uint32_t stride = 4;
+#else
+  const uint32_t stride = 1;
+#endif
+  uint32_t i = 0;
+  for (kvgc_dtype dt : dts)
+    for (uint32_t pt : pts)
+      for (uint32_t hd : hds) {
+        const uint32_t heads = 1 + (i % 8);
+        if (i++ % stride) continue;
+        if (size_t(pt) * heads * hd * (dt == KVGC_DTYPE_F32 ? 4 : 2) > (1u << 20)) continue;
+        grid.push_back({pt, heads, hd, dt});
+      }
+  size_t dirty = 0, scans = 0, empty = 0;
+  for (const Geometry& g : grid) {
+    CAPTURE(g.page_tokens);
+    CAPTURE(g.heads);
+    CAPTURE(g.head_dim);
+    CAPTURE(int(g.dtype));
+    for (kvgc_demote d : {KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER}) {
+      CAPTURE(int(d));
+      const ScanResult r = scan_geometry(g, d, KVGC_HARVEST_DEFERRED);
+      INFO(r.first);
+      CHECK(r.dirty_padding == 0);
+      CHECK(r.markers == 0);
+      dirty += r.dirty_padding + r.markers != 0;
+      scans += r.window_scans;
+      empty += r.window_empty;
+    }
+  }
+  MESSAGE(grid.size() << " geometries x {int8, ladder}, " << dirty << " with a finding; " << scans
+                      << " scans in the window, " << empty
+                      << " pages below fp16 with no live slot seen there");
+  // The window was really scanned, with reserved pages in it.
+  CHECK(scans > grid.size());
+  CHECK(empty > 0);
 }

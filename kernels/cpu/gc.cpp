@@ -164,10 +164,22 @@ void select(const SelectOp& op) {
   struct Dest {
     uint8_t* page;
     uint32_t slot;
-    bool fresh;  // slot 0 of a fresh page: scrub the page before its first use
   };
-  // Every container is sized before the first metadata write, so running out of host
-  // memory (an exception) can only happen before the op has changed anything.
+  // Scrubbing: fresh destination pages (runs from slot 0) are in the segment's page list
+  // from now until the results are applied, used or not (an unused one goes back to the
+  // pool only then: runtime/harvest.cpp), so the op that takes them zeroes them whole,
+  // first: no byte of a previous owner is in them at any time, and nothing reads their
+  // live masks before they are clear (the count below read a previous owner's bits, or
+  // never-written bytes: valgrind's finding, issue 22). Idempotent, so it may come before
+  // the containers: if one of them cannot be had, the pages go back zeroed, nothing else
+  // changed.
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+    for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i)
+      if (op.demote_dst[c][i].first_slot == 0)
+        std::memset(op.demote_dst[c][i].page, 0, op.layout[c].bytes);
+  // Every container is sized before the first metadata write of a live slot, so running
+  // out of host memory (an exception) can only happen before the op has changed anything
+  // but the fresh pages, which it zeroed.
   uint64_t n_live = 0;
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
@@ -191,17 +203,10 @@ void select(const SelectOp& op) {
     for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i)
       for (uint32_t k = 0; k < op.demote_dst[c][i].count; ++k) {
         const uint32_t slot = op.demote_dst[c][i].first_slot + k;
-        slots[c].push_back({op.demote_dst[c][i].page, slot, slot == 0});
+        slots[c].push_back({op.demote_dst[c][i].page, slot});
       }
   }
   row.resize(size_t(op.layout[0].head_dim) * dtype_bytes(op.layout[0].dtype));
-  // Fresh destination pages are in the page list: their live masks (a previous owner's
-  // bits) are cleared before anything reads them; the rest is scrubbed at first use.
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-    for (uint32_t i = 0; i < op.n_demote_dst[c]; ++i)
-      if (op.demote_dst[c][i].first_slot == 0)
-        std::memset(op.demote_dst[c][i].page + op.layout[c].live_off, 0,
-                    4 * size_t(PageLayout::live_words(op.layout[c].page_tokens)));
   uint64_t live_cls[KVGC_CLASS_COUNT] = {0, 0, 0};
   int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1};  // a class's place on the ladder
   for (uint32_t i = 0; i < op.n_ladder; ++i) position_of[op.ladder[i]] = int(i);
@@ -281,16 +286,12 @@ void select(const SelectOp& op) {
       --live_cls[cls];
       at[i] = uint8_t(evicted);
     }
-    // 5. Destinations, from the top: each class's slots in order. Fresh pages that will be
-    //    used are scrubbed whole first (no byte of a previous owner stays, padding
-    //    included); unused ones stay untouched and go back to the pool.
-    dest.assign(order, Dest{nullptr, 0, false});
+    // 5. Destinations, from the top: each class's slots in order (fresh pages were zeroed
+    //    whole when the op began).
+    dest.assign(order, Dest{nullptr, 0});
     size_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0};
     for (size_t i = order; i-- > 0;)
       if (at[i] != from[i] && at[i] != evicted) dest[i] = slots[op.ladder[at[i]]][next_slot[op.ladder[at[i]]]++];
-    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-      for (size_t k = 0; k < taken[c]; ++k)
-        if (slots[c][k].fresh) std::memset(slots[c][k].page, 0, op.layout[c].bytes);
     // 6. Apply: evictions clear live bits; demotions re-store the token one or more rungs
     //    down (through the model dtype) and move its metadata.
     for (size_t i = 0; i < order; ++i) {

@@ -1,8 +1,9 @@
 // CUDA select: the GC's decision op (kernels/cpu/gc.cpp's select is the specification,
 // reproduced bit for bit). Over the segment's slots g = page_index * page_tokens + slot
 // (read order, dead slots included), on the engine's stream:
-//   1. fresh_live: fresh destination pages (runs from slot 0) get their live masks
-//      cleared (the rest of a page is scrubbed only if the op uses it: step 7).
+//   1. fresh: fresh destination pages (runs from slot 0) are zeroed whole, used or not
+//      (they stay in the segment's page tables until the results are applied: scrubbed
+//      when taken, as the CPU's select does).
 //   2. keys: a block per page tenures young slots that left the window, counts live slots
 //      per class, and writes each candidate's key as an order-preserving 64-bit integer
 //      (dead slots and other tiers: all ones, so they sort last), its index g, and its
@@ -14,10 +15,9 @@
 //      (monotone, within capacity), meets the byte budget from the bottom and lists the
 //      demotions; one block picks the top survivors for promotion or a re-split.
 //   6. apply: per slot, clears evicted live bits and sets generations and ages.
-//   7. scrub: fresh destination pages the op uses are zeroed whole.
-//   8. demote: a block per demotion re-stores K and V (through the model dtype) into its
+//   7. demote: a block per demotion re-stores K and V (through the model dtype) into its
 //      slot one or more rungs down, and moves the metadata and the live bit.
-//   9. count: per page, live slots and tiers; then page_live and the result are copied
+//   8. count: per page, live slots and tiers; then page_live and the result are copied
 //      into the op's host memory.
 // Nothing here waits: the runtime reads the results after an event (runtime/harvest.cpp).
 #include <cub/device/device_radix_sort.cuh>
@@ -40,12 +40,15 @@ __device__ __forceinline__ int run_class(const Params& p, uint32_t r) {
   return c;
 }
 
-__global__ void fresh_live_kernel(const Params p) {
+// Fresh destination pages (a run from slot 0) are zeroed whole before anything reads
+// them: scrubbing, whether the op uses them or not (an unused one stays in the segment's
+// page table until the results are applied).
+__global__ void fresh_kernel(const Params p) {
   const AppendRun& r = p.runs[blockIdx.x];
   if (r.first_slot != 0) return;
-  const PageLayout& L = p.L[run_class(p, blockIdx.x)];
-  uint32_t* live = reinterpret_cast<uint32_t*>(r.page + L.live_off);
-  for (uint32_t w = threadIdx.x; w < PageLayout::live_words(L.page_tokens); w += blockDim.x) live[w] = 0;
+  uint4* w = reinterpret_cast<uint4*>(r.page);
+  for (size_t i = threadIdx.x; i < p.L[run_class(p, blockIdx.x)].bytes / 16; i += blockDim.x)
+    w[i] = make_uint4(0, 0, 0, 0);
 }
 
 __global__ void keys_kernel(const Params p) {
@@ -153,20 +156,6 @@ __global__ void apply_kernel(const Params p) {
     if (promoted) atomicAdd(u64(&p.st->r.promoted), promoted);
     if (eligible) atomicAdd(u64(&p.st->r.promote_eligible), eligible);
   }
-}
-
-// Fresh destination pages the op uses (a run from slot 0 whose first slot was taken) are
-// zeroed whole before any demotion writes into them.
-__global__ void scrub_kernel(const Params p) {
-  const uint32_t r = blockIdx.x;
-  const AppendRun& run = p.runs[r];
-  if (run.first_slot != 0) return;
-  const int c = run_class(p, r);
-  uint32_t flat = 0;
-  for (uint32_t q = p.run_first[c]; q < r; ++q) flat += p.runs[q].count;
-  if (flat >= p.st->r.demoted_to[c]) return;  // unused: back to the pool untouched
-  uint4* w = reinterpret_cast<uint4*>(run.page);
-  for (size_t i = threadIdx.x; i < p.L[c].bytes / 16; i += blockDim.x) w[i] = make_uint4(0, 0, 0, 0);
 }
 
 // A block per possible demotion (those past the decided count return): each K and V row
@@ -371,7 +360,7 @@ cudaError_t select(const SelectOp& op, cudaStream_t stream) {
                                 op.n_demote_dst[k] * sizeof(AppendRun), cudaMemcpyHostToDevice, stream));
   KVGC_STEP(cudaMemsetAsync(p.st, 0, sizeof(State), stream));
   if (n_runs) {
-    fresh_live_kernel<<<n_runs, 32, 0, stream>>>(p);
+    fresh_kernel<<<n_runs, 256, 0, stream>>>(p);
     KVGC_LAUNCHED();
     slots_kernel<<<n_runs, 128, 0, stream>>>(p);
     KVGC_LAUNCHED();
@@ -396,8 +385,6 @@ cudaError_t select(const SelectOp& op, cudaStream_t stream) {
   apply_kernel<<<op.n_pages, 128, 0, stream>>>(p);
   KVGC_LAUNCHED();
   if (dem > 0) {
-    scrub_kernel<<<n_runs, 256, 0, stream>>>(p);
-    KVGC_LAUNCHED();
     demote_kernel<<<uint32_t(dem), 128, 0, stream>>>(p);
     KVGC_LAUNCHED();
   }

@@ -35,7 +35,7 @@ mutants=(
 "kernels/cpu/copy.cpp|        std::memset(page + L.k_off + at, 0, rest * L.slot_stride);|        (void)at;|append does not zero K past its run (scrub)"
 "kernels/cpu/copy.cpp|      std::memset(page, 0, L.k_off);|      std::memset(page, 0, 4 * size_t(PageLayout::live_words(L.page_tokens)));|append zeroes only the live mask of the metadata (scrub)"
 "kernels/cpu/copy.cpp|      std::memset(page + L.v_off + payload, 0, L.bytes - (L.v_off + payload));|      (void)payload;|append leaves the padding after V (scrub)"
-"kernels/cpu/gc.cpp|      std::memset(op.demote_dst[i].page, 0, op.layout[KVGC_CLASS_INT4].bytes);|      (void)i;|demotion does not zero a fresh int4 page (scrub)"
+"kernels/cpu/gc.cpp|        std::memset(op.demote_dst[c][i].page, 0, op.layout[c].bytes);|        (void)i;|demotion does not zero a fresh destination page (scrub)"
 "kernels/cpu/gc.cpp|  score_at(dst, Lq, d) = score_at(src, Lf, s);|  score_at(dst, Lq, d) = 0.f;|demotion drops the score"
 "kernels/cpu/gc.cpp|  pos_at(dst, Lq, d) = pos_at(src, Lf, s);|  pos_at(dst, Lq, d) = pos_at(src, Lf, s) + 1;|demotion shifts the position"
 "runtime/harvest.cpp|    tail.live = uint16_t(tail.live + (tail.used - p.tail_used));|    (void)tail;|harvest forgets tokens appended to the tail since the GC"

@@ -9,15 +9,14 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <new>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
+#include "engine/prompt_file.hpp"
 #include "engine/tokenizer.hpp"
 #include "gguf.hpp"
 
@@ -50,7 +49,7 @@ void usage(FILE* out) {
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
-               "  --prompt-file F  the prompt, read from file F\n"
+               "  --prompt-file F  the prompt, read from file F (at most 64 MiB)\n"
                "  --chat           wrap the prompt in the model's ChatML template\n"
                "  --max-tokens N   tokens to generate at most (default 128)\n"
                "  --temperature T  0 (default) is greedy; above 0 samples\n"
@@ -120,14 +119,11 @@ bool parse_args(int argc, char** argv, Args* args) {
     } else if (arg == "--prompt" && (v = value())) {
       args->prompt = v;
     } else if (arg == "--prompt-file" && (v = value())) {
-      std::ifstream in(v, std::ios::binary);
-      std::stringstream text;
-      text << in.rdbuf();
-      if (!in) {
-        std::fprintf(stderr, "kvgc-run: cannot read the prompt file '%s'\n", v);
+      std::string why;  // bounded, as kvgc-serve's FILE
+      if (!engine::read_prompt_file(v, &args->prompt, &why)) {
+        std::fprintf(stderr, "kvgc-run: --prompt-file %s\n", why.c_str());
         return false;
       }
-      args->prompt = text.str();
     } else if (arg == "--max-tokens" && (v = value())) {
       if (!parse_uint(v, 0, UINT32_MAX, &n)) return bad("a count of tokens");
       args->max_tokens = uint32_t(n);

@@ -8,12 +8,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "engine/batch_forward.hpp"
 #include "engine/model.hpp"
+#include "engine/prompt_file.hpp"
 #include "engine/serve.hpp"
 #include "engine/thread_pool.hpp"
 #include "engine/tokenizer.hpp"
@@ -26,7 +26,7 @@ void usage(FILE* out) {
       "usage: kvgc-serve FILE [--model PATH] [--chat] [--max-tokens N] [--ignore-eos]\n"
       "                  [--threads N] [--step-tokens N] [--chunk N] [--max-running N]\n"
       "                  [--prefill observe|stream]\n"
-      "  FILE            prompts, one a line (empty lines skipped)\n"
+      "  FILE            prompts, one a line (empty lines skipped); at most 64 MiB\n"
       "  --model PATH    GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
       "  --chat          wrap each prompt in the model's ChatML template\n"
       "  --max-tokens N  tokens to generate per prompt at most (default 64)\n"
@@ -111,14 +111,20 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  std::ifstream in(file_path);
-  if (!in) {
-    std::fprintf(stderr, "kvgc-serve: cannot read FILE '%s'\n", file_path.c_str());
+  std::string text, why;
+  if (!engine::read_prompt_file(file_path, &text, &why)) {  // bounded: kvgc-serve /dev/zero
+    std::fprintf(stderr, "kvgc-serve: FILE %s\n", why.c_str());
     return 2;
   }
   std::vector<std::string> prompts;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) prompts.push_back(line);
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    if (end > at) prompts.emplace_back(text, at, end - at);
+    at = end + 1;
+  }
+  text.clear();
+  text.shrink_to_fit();
   if (prompts.empty()) {
     std::fprintf(stderr, "kvgc-serve: FILE '%s' holds no prompt\n", file_path.c_str());
     return 2;

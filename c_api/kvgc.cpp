@@ -425,7 +425,30 @@ void kvgc_batch_destroy(kvgc_batch* batch) {
 kvgc_status kvgc_batch_plan(kvgc_batch* batch, const kvgc_seq* seqs, const uint32_t* n_new,
                             uint32_t n_seqs, uint32_t* failed_out, void* stream) {
   return with_batch(batch, "kvgc_batch_plan", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) {
-    return h.batch_plan(p, seqs, n_new, n_seqs, failed_out, stream);
+    return h.batch_plan(p, seqs, n_new, n_seqs, nullptr, nullptr, failed_out, stream);
+  });
+}
+
+kvgc_status kvgc_batch_plan_options_init(kvgc_batch_plan_options* opts) {
+  return guarded(nullptr, [&]() -> Status {
+    if (!opts) return fail(KVGC_EINVAL, "kvgc_batch_plan_options_init: opts is NULL");
+    std::memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+    return Status::Ok();
+  });
+}
+
+kvgc_status kvgc_batch_plan_ex(kvgc_batch* batch, const kvgc_seq* seqs, const uint32_t* n_new,
+                               uint32_t n_seqs, const kvgc_batch_plan_options* opts,
+                               uint32_t* failed_out, void* stream) {
+  return with_batch(batch, "kvgc_batch_plan_ex", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) -> Status {
+    const uint32_t *scored = nullptr, *flags = nullptr;
+    if (opts) {
+      KVGC_TRY(check_struct_size(opts->struct_size, sizeof *opts, "kvgc_batch_plan_ex: opts"));
+      scored = opts->scored_rows;
+      flags = opts->seq_flags;
+    }
+    return h.batch_plan(p, seqs, n_new, n_seqs, scored, flags, failed_out, stream);
   });
 }
 

@@ -55,13 +55,13 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 5
+#define KVGC_VERSION_MINOR 6
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.5.0"
+#define KVGC_VERSION_STRING "0.6.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
-/* The library's version string ("0.5.0"); equals KVGC_VERSION_STRING of its build. */
+/* The library's version string ("0.6.0"); equals KVGC_VERSION_STRING of its build. */
 KVGC_API const char* kvgc_version(void);
 /* The library's KVGC_VERSION_NUMBER, to compare against the header's at run time. */
 KVGC_API int kvgc_version_number(void);
@@ -419,6 +419,9 @@ KVGC_API kvgc_status kvgc_read_classes(kvgc_heap* heap, kvgc_seq seq, uint32_t l
  *     kvgc_batch_attend(b, layer, q, out, params, stream); their queries
  *   kvgc_batch_step(b, stream);                            every sequence's GC
  *
+ * (kvgc_batch_plan_ex, 0.6: per sequence, rows that attend unscored and a GC deferred to
+ * a later step, so that an observe-style prefill runs inside the plan too.)
+ *
  * Rows are in batch order: sequence i's n_new[i] rows follow sequence i-1's, so k, v, q
  * and out are [sum n_new][heads][head_dim] in the model dtype. A sequence may bring one
  * row (decode) or a chunk of its prompt (chunked prefill) in the same batch; n_new[i] = 0
@@ -463,6 +466,45 @@ KVGC_API kvgc_status kvgc_batch_plan(kvgc_batch* batch, const kvgc_seq* seqs,
                                      const uint32_t* n_new, uint32_t n_seqs,
                                      uint32_t* failed_out, void* stream);
 
+/* Per-sequence choices of a plan (added in 0.6), for a prompt that enters the cache
+ * SnapKV-style inside the plan: its chunks attend unscored (or score only their last
+ * rows, the observation window), and its GC waits for the prompt's end.
+ *
+ *   scored_rows  [n_seqs] or NULL (every row scores). Of sequence i's n_new[i] rows only
+ *                the last scored_rows[i] add attention mass at kvgc_batch_attend; the rows
+ *                before them attend as with KVGC_ATTEND_NO_SCORES. Values >= n_new[i]:
+ *                every row scores. Exactly the per-sequence calls kvgc_append of the first
+ *                n_new - s rows, kvgc_attend of them with KVGC_ATTEND_NO_SCORES, then
+ *                kvgc_append and kvgc_attend (scored) of the last s rows: bit for bit on
+ *                the CPU with one thread; the recent scores decay by recent_decay^s, so
+ *                an unscored chunk (s = 0) changes no score at all. A call whose params
+ *                say KVGC_ATTEND_NO_SCORES scores no row of any sequence. kvgc_batch_observe
+ *                (the engine's own attention) is not affected.
+ *   seq_flags    [n_seqs] or NULL (none): KVGC_BATCH_SEQ_* bits per sequence.
+ *
+ * KVGC_BATCH_SEQ_DEFER_STEP: kvgc_batch_step does not step this sequence (no GC, its
+ * pending results stay pending), as a per-sequence engine calls no kvgc_step between a
+ * prompt's chunks; the sequence's next kvgc_step, or a later plan's kvgc_batch_step
+ * without the flag, collects, with every appended token counted. */
+#define KVGC_BATCH_SEQ_DEFER_STEP 0x1u
+
+typedef struct kvgc_batch_plan_options {
+  size_t struct_size;
+  const uint32_t* scored_rows; /* [n_seqs] or NULL */
+  const uint32_t* seq_flags;   /* [n_seqs] or NULL */
+} kvgc_batch_plan_options;
+
+/* Zeroes *opts (every row scores, no flags) and sets struct_size. */
+KVGC_API kvgc_status kvgc_batch_plan_options_init(kvgc_batch_plan_options* opts);
+
+/* kvgc_batch_plan with per-sequence choices; opts NULL is kvgc_batch_plan. KVGC_EINVAL
+ * for unknown seq_flags bits (*failed_out the sequence's index; the previous plan stays
+ * live) and for an opts->struct_size this library does not know. Added in 0.6. */
+KVGC_API kvgc_status kvgc_batch_plan_ex(kvgc_batch* batch, const kvgc_seq* seqs,
+                                        const uint32_t* n_new, uint32_t n_seqs,
+                                        const kvgc_batch_plan_options* opts,
+                                        uint32_t* failed_out, void* stream);
+
 /* Appends every planned sequence's new rows to `layer` (k and v: [sum n_new][n_kv_heads]
  * [head_dim], batch order, on the heap's device). Once per layer per plan; KVGC_EINVAL if
  * this layer was already appended. Never allocates pages: the plan reserved them. */
@@ -471,15 +513,18 @@ KVGC_API kvgc_status kvgc_batch_append(kvgc_batch* batch, uint32_t layer, const 
 
 /* Attention of every planned sequence's new rows over its cache at `layer`, fused with
  * the H2O signal: q and out are [sum n_new][n_q_heads][head_dim], batch order; row j of
- * sequence i is its query at position length - n_new[i] + j, as kvgc_attend. The layer
+ * sequence i is its query at position length - n_new[i] + j, as kvgc_attend. Rows that
+ * kvgc_batch_plan_ex's scored_rows leave out add no mass (params->flags may also turn
+ * scores off for every row). The layer
  * must have been appended in this plan (KVGC_EINVAL otherwise); it may be attended more
  * than once. Long sequences are split across SMs (CPU: threads), short ones share them. */
 KVGC_API kvgc_status kvgc_batch_attend(kvgc_batch* batch, uint32_t layer, const void* q,
                                        void* out, const kvgc_attend_params* params,
                                        void* stream);
 
-/* Every planned sequence's kvgc_step. The plan is spent (pages reserved for layers that
- * were not appended go back first). KVGC_EBUDGET as kvgc_step, for any sequence, after
+/* Every planned sequence's kvgc_step, but those planned with KVGC_BATCH_SEQ_DEFER_STEP
+ * (kvgc_batch_plan_ex). The plan is spent (pages reserved for layers that were not
+ * appended go back first). KVGC_EBUDGET as kvgc_step, for any sequence, after
  * every sequence's GC has run; the first failure of another kind stops the walk. */
 KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
 

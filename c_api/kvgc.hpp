@@ -166,6 +166,20 @@ class Batch {
     if (st != KVGC_ENOMEM && st != KVGC_EBUDGET) check(st, heap_);
     return st;
   }
+  // The same with per-sequence choices (kvgc_batch_plan_ex, 0.6): scored_rows[i] (null:
+  // all) of sequence i's rows, from its chunk's end, add attention mass; seq_flags[i]
+  // (null: none) KVGC_BATCH_SEQ_DEFER_STEP leaves its GC for a later step.
+  kvgc_status plan(const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n,
+                   const uint32_t* scored_rows, const uint32_t* seq_flags, uint32_t* failed,
+                   void* stream = nullptr) {
+    kvgc_batch_plan_options o;
+    check(kvgc_batch_plan_options_init(&o), heap_);
+    o.scored_rows = scored_rows;
+    o.seq_flags = seq_flags;
+    const kvgc_status st = kvgc_batch_plan_ex(b_, seqs, n_new, n, &o, failed, stream);
+    if (st != KVGC_ENOMEM && st != KVGC_EBUDGET) check(st, heap_);
+    return st;
+  }
   void append(uint32_t layer, const void* k, const void* v, void* stream = nullptr) {
     check(kvgc_batch_append(b_, layer, k, v, stream), heap_);
   }

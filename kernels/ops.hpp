@@ -187,7 +187,10 @@ struct AttendSeq {
   uint64_t n_live;       // rows over its pages (an upper bound on live slots)
   uint32_t q_row, n_q;
   int64_t q_pos0;        // position of its first query
-  float recent_decay;    // the per-query decay raised to n_q
+  float recent_decay;    // the per-query decay raised to its scoring queries' count
+  // Queries before this one attend without scores (kvgc_batch_plan_ex's scored rows:
+  // n_q - score_from of them score); 0: all, as the op says. See attend_seq_ops.
+  uint32_t score_from = 0;
   // Host executors: the sequence's pages where they already are (the segment's own
   // attention list, runtime/batch.cpp), instead of pages + first_page; null: there.
   const SegPage* host_pages = nullptr;
@@ -213,6 +216,11 @@ struct AttendOp {
   // plan); null: the executor ships them itself.
   const SegPage* dev_pages = nullptr;
   const AttendSeq* dev_seqs = nullptr;
+  // Host executors, without scores: leave out the slots past the last query's position
+  // (masked for every query anyway), so the op sees exactly the slots a per-sequence
+  // call over these queries saw (attend_seq_ops' first part; the CPU's query blocks
+  // and thread split depend on the slot count).
+  bool trim_future = false;
 };
 
 // The one-segment op that sequence i of a batch amounts to (its pages, queries, rows).
@@ -233,6 +241,30 @@ inline AttendOp attend_seq_op(const AttendOp& op, uint32_t i) {
   one.dev_pages = nullptr;
   one.dev_seqs = nullptr;
   return one;
+}
+
+// The one-segment ops sequence i of a batch amounts to, in order, into out[0..return):
+// one (attend_seq_op) unless it scores only its last queries (0 < score_from < n_q with
+// the op's scores on); then two, exactly the per-sequence calls kvgc_batch_plan_ex
+// promises: its first score_from queries without scores over the slots they can see
+// (kvgc_attend with KVGC_ATTEND_NO_SCORES before the rest was appended), then the rest
+// with scores and the sequence's decay. score_from >= n_q with scores: one op, unscored
+// (the decay is 1: recent_decay^0).
+inline uint32_t attend_seq_ops(const AttendOp& op, uint32_t i, AttendOp out[2]) {
+  const AttendSeq& s = op.seqs[i];
+  out[0] = attend_seq_op(op, i);
+  if (!op.add_scores || s.score_from == 0) return 1;
+  out[0].add_scores = false;
+  if (s.score_from >= s.n_q) return 1;
+  out[0].n_q = s.score_from;
+  out[0].trim_future = true;
+  const size_t row_bytes = size_t(op.q_heads) * op.layout[0].head_dim * dtype_bytes(op.layout[0].dtype);
+  out[1] = attend_seq_op(op, i);
+  out[1].q = static_cast<const uint8_t*>(out[1].q) + size_t(s.score_from) * row_bytes;
+  out[1].out = static_cast<uint8_t*>(out[1].out) + size_t(s.score_from) * row_bytes;
+  out[1].n_q = s.n_q - s.score_from;
+  out[1].q_pos0 = s.q_pos0 + s.score_from;
+  return 2;
 }
 
 }  // namespace kvgc

@@ -7,7 +7,11 @@
 // append  per layer: one AppendOp over every sequence's runs; the reserved pages join
 //         the page tables and the host counts move exactly as kvgc_append moves them.
 // attend  per layer: one AttendOp whose sequences are the batch's (kernels/ops.hpp).
-// step    every sequence's kvgc_step.
+// step    every sequence's kvgc_step, but those planned with KVGC_BATCH_SEQ_DEFER_STEP.
+//
+// kvgc_batch_plan_ex's scored rows travel in AttendSeq::score_from (the first row that
+// scores) and the decay (recent_decay^scored rows); the executors split a sequence's
+// queries there (kernels/ops.hpp).
 //
 // A plan is checked at every call: the batch must be the heap's planned one, and no
 // planned segment may have changed since (heap.hpp: ManagedHeap::touch, through which
@@ -174,8 +178,9 @@ Status ManagedHeap::batch_live(BatchPlan& b, uint32_t layer, const char* fn) {
 }
 
 Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n,
-                               uint32_t* failed, void* stream) {
-  const char* fn = "kvgc_batch_plan";
+                               const uint32_t* scored, const uint32_t* flags, uint32_t* failed,
+                               void* stream) {
+  const char* fn = scored || flags ? "kvgc_batch_plan_ex" : "kvgc_batch_plan";
   auto at = [&](uint32_t i) {
     if (failed) *failed = i;
   };
@@ -184,6 +189,12 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
                                  " exceeds the most one plan takes (" + std::to_string(kMaxBatch) + ")");
   if (n && (!seqs || !n_new))
     return fail(KVGC_EINVAL, std::string(fn) + ": seqs and n_new must not be NULL when n_seqs > 0");
+  for (uint32_t i = 0; flags && i < n; ++i)  // before anything changes
+    if (flags[i] & ~KVGC_BATCH_SEQ_DEFER_STEP) {
+      at(i);
+      return fail(KVGC_EINVAL, std::string(fn) + ": opts->seq_flags[" + std::to_string(i) + "] = " +
+                                   std::to_string(flags[i]) + " has unknown bits");
+    }
   // The previous plans are spent: this batch's, and the heap's other planned batch.
   batch_release(b);
   if (planned_) batch_release(*planned_);
@@ -215,7 +226,9 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
                                      std::to_string(n_new[i]) + " would take seq " +
                                      std::to_string(seqs[i]) + " past 2^31 positions");
       }
-    b.seqs.push_back({&s, seqs[i], n_new[i], uint32_t(rows), s.slot, s.tenant});
+    b.seqs.push_back({&s, seqs[i], n_new[i], uint32_t(rows), s.slot, s.tenant,
+                      scored ? std::min(scored[i], n_new[i]) : n_new[i],
+                      flags && (flags[i] & KVGC_BATCH_SEQ_DEFER_STEP)});
     rows += n_new[i];
     if (rows > uint64_t(INT32_MAX)) {
       at(i);
@@ -383,7 +396,8 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   // new tokens counted, and the export.
   for (uint32_t i = 0; i < n; ++i) {
     const BatchPlan::Entry& e = b.seqs[i];
-    const float seq_decay = float(std::pow(opts_.recent_decay, double(e.n_new)));  // as kvgc_attend
+    // As kvgc_attend of the scoring rows (an unscored chunk decays nothing: ^0 = 1).
+    const float seq_decay = float(std::pow(opts_.recent_decay, double(e.scored)));
     for (uint32_t l = 0; l < L; ++l) {
       const size_t x = size_t(l) * n + i;
       const int32_t delta = int32_t(int64_t(b.length[x]) - int64_t(e.row0));
@@ -419,6 +433,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       a.n_q = e.n_new;
       a.q_pos0 = int64_t(b.length[x]);
       a.recent_decay = seq_decay;
+      a.score_from = e.n_new - e.scored;
       a.host_pages = nullptr;  // set at append, when the segment's own list holds them
       A.q_pos0[x] = int32_t(b.length[x]);
     }
@@ -614,6 +629,7 @@ Status ManagedHeap::batch_step(BatchPlan& b, void* stream) {
   uint32_t short_seqs = 0;
   Status first_short;
   for (const BatchPlan::Entry& e : b.seqs) {
+    if (e.defer_step) continue;  // its GC waits for a later step (kvgc_batch_plan_ex)
     Status st = step(e.id, stream);
     if (st.code == KVGC_EBUDGET) {
       if (!short_seqs++) first_short = st;

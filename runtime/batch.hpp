@@ -27,6 +27,8 @@ struct BatchPlan : host::HostAllocated {
     kvgc_seq id;
     uint32_t n_new, row0;  // its rows are [row0, row0 + n_new) of the batch
     uint32_t slot, tenant; // checked before each call (the sequence may be gone)
+    uint32_t scored;       // its last `scored` rows add mass (<= n_new; kvgc_batch_plan_ex)
+    bool defer_step;       // KVGC_BATCH_SEQ_DEFER_STEP: kvgc_batch_step skips it
   };
   bool planned = false;   // a plan is live (not spent, not cancelled)
   bool stale = false;     // a planned segment changed since (ManagedHeap::touch): every

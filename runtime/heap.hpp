@@ -146,8 +146,10 @@ class ManagedHeap : public host::HostAllocated {
                 float scale, bool add_scores, void* stream);
   // Batches (batch.cpp): kvgc_batch_*. release returns the pages a plan reserved for
   // layers never appended and spends the plan; destroy also frees the plan's arrays.
+  // scored: [n] rows that score, from each chunk's end (null: all); flags: [n]
+  // KVGC_BATCH_SEQ_* (null: none). kvgc_batch_plan_ex.
   Status batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n,
-                    uint32_t* failed, void* stream);
+                    const uint32_t* scored, const uint32_t* flags, uint32_t* failed, void* stream);
   Status batch_append(BatchPlan& b, uint32_t layer, const void* k, const void* v, void* stream);
   Status batch_attend(BatchPlan& b, uint32_t layer, const void* q, void* out, float scale,
                       bool add_scores, void* stream);

@@ -111,10 +111,21 @@ int main(void) {
     EXPECT(last_pos == TOKENS);
     EXPECT(kvgc_batch_step(batch, NULL) == KVGC_OK);
     EXPECT(kvgc_batch_append(batch, 0, k, v, NULL) == KVGC_EINVAL); /* the plan is spent */
+    { /* 0.6: one more row through kvgc_batch_plan_ex, unscored, its GC deferred */
+      kvgc_batch_plan_options popts;
+      uint32_t none = 0, defer = KVGC_BATCH_SEQ_DEFER_STEP;
+      EXPECT(kvgc_batch_plan_options_init(&popts) == KVGC_OK);
+      popts.scored_rows = &none;
+      popts.seq_flags = &defer;
+      EXPECT(kvgc_batch_plan_ex(batch, &seq, &one, 1, &popts, &failed, NULL) == KVGC_OK);
+      for (layer = 0; layer < LAYERS; ++layer)
+        EXPECT(kvgc_batch_append(batch, layer, k, v, NULL) == KVGC_OK);
+      EXPECT(kvgc_batch_step(batch, NULL) == KVGC_OK);
+    }
     kvgc_batch_destroy(batch);
   }
   EXPECT(kvgc_seq_tokens(heap, seq, LAYERS - 1, &live, &length) == KVGC_OK);
-  EXPECT(live == TOKENS + 1 && length == TOKENS + 1);
+  EXPECT(live == TOKENS + 2 && length == TOKENS + 2);
   EXPECT(kvgc_seq_destroy(heap, seq) == KVGC_OK);
   EXPECT(kvgc_get_stats(heap, &stats) == KVGC_OK);
   EXPECT(stats.live_tokens == 0 && stats.slabs_free == stats.slabs_total);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -71,6 +72,51 @@ SegState read_seg(kvgc_heap* h, const kvgc_model_desc& m, kvgc_seq s, uint32_t l
   return st;
 }
 
+// Each live token's (position, score, recent score) of segment (s, layer), by position:
+// what the GC ranks by, the recent scores included (no getter reads those), through a
+// plan without new rows and the documented page layout. Applies pending GC results, as
+// kvgc_seq_tokens does.
+std::vector<std::array<float, 3>> read_meta(kvgc_heap* h, kvgc_seq s, uint32_t layer) {
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(h, &b) == KVGC_OK);
+  uint32_t zero = 0, failed = 0;
+  REQUIRE(kvgc_batch_plan(b, &s, &zero, 1, &failed, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_append(b, layer, nullptr, nullptr, nullptr) == KVGC_OK);
+  kvgc_batch_view view;
+  std::memset(&view, 0, sizeof view);
+  view.struct_size = sizeof view;
+  REQUIRE(kvgc_batch_export(b, layer, &view) == KVGC_OK);
+  kvgc_page_layout lay[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    std::memset(&lay[c], 0, sizeof lay[c]);
+    lay[c].struct_size = sizeof lay[c];
+    REQUIRE(kvgc_page_layout_get(h, kvgc_storage_class(c), &lay[c]) == KVGC_OK);
+  }
+  std::vector<std::array<float, 3>> meta;
+  for (uint32_t p = view.page_indptr[0]; p < view.page_indptr[1]; ++p) {
+    const kvgc_page_layout& L = lay[view.page_class[p]];
+    const uint8_t* page = static_cast<const uint8_t*>(view.arena_base) + view.page_offset[p];
+    for (uint32_t t = 0; t < view.page_tokens; ++t) {
+      uint32_t word;
+      std::memcpy(&word, page + L.live_offset + 4 * (t / 32), 4);
+      if (!(word >> (t % 32) & 1u)) continue;
+      int32_t pos;
+      float score, recent;
+      std::memcpy(&pos, page + L.pos_offset + 4 * t, 4);
+      std::memcpy(&score, page + L.score_offset + 4 * t, 4);
+      std::memcpy(&recent, page + L.recent_offset + 4 * t, 4);
+      meta.push_back({float(pos), score, recent});
+    }
+  }
+  std::sort(meta.begin(), meta.end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
+  kvgc_batch_destroy(b);
+  return meta;
+}
+
+bool same_bits(const std::vector<std::array<float, 3>>& a, const std::vector<std::array<float, 3>>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof a[0]) == 0);
+}
+
 // Drives two heaps through the same steps: `batched` with the batch API, `single` with the
 // per-sequence calls, and checks attention outputs and every segment's state are equal
 // bit for bit (max_err = 0) or within max_err.
@@ -104,19 +150,50 @@ struct Twin {
     REQUIRE(kvgc_seq_destroy(single, seqs[id].second) == KVGC_OK);
     seqs.erase(id);
   }
+  // One sequence's part of a step for step_ex: n new rows, of which the last `scored`
+  // add attention mass (kvgc_batch_plan_ex's scored_rows), and whether its GC is deferred
+  // (KVGC_BATCH_SEQ_DEFER_STEP).
+  struct Chunk {
+    uint32_t id, n;
+    uint32_t scored = UINT32_MAX;
+    bool defer = false;
+  };
   // One engine step: request ids and their new rows.
   void step(const std::vector<std::pair<uint32_t, uint32_t>>& work) {
+    std::vector<Chunk> chunks;
+    for (auto [id, n] : work) chunks.push_back({id, n});
+    step_ex(chunks, false);
+  }
+  // The same through kvgc_batch_plan_ex (ex: even when every chunk has the defaults). The
+  // twin runs a chunk that scores only its last s rows as the per-sequence calls that
+  // promise to equal: kvgc_append of the first n - s rows, kvgc_attend of them with
+  // KVGC_ATTEND_NO_SCORES, then kvgc_append and kvgc_attend of the last s; a deferred
+  // sequence is not stepped.
+  void step_ex(const std::vector<Chunk>& work, bool ex = true) {
     const size_t kv_row = size_t(m.n_kv_heads) * m.head_dim, q_row = size_t(m.n_q_heads) * m.head_dim;
     std::vector<kvgc_seq> ids;
-    std::vector<uint32_t> n_new;
+    std::vector<uint32_t> n_new, scored, flags;
     uint32_t rows = 0;
-    for (auto [id, n] : work) {
-      ids.push_back(seqs.at(id).first);
-      n_new.push_back(n);
-      rows += n;
+    for (const Chunk& c : work) {
+      ids.push_back(seqs.at(c.id).first);
+      n_new.push_back(c.n);
+      scored.push_back(c.scored);
+      flags.push_back(c.defer ? KVGC_BATCH_SEQ_DEFER_STEP : 0u);
+      rows += c.n;
     }
     uint32_t failed = 99;
-    REQUIRE(kvgc_batch_plan(batch, ids.data(), n_new.data(), uint32_t(ids.size()), &failed, nullptr) == KVGC_OK);
+    if (ex) {
+      kvgc_batch_plan_options po;
+      REQUIRE(kvgc_batch_plan_options_init(&po) == KVGC_OK);
+      po.scored_rows = scored.data();
+      po.seq_flags = flags.data();
+      REQUIRE(kvgc_batch_plan_ex(batch, ids.data(), n_new.data(), uint32_t(ids.size()), &po, &failed, nullptr) == KVGC_OK);
+    } else {
+      REQUIRE(kvgc_batch_plan(batch, ids.data(), n_new.data(), uint32_t(ids.size()), &failed, nullptr) == KVGC_OK);
+    }
+    kvgc_attend_params unscored;
+    kvgc_attend_params_init(&unscored);
+    unscored.flags = KVGC_ATTEND_NO_SCORES;
     for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
       const std::vector<float> k = random_rows(rng, rows * kv_row + 1), v = random_rows(rng, rows * kv_row + 1);
       const std::vector<float> q = random_rows(rng, rows * q_row + 1);
@@ -124,13 +201,17 @@ struct Twin {
       REQUIRE(kvgc_batch_append(batch, layer, k.data(), v.data(), nullptr) == KVGC_OK);
       REQUIRE(kvgc_batch_attend(batch, layer, q.data(), out_b.data(), nullptr, nullptr) == KVGC_OK);
       uint32_t row = 0;
-      for (auto [id, n] : work) {
-        if (n) {
-          const kvgc_seq s = seqs.at(id).second;
-          REQUIRE(kvgc_append(single, s, layer, k.data() + row * kv_row, v.data() + row * kv_row, n, nullptr) == KVGC_OK);
-          REQUIRE(kvgc_attend(single, s, layer, q.data() + row * q_row, n, out_s.data() + row * q_row, nullptr, nullptr) == KVGC_OK);
+      for (const Chunk& c : work) {
+        const kvgc_seq s = seqs.at(c.id).second;
+        const uint32_t n_scored = std::min(c.scored, c.n), first = c.n - n_scored;
+        for (int part = 0; part < 2; ++part) {  // the unscored rows, then the scored ones
+          const uint32_t r = part ? row + first : row, n = part ? n_scored : first;
+          if (!n) continue;
+          REQUIRE(kvgc_append(single, s, layer, k.data() + r * kv_row, v.data() + r * kv_row, n, nullptr) == KVGC_OK);
+          REQUIRE(kvgc_attend(single, s, layer, q.data() + r * q_row, n, out_s.data() + r * q_row,
+                              part ? nullptr : &unscored, nullptr) == KVGC_OK);
         }
-        row += n;
+        row += c.n;
       }
       for (size_t i = 0; i < size_t(rows) * q_row; ++i) {
         if (max_err == 0) {
@@ -143,8 +224,9 @@ struct Twin {
     const kvgc_status sb = kvgc_batch_step(batch, nullptr);
     REQUIRE((sb == KVGC_OK || sb == KVGC_EBUDGET));
     ebudget += sb == KVGC_EBUDGET;
-    for (auto [id, n] : work) {
-      const kvgc_status ss = kvgc_step(single, seqs.at(id).second, nullptr);
+    for (const Chunk& c : work) {
+      if (c.defer) continue;
+      const kvgc_status ss = kvgc_step(single, seqs.at(c.id).second, nullptr);
       REQUIRE((ss == KVGC_OK || ss == KVGC_EBUDGET));
     }
     REQUIRE(kvgc_heap_check(batched) == KVGC_OK);
@@ -155,6 +237,8 @@ struct Twin {
         const SegState a = read_seg(batched, m, p.first, layer), b = read_seg(single, m, p.second, layer);
         if (max_err == 0) {
           CHECK_MESSAGE(a == b, "request " << id << " layer " << layer);
+          CHECK_MESSAGE(same_bits(read_meta(batched, p.first, layer), read_meta(single, p.second, layer)),
+                        "request " << id << " layer " << layer << ": scores or recent scores differ");
         } else {
           CHECK(a.pos == b.pos);
           CHECK(a.cls == b.cls);
@@ -197,11 +281,111 @@ TEST_CASE("batch: a batch is the per-sequence calls, bit for bit on one thread")
   }
 }
 
+TEST_CASE("batch: scored rows and a deferred GC equal the per-sequence observe prefill, bit for bit") {
+  // kvgc_batch_plan_ex: a prompt entering SnapKV-style inside the plan (chunks unscored,
+  // the last chunk scoring only its last rows, no GC until the prompt's end) beside
+  // decoding sequences, equal to the per-sequence calls kvgc.h names: kvgc_append and
+  // kvgc_attend(KVGC_ATTEND_NO_SCORES) of the early rows, kvgc_append and kvgc_attend of
+  // the last ones, no kvgc_step. Scores, recent scores (their decay: recent_decay^scored
+  // rows, nothing for an unscored chunk) and every later GC decision must match.
+  for (uint32_t gqa : {1u, 4u}) {
+    CAPTURE(gqa);
+    for (kvgc_policy p : {KVGC_POLICY_GENERATIONAL, KVGC_POLICY_H2O, KVGC_POLICY_FULL}) {
+      CAPTURE(p);
+      Twin t(model(2, 2, 32, KVGC_DTYPE_F32, gqa), p);
+      for (uint32_t id = 1; id <= 6; ++id) t.join(id, id % 2);
+      t.step_ex({{1, 40}, {2, 3}});  // 1 and 2 decode from here on, stepped as usual
+      // 3: a 75-token prompt in chunks of 20, 20, 20, 15 (its last 9 rows score: the
+      // observation window starts inside the chunk); 4: a chunk that scores whole but is
+      // deferred, one that scores its last 2 rows (its recent scores, no longer zero,
+      // decay by recent_decay^2), one unscored, both stepped; 5: likewise, deferred; 6:
+      // deferred without rows; 2: one whole chunk unscored, stepped.
+      using C = Twin::Chunk;
+      t.step_ex({C{1, 1}, C{3, 20, 0, true}, C{4, 13, UINT32_MAX, true}, C{5, 2, 7, true}, C{6, 0, 0, true}});
+      t.step_ex({C{1, 1}, C{3, 20, 0, true}, C{2, 5, 0}, C{4, 6, 2, false}});
+      t.step_ex({C{3, 20, 0, true}, C{1, 1}, C{5, 11, 1, true}, C{4, 9, 0, false}});
+      t.step_ex({C{1, 1}, C{3, 15, 9, true}, C{2, 1}});
+      // The prompt is in and no GC has touched it; the twins agree on every score.
+      uint64_t live = 0, length = 0;
+      REQUIRE(kvgc_seq_tokens(t.batched, t.seqs.at(3).first, 0, &live, &length) == KVGC_OK);
+      CHECK(length == 75);
+      CHECK(live == 75);
+      t.compare();
+      // Its GC at the prompt's end, then decode, everyone stepped.
+      for (int s = 0; s < 12; ++s) t.step_ex({{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}});
+      t.compare();
+      if (p != KVGC_POLICY_FULL) {
+        REQUIRE(kvgc_seq_tokens(t.batched, t.seqs.at(3).first, 0, &live, &length) == KVGC_OK);
+        CHECK(live < length);  // it was collected once stepped
+      }
+    }
+  }
+}
+
+TEST_CASE("batch: a long chunk scoring its last rows equals the per-sequence calls, bit for bit") {
+  // Long enough that the CPU's query blocks depend on the slot count (the unscored rows
+  // fit one block over the slots they can see, not over the whole chunk's): the first
+  // rows attend over exactly the slots a per-sequence call before the rest saw.
+  Twin t(model(1, 2, 32, KVGC_DTYPE_F32, 4), KVGC_POLICY_FULL);
+  t.join(1, 0);
+  t.join(2, 0);
+  t.step_ex({{1, 1400}, {2, 5}});
+  t.step_ex({Twin::Chunk{1, 400, 100, true}, Twin::Chunk{2, 1}});
+  t.step_ex({{1, 1}, {2, 1}});
+  t.compare();
+}
+
+TEST_CASE("batch: kvgc_batch_plan_ex refuses what it does not know and changes nothing") {
+  const kvgc_model_desc m = model(2, 2, 16, KVGC_DTYPE_F32);
+  kvgc_heap* h = make_heap(m, KVGC_POLICY_H2O);
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(h, &b) == KVGC_OK);
+  kvgc_seq s[2];
+  for (kvgc_seq& x : s) REQUIRE(kvgc_seq_create(h, 0, &x) == KVGC_OK);
+  uint32_t n_new[2] = {3, 5}, flags[2] = {KVGC_BATCH_SEQ_DEFER_STEP, 0x10}, failed = 99;
+  kvgc_batch_plan_options po;
+  CHECK(kvgc_batch_plan_options_init(nullptr) == KVGC_EINVAL);
+  REQUIRE(kvgc_batch_plan_options_init(&po) == KVGC_OK);
+  CHECK(po.scored_rows == nullptr);
+  CHECK(po.seq_flags == nullptr);
+  po.seq_flags = flags;
+  CHECK(kvgc_batch_plan_ex(b, s, n_new, 2, &po, &failed, nullptr) == KVGC_EINVAL);
+  CHECK(failed == 1);
+  CHECK(std::string(kvgc_errmsg(h)).find("seq_flags[1]") != std::string::npos);
+  po.struct_size = sizeof po + 8;
+  flags[1] = 0;
+  CHECK(kvgc_batch_plan_ex(b, s, n_new, 2, &po, &failed, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_batch_append(b, 0, nullptr, nullptr, nullptr) == KVGC_EINVAL);  // no plan
+  kvgc_stats st;
+  kvgc_stats_init(&st);
+  REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+  CHECK(st.pages_allocated == 0);
+  // NULL opts is kvgc_batch_plan; a deferred sequence is not stepped.
+  po.struct_size = sizeof po;
+  REQUIRE(kvgc_batch_plan_ex(b, s, n_new, 2, nullptr, &failed, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_plan_ex(b, s, n_new, 2, &po, &failed, nullptr) == KVGC_OK);
+  std::vector<float> k(8 * m.n_kv_heads * m.head_dim, 0.5f);
+  for (uint32_t l = 0; l < m.n_layers; ++l) REQUIRE(kvgc_batch_append(b, l, k.data(), k.data(), nullptr) == KVGC_OK);
+  REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+  const uint64_t steps = st.steps;
+  const kvgc_status stepped = kvgc_batch_step(b, nullptr);
+  REQUIRE((stepped == KVGC_OK || stepped == KVGC_EBUDGET));  // 5 tokens in the window: advisory
+  REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+  CHECK(st.steps == steps + 1);
+  kvgc_batch_destroy(b);
+  REQUIRE(kvgc_heap_check(h) == KVGC_OK);
+  kvgc_heap_destroy(h);
+}
+
 TEST_CASE("batch: with threads only split sequences differ, by summation order") {
   Twin t(model(1, 2, 64, KVGC_DTYPE_F32, 4), KVGC_POLICY_FULL, 2);
   t.max_err = 1e-4;
   for (uint32_t id = 1; id <= 6; ++id) t.join(id, 0);
   t.step({{1, 700}, {2, 30}, {3, 3}, {4, 1}, {5, 200}, {6, 64}});  // 1 is long: split-K
+  // Chunks scoring only their last rows (kvgc_batch_plan_ex): split-K and whole-sequence
+  // tasks run both parts.
+  t.step_ex({Twin::Chunk{1, 300, 40, true}, Twin::Chunk{2, 30, 7, true}, Twin::Chunk{3, 5, 0, true},
+             {4, 1}, {5, 1}, {6, 1}});
   for (int s = 0; s < 4; ++s) t.step({{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}});
   t.compare();
 }

@@ -2,7 +2,7 @@
 // (the ops of kernels/ops.hpp on pages built by hand): batched attention over random
 // batches (decode rows and prefill chunks, empty sequences, evicted slots, FP16/INT8/INT4
 // pages, GQA 1/4/8, with and without device-side tables, scratch tight enough for many
-// passes), append with per-run position deltas and device-side runs (pages byte for
+// passes, chunks that score only their last rows), append with per-run position deltas and device-side runs (pages byte for
 // byte), observe by slot. Fresh random inputs (seeds printed), CUDA outputs poisoned.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -129,6 +129,9 @@ Batch random_batch(Arena& a, uint32_t n_seqs, uint32_t max_len, std::mt19937& rn
     s.q_pos0 = int64_t(pos) - s.n_q + (rng() % 3 == 0 ? int64_t(rng() % 5) - 2 : 0);
     s.q_row = b.rows;
     s.recent_decay = rng() % 2 ? 1.0f : 0.5f + 0.4f * float(rng() % 100) / 100.f;
+    // kvgc_batch_plan_ex's scored rows: only queries from score_from on add mass (and the
+    // decay), the earlier ones attend as KVGC_ATTEND_NO_SCORES; n_q: none scores.
+    if (s.n_q > 1 && rng() % 3 == 0) s.score_from = 1 + rng() % s.n_q;
     b.rows += s.n_q;
     b.seqs.push_back(s);
   }
@@ -438,7 +441,8 @@ TEST_CASE("batched decode attention on CUDA: launches do not grow with the batch
 
 TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend, export, observe, step)") {
   // End to end through kvgc.h: one plan uploads every layer's tables, one append and one
-  // attention per layer; the CPU heap runs the same batch. Full cache for the outputs
+  // attention per layer; the CPU heap runs the same batch (some steps through
+  // kvgc_batch_plan_ex: rows unscored, GC deferred). Full cache for the outputs
   // (no GC decision can diverge on rounding), then h2o with the ladder for the GC path.
   std::mt19937 rng(fresh_seed("c-api batch"));
   const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16, 4);
@@ -468,8 +472,25 @@ TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend,
       uint32_t rows = 0;
       for (uint32_t i = 0; i < B; ++i) rows += n_new[i] = step == 0 ? 1 + rng() % 300 : (i == 3 && step % 4 ? 0 : 1);
       uint32_t failed = 99;
-      REQUIRE(kvgc_batch_plan(bc, sc, n_new, B, &failed, nullptr) == KVGC_OK);
-      REQUIRE(kvgc_batch_plan(bg, sg, n_new, B, &failed, stream) == KVGC_OK);
+      // kvgc_batch_plan_ex on some steps: sequence 2's first chunk scores its last third
+      // and 4's first three are unscored, both with their GC deferred.
+      uint32_t scored[B], flags[B];
+      for (uint32_t i = 0; i < B; ++i) {
+        const bool observe = (i == 2 && step == 0) || (i == 4 && step < 3);
+        scored[i] = !observe ? UINT32_MAX : i == 2 ? n_new[i] / 3 : 0;
+        flags[i] = observe ? KVGC_BATCH_SEQ_DEFER_STEP : 0;
+      }
+      kvgc_batch_plan_options po;
+      REQUIRE(kvgc_batch_plan_options_init(&po) == KVGC_OK);
+      po.scored_rows = scored;
+      po.seq_flags = flags;
+      if (step < 3) {
+        REQUIRE(kvgc_batch_plan_ex(bc, sc, n_new, B, &po, &failed, nullptr) == KVGC_OK);
+        REQUIRE(kvgc_batch_plan_ex(bg, sg, n_new, B, &po, &failed, stream) == KVGC_OK);
+      } else {
+        REQUIRE(kvgc_batch_plan(bc, sc, n_new, B, &failed, nullptr) == KVGC_OK);
+        REQUIRE(kvgc_batch_plan(bg, sg, n_new, B, &failed, stream) == KVGC_OK);
+      }
       for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
         std::vector<uint16_t> k(rows * kv_row), v(rows * kv_row), q(rows * q_row);
         std::normal_distribution<float> g(0.f, 1.f);
@@ -522,7 +543,19 @@ TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend,
         REQUIRE(kvgc_seq_tokens(cpu, sc[i], layer, &lc, &nc) == KVGC_OK);
         REQUIRE(kvgc_seq_tokens(gpu, sg[i], layer, &lg, &ng) == KVGC_OK);
         CHECK(nc == ng);
-        if (policy == KVGC_POLICY_FULL) CHECK(lc == lg);
+        if (policy != KVGC_POLICY_FULL) continue;
+        CHECK(lc == lg);
+        // The scores (the rows that did not score added nothing on either heap).
+        std::vector<float> a(lc + 1), g(lg + 1);
+        uint64_t n = 0;
+        REQUIRE(kvgc_read_scores(cpu, sc[i], layer, a.data(), nullptr, lc + 1, &n, nullptr) == KVGC_OK);
+        DeviceBuffer dsc(g.size() * 4);
+        REQUIRE(kvgc_read_scores(gpu, sg[i], layer, dsc.get<float>(), nullptr, lg + 1, &n, stream) == KVGC_OK);
+        REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+        REQUIRE(cudaMemcpy(g.data(), dsc.p, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        double se = 0, sr = 0;
+        for (uint64_t j = 0; j < n; ++j) se += double(a[j] - g[j]) * (a[j] - g[j]), sr += double(a[j]) * a[j];
+        CHECK(std::sqrt(se / std::max(sr, 1e-30)) <= 1e-3);
       }
     kvgc_batch_destroy(bc);
     kvgc_batch_destroy(bg);

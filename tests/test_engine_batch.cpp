@@ -6,9 +6,9 @@
 // whatever the batch, the activations are quantised per row, and kvgc's batch calls
 // compute what its per-sequence calls compute (bit for bit with one attention thread).
 // Under a token budget, so the GC evicts during the run and its decisions must match too.
-// One sequence enters SnapKV-style (observe items: its chunks outside the plan, unscored
-// but the last 32 tokens, pooled scores and one step at the prompt's end), as
-// Engine::prefill's default does alone.
+// One sequence enters SnapKV-style (observe items: its chunks in the plan through
+// kvgc_batch_plan_ex, unscored but the last 32 tokens, its GC deferred; pooled scores and
+// one step at the prompt's end), as Engine::prefill's default does alone, bit for bit.
 // Then the plan's all-or-nothing refusal: an arena too small for the batch gives NoRoom
 // naming the first sequence that does not fit, and changes nothing.
 //
@@ -123,7 +123,7 @@ int main() {
   scripts[2].prompt.assign(all.begin() + 10, all.begin() + 80);
   scripts[2].start_step = 1;  // joins while the others run
   scripts[3].prompt.assign(all.begin() + 20, all.begin() + 120);
-  scripts[3].observe = true;  // its chunks outside the plan, unscored but the last 32
+  scripts[3].observe = true;  // its chunks in the plan, unscored but the last 32, unstepped
   scripts[3].start_step = 1;
   check(scripts[0].prompt.size() > 128, "the long prompt spans three chunks");
 

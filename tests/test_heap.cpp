@@ -262,6 +262,14 @@ TEST_CASE("kvgc.hpp: RAII handles and exceptions") {
     CHECK(b.length(0) == 1);
     const kvgc_seq bad[1] = {777};
     CHECK_THROWS_AS(batch.plan(bad, n_new, 1, &failed), kvgc::Error);  // unknown: a bug, thrown
+    // kvgc_batch_plan_ex: a's rows unscored, its GC deferred; bad flags throw.
+    const uint32_t scored[2] = {0, 1}, flags[2] = {KVGC_BATCH_SEQ_DEFER_STEP, 0}, junk[2] = {0, 8};
+    CHECK_THROWS_AS(batch.plan(ids, n_new, 2, nullptr, junk, &failed), kvgc::Error);
+    REQUIRE(batch.plan(ids, n_new, 2, scored, flags, &failed) == KVGC_OK);
+    for (uint32_t layer = 0; layer < 2; ++layer) batch.append(layer, k.data(), k.data());
+    batch.attend(0, q.data(), out.data());
+    CHECK(batch.step() == KVGC_OK);
+    CHECK(a.length(0) == 6);
   }
   CHECK(heap.stats().sequences == 0);  // the Sequence destroyed itself
   CHECK(heap.stats().live_tokens == 0);

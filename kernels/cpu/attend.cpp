@@ -119,13 +119,16 @@ void attend_one(const AttendOp& op, ThreadPool* pool) {
 
   host::vector<LiveSlot> slots;
   slots.reserve(op.n_live);
+  // trim_future (no scores): the slots no query can see are left out, as if not appended.
+  const int64_t last = op.trim_future && !op.add_scores ? op.q_pos0 + int64_t(op.n_q) - 1 : INT64_MAX;
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
     const auto* words = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
     const auto* pos = reinterpret_cast<const int32_t*>(sp.page + L.pos_off);
     for (uint32_t s = 0; s < L.page_tokens; ++s)
-      if (words[s / 32] >> (s % 32) & 1u) slots.push_back({sp.page, sp.cls, s, pos[s]});
+      if ((words[s / 32] >> (s % 32) & 1u) && int64_t(pos[s]) <= last)
+        slots.push_back({sp.page, sp.cls, s, pos[s]});
   }
   const size_t n = slots.size();
   const auto* q = static_cast<const uint8_t*>(op.q);
@@ -199,6 +202,15 @@ void decay_only(const AttendOp& one) {
   }
 }
 
+// Sequence i of a batch: its one or two one-segment ops (attend_seq_ops: the first rows
+// unscored when only its last rows score), or only its decay when it has no queries.
+void attend_seq(const AttendOp& op, uint32_t i, ThreadPool* pool) {
+  AttendOp parts[2];
+  if (!op.seqs[i].n_q) return decay_only(attend_seq_op(op, i));
+  const uint32_t n = attend_seq_ops(op, i, parts);
+  for (uint32_t k = 0; k < n; ++k) attend_one(parts[k], pool);
+}
+
 }  // namespace
 
 // A batch: sequences one after the other on one thread (exactly the per-sequence calls).
@@ -209,9 +221,7 @@ void decay_only(const AttendOp& one) {
 void attend(const AttendOp& op, ThreadPool* pool) {
   if (op.n_seqs == 0) return attend_one(op, pool);
   if (!pool || pool->size() < 2 || op.n_seqs == 1) {
-    for (uint32_t i = 0; i < op.n_seqs; ++i)
-      if (op.seqs[i].n_q) attend_one(attend_seq_op(op, i), pool);
-      else decay_only(attend_seq_op(op, i));
+    for (uint32_t i = 0; i < op.n_seqs; ++i) attend_seq(op, i, pool);
     return;
   }
   uint64_t total = 0;
@@ -226,7 +236,7 @@ void attend(const AttendOp& op, ThreadPool* pool) {
       continue;
     }
     if (s.n_live >= 2 * split_min_slots() && s.n_live * s.n_q > share)
-      attend_one(attend_seq_op(op, i), pool);
+      attend_seq(op, i, pool);
     else
       rest.push_back(i);
   }
@@ -236,7 +246,7 @@ void attend(const AttendOp& op, ThreadPool* pool) {
   // Tasks are claimed in order; at most 65535 per run.
   for (size_t base = 0; base < rest.size(); base += 65535) {
     const unsigned n = unsigned(std::min<size_t>(65535, rest.size() - base));
-    pool->run(n, [&](unsigned t) { attend_one(attend_seq_op(op, rest[base + t]), nullptr); });
+    pool->run(n, [&](unsigned t) { attend_seq(op, rest[base + t], nullptr); });
   }
 }
 

@@ -55,8 +55,12 @@ struct Entry {
   uint64_t n_live, log_off0;
   int64_t q_pos0;
   float recent_decay;
-  uint32_t pad;
+  uint32_t flags;  // kScored, kDecays
 };
+// An entry's queries add mass (all of its queries or none: an entry never straddles the
+// sequence's score_from); it is the one that decays the sequence's recent scores (its
+// first scoring query, or a sequence without queries).
+constexpr uint32_t kScored = 1u, kDecays = 2u;
 
 struct Common {
   PageLayout L[KVGC_CLASS_COUNT];
@@ -148,6 +152,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   const uint32_t G = min(kGMax, int(p.group - g0));
   const uint32_t qrow = e.q_row + qi;
   const int64_t qpos = e.q_pos0 + qi;
+  const bool scored = p.logits && (e.flags & kScored);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = p.hd;
   constexpr int kHdMax = DPL * 32;
 
@@ -201,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
       for (int g = 0; g < kGMax; ++g) {
         if (g >= int(G)) break;
         const float x = visible ? s[g] : -INFINITY;
-        if (is_live && p.logits)
+        if (is_live && scored)
           p.logits[log_off + size_t(h * p.group + g0 + g) * e.n_live + row_index] = x;
         const float tile_m = warp_max(x);
         const float new_m = fmaxf(m[g], tile_m);
@@ -262,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
     } else if (c < hd) {
       uint8_t* out = p.out + (size_t(qrow) * p.q_heads + head) * hd * (D == KVGC_DTYPE_F32 ? 4 : 2);
       st<D>(out, c, Ls > 0.f ? val / Ls : 0.f);
-    } else if (p.ml) {
+    } else if (scored) {
       p.ml[(size_t(unit) * p.q_heads + head) * 2 + (c - hd)] = c == hd ? M : Ls;
     }
   }
@@ -295,7 +300,7 @@ __global__ void combine_kernel(const __grid_constant__ Params<N> prm) {
     }
     st<D>(out, d, Lsum > 0.f ? a / Lsum : 0.f);
   }
-  if (threadIdx.x == 0 && p.ml) {
+  if (threadIdx.x == 0 && p.ml && (e.flags & kScored)) {
     p.ml[(size_t(unit) * p.q_heads + j) * 2] = M;
     p.ml[(size_t(unit) * p.q_heads + j) * 2 + 1] = Lsum;
   }
@@ -303,7 +308,8 @@ __global__ void combine_kernel(const __grid_constant__ Params<N> prm) {
 
 // Pass 3: a block per page of the pass's sequences, a thread per slot; adds the slot's
 // mass over the sequence's queries in the pass (and all query heads) to its score. The
-// recent score decays once per op: in the pass that holds the sequence's first query.
+// recent score decays once per op: in the entry that holds the sequence's first scoring
+// query. Only scoring entries have blocks.
 template <uint32_t N>
 __global__ void mass_kernel(const __grid_constant__ Params<N> prm) {
   const Common& p = prm.c;
@@ -312,7 +318,7 @@ __global__ void mass_kernel(const __grid_constant__ Params<N> prm) {
   const PageLayout& L = p.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
   const uint32_t rows = (e.qb - e.qa) * p.q_heads;
-  const float decay = e.qa == 0 ? e.recent_decay : 1.0f;
+  const float decay = (e.flags & kDecays) ? e.recent_decay : 1.0f;
   for (uint32_t slot = threadIdx.x; slot < L.page_tokens; slot += blockDim.x) {
     if (!(live[slot / 32] >> (slot % 32) & 1u)) continue;
     uint32_t idx = uint32_t(sp.out_row) + __popc(live[slot / 32] & ((1u << (slot % 32)) - 1u));
@@ -392,8 +398,9 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
     cur = Pass{};
     cur.first_entry = uint32_t(plan->entries.size());
   };
-  // Opens an entry for sequence si from query qa with `splits` splits.
-  auto open_entry = [&](const AttendSeq& s, uint32_t qa, uint32_t splits) {
+  // Opens an entry for sequence si from query qa with `splits` splits; a scoring one
+  // gets the mass pass's blocks, and the decay if qa is the first query that scores.
+  auto open_entry = [&](const AttendSeq& s, uint32_t qa, uint32_t splits, bool scored) {
     if (cur.n_entries == kEntries) flush();
     Entry e{};
     e.first_page = s.first_page, e.n_pages = s.n_pages, e.q_row = s.q_row, e.qa = e.qb = qa;
@@ -401,23 +408,26 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
     e.item0 = cur.n_items, e.merge0 = cur.n_merges, e.unit0 = cur.n_units, e.block0 = cur.mass_blocks;
     e.part0 = cur.n_parts;
     e.n_live = s.n_live, e.log_off0 = cur.logits_floats, e.q_pos0 = s.q_pos0, e.recent_decay = s.recent_decay;
+    e.flags = scored ? kScored | (qa == s.score_from ? kDecays : 0u) : 0u;
     plan->entries.push_back(e);
     ++cur.n_entries;
-    cur.mass_blocks += s.n_pages;
+    if (scored) cur.mass_blocks += s.n_pages;
   };
   for (uint32_t si = 0; si < n_seqs; ++si) {
     const AttendSeq& s = seqs[si];
     if (s.n_q == 0) {
       // No queries, yet the CPU decays the recent scores (by the decay it is given).
-      if (g.scores && s.recent_decay != 1.0f && s.n_pages) open_entry(s, 0, 1);
+      if (g.scores && s.recent_decay != 1.0f && s.n_pages) open_entry(s, 0, 1, true);
       continue;
     }
     uint32_t base_splits = splits_of(s);
     bool in_entry = false;
     for (uint32_t qi = 0; qi < s.n_q; ++qi) {
+      // kvgc_batch_plan_ex: queries before score_from attend without scores.
+      const bool scored = g.scores && qi >= s.score_from;
       uint32_t splits = base_splits;
       for (;;) {
-        const uint64_t unit = pass_floats(g, g.scores ? uint64_t(g.q_heads) * s.n_live : 0,
+        const uint64_t unit = pass_floats(g, scored ? uint64_t(g.q_heads) * s.n_live : 0,
                                           splits > 1 ? splits : 0, 1);
         if (pass_floats(g, cur.logits_floats, cur.n_parts, cur.n_units) + unit <= avail_floats) break;
         if (cur.n_entries) { flush(); in_entry = false; continue; }  // a fresh pass for this unit
@@ -428,8 +438,9 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
         const uint32_t pps = (s.n_pages + splits - 1) / splits;
         splits = (s.n_pages + pps - 1) / pps;
       }
-      if (!in_entry || plan->entries.back().splits != splits || cur.n_entries == 0) {
-        open_entry(s, qi, splits);
+      if (!in_entry || plan->entries.back().splits != splits || cur.n_entries == 0 ||
+          (g.scores && qi == s.score_from)) {
+        open_entry(s, qi, splits, scored);
         in_entry = true;
       }
       Entry& e = plan->entries.back();
@@ -437,7 +448,7 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
       ++cur.n_units;
       cur.n_items += splits;
       if (splits > 1) ++cur.n_merges, cur.n_parts += splits;
-      if (g.scores) cur.logits_floats += uint64_t(g.q_heads) * s.n_live;
+      if (scored) cur.logits_floats += uint64_t(g.q_heads) * s.n_live;
       base_splits = splits;  // a unit cut down stays cut down for the sequence's rest
     }
   }

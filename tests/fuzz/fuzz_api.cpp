@@ -184,14 +184,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else if (sub % 8 == 0) {  // plan a few sequences (repeats and unknown ids included)
           const uint32_t n = in.byte() % 6;
           std::vector<kvgc_seq> ids(n);
-          std::vector<uint32_t> n_new(n);
+          std::vector<uint32_t> n_new(n), scored(n), flags(n);
           uint32_t rows = 0, failed = 0;
           for (uint32_t i = 0; i < n; ++i) {
             ids[i] = pick();
             n_new[i] = in.byte() % 20;
             rows += n_new[i];
+            scored[i] = in.byte() % 24;  // kvgc_batch_plan_ex: past n_new: every row
+            flags[i] = in.byte() % 3;    // 2: an unknown bit (KVGC_EINVAL)
           }
-          if (kvgc_batch_plan(batch, ids.data(), n_new.data(), n, &failed, nullptr) == KVGC_OK) batch_rows = rows;
+          kvgc_batch_plan_options po;
+          kvgc_batch_plan_options_init(&po);
+          po.scored_rows = scored.data();
+          po.seq_flags = flags.data();
+          const kvgc_status planned =
+              in.byte() % 2 ? kvgc_batch_plan_ex(batch, ids.data(), n_new.data(), n, &po, &failed, nullptr)
+                            : kvgc_batch_plan(batch, ids.data(), n_new.data(), n, &failed, nullptr);
+          if (planned == KVGC_OK) batch_rows = rows;
         } else if (sub % 8 <= 2) {  // append, then attend
           auto k = in.data(batch_rows * token), v = in.data(batch_rows * token);
           kvgc_batch_append(batch, layer, k.data(), v.data(), nullptr);

@@ -19,96 +19,67 @@ BatchEngine::Outcome BatchEngine::step(const std::vector<BatchItem>& items, uint
                                        std::string* err) {
   seqs_.clear();
   n_new_.clear();
+  scored_.clear();
+  flags_.clear();
   tokens_.clear();
   positions_.clear();
   last_rows_.clear();
-  order_.clear();
-  dropped_.clear();
   first_row_.assign(items.size(), 0);
-  // Rows: the planned items first (kvgc's batch order), then the observe items.
-  for (int observe = 0; observe < 2; ++observe) {
-    for (uint32_t i = 0; i < items.size(); ++i) {
-      const BatchItem& item = items[i];
-      if (item.observe != bool(observe)) continue;
-      if (item.n == 0 || item.tokens == nullptr) {
-        if (err) *err = "BatchEngine::step: item " + std::to_string(i) +
-                        " brings no tokens (n == 0 or tokens null)";
-        return Outcome::Failed;
-      }
-      if (!observe) {
-        seqs_.push_back(item.seq);
-        n_new_.push_back(item.n);
-      }
-      order_.push_back(i);
-      first_row_[i] = uint32_t(tokens_.size());
-      for (uint32_t t = 0; t < item.n; ++t) {
-        tokens_.push_back(item.tokens[t]);
-        positions_.push_back(item.position + t);
-      }
+  // Rows in the items' order, which is kvgc's batch order. An observe item (a prompt
+  // entering SnapKV-style) is planned like the rest, with its rows unscored unless they
+  // are the observation window and its GC deferred to the prompt's end (end_observe):
+  // exactly the per-sequence kvgc_append, kvgc_attend (KVGC_ATTEND_NO_SCORES) and no
+  // kvgc_step of Engine::prefill (kvgc_batch_plan_ex).
+  bool observing = false;
+  for (uint32_t i = 0; i < items.size(); ++i) {
+    const BatchItem& item = items[i];
+    if (item.n == 0 || item.tokens == nullptr) {
+      if (err) *err = "BatchEngine::step: item " + std::to_string(i) +
+                      " brings no tokens (n == 0 or tokens null)";
+      return Outcome::Failed;
+    }
+    seqs_.push_back(item.seq);
+    n_new_.push_back(item.n);
+    scored_.push_back(item.observe && !item.scores ? 0 : item.n);
+    flags_.push_back(item.observe ? KVGC_BATCH_SEQ_DEFER_STEP : 0);
+    observing |= item.observe;
+    first_row_[i] = uint32_t(tokens_.size());
+    for (uint32_t t = 0; t < item.n; ++t) {
+      tokens_.push_back(item.tokens[t]);
+      positions_.push_back(item.position + t);
     }
   }
   using Clock = std::chrono::steady_clock;
   const auto plan_start = Clock::now();
   uint32_t failed_plan = 0;
-  const kvgc_status planned = kvgc_batch_plan(batch_, seqs_.data(), n_new_.data(),
-                                              uint32_t(seqs_.size()), &failed_plan, nullptr);
+  kvgc_batch_plan_options plan_options;
+  kvgc_batch_plan_options_init(&plan_options);
+  plan_options.scored_rows = scored_.data();
+  plan_options.seq_flags = flags_.data();
+  const kvgc_status planned =
+      kvgc_batch_plan_ex(batch_, seqs_.data(), n_new_.data(), uint32_t(seqs_.size()),
+                         observing ? &plan_options : nullptr, &failed_plan, nullptr);
   engine_.add_kvgc_seconds(std::chrono::duration<double>(Clock::now() - plan_start).count());
   if (planned == KVGC_ENOMEM || (planned == KVGC_EBUDGET && failed_plan < seqs_.size())) {
-    if (failed) *failed = order_[failed_plan];  // as an index into items
+    if (failed) *failed = failed_plan;  // batch order is the items' order
     return Outcome::NoRoom;
   }
-  if (engine_.kvgc_failed(planned, "kvgc_batch_plan", err)) return Outcome::Failed;
+  if (engine_.kvgc_failed(planned, "kvgc_batch_plan_ex", err)) return Outcome::Failed;
   if (items.empty()) return Outcome::Ok;
 
-  const kvgc_model_desc& m = engine_.kv_model();
-  const size_t dtype_bytes = m.dtype == KVGC_DTYPE_F32 ? 4 : 2;
-  const size_t kv_row = size_t(m.n_kv_heads) * m.head_dim * dtype_bytes;
-  const size_t q_row = size_t(m.n_q_heads) * m.head_dim * dtype_bytes;
-  std::vector<bool> lost(items.size(), false);
-  kvgc_attend_params params;  // planned rows: every one scores (one params per call)
+  kvgc_attend_params params;  // every row scores but those the plan said not to
   kvgc_attend_params_init(&params);
-  kvgc_attend_params unscored = params;
-  unscored.flags |= KVGC_ATTEND_NO_SCORES;
   const Engine::Attention attention = [&](uint32_t layer, const void* q, const void* k,
                                           const void* v, void* out, std::string* e) {
-    if (!seqs_.empty() &&
-        (engine_.kvgc_failed(kvgc_batch_append(batch_, layer, k, v, nullptr),
-                             "kvgc_batch_append", e) ||
-         engine_.kvgc_failed(kvgc_batch_attend(batch_, layer, q, out, &params, nullptr),
-                             "kvgc_batch_attend", e)))
-      return false;
-    for (const uint32_t i : order_) {
-      const BatchItem& item = items[i];
-      if (!item.observe) continue;
-      const size_t r = first_row_[i];
-      char* item_out = static_cast<char*>(out) + r * q_row;
-      if (lost[i]) {
-        std::memset(item_out, 0, item.n * q_row);
-        continue;
-      }
-      const kvgc_status appended = kvgc_append(
-          engine_.heap(), item.seq, layer, static_cast<const char*>(k) + r * kv_row,
-          static_cast<const char*>(v) + r * kv_row, item.n, nullptr);
-      if (appended == KVGC_ENOMEM) {  // no room: this sequence is dropped after the step
-        lost[i] = true;
-        std::memset(item_out, 0, item.n * q_row);
-        continue;
-      }
-      if (engine_.kvgc_failed(appended, "kvgc_append", e) ||
-          engine_.kvgc_failed(kvgc_attend(engine_.heap(), item.seq, layer,
-                                          static_cast<const char*>(q) + r * q_row, item.n,
-                                          item_out, item.scores ? &params : &unscored, nullptr),
-                              "kvgc_attend", e))
-        return false;
-    }
-    return true;
+    return !engine_.kvgc_failed(kvgc_batch_append(batch_, layer, k, v, nullptr),
+                                "kvgc_batch_append", e) &&
+           !engine_.kvgc_failed(kvgc_batch_attend(batch_, layer, q, out, &params, nullptr),
+                                "kvgc_batch_attend", e);
   };
   if (!engine_.run_rows(tokens_.data(), positions_.data(), uint32_t(tokens_.size()), attention,
                         err))
     return Outcome::Failed;
   rows_run_ += tokens_.size();
-  for (uint32_t i = 0; i < items.size(); ++i)
-    if (lost[i]) dropped_.push_back(i);
   // The logits of every sequence that asked, in one matmul over their last rows.
   for (uint32_t i = 0; i < items.size(); ++i)
     if (items[i].logits != nullptr) last_rows_.push_back(first_row_[i] + items[i].n - 1);
@@ -127,6 +98,7 @@ BatchEngine::Outcome BatchEngine::step(const std::vector<BatchItem>& items, uint
   const auto step_start = Clock::now();
   const kvgc_status stepped = kvgc_batch_step(batch_, nullptr);
   engine_.add_kvgc_seconds(std::chrono::duration<double>(Clock::now() - step_start).count());
+  // Every sequence's GC but the observe items' (deferred: KVGC_BATCH_SEQ_DEFER_STEP).
   if (stepped != KVGC_EBUDGET && engine_.kvgc_failed(stepped, "kvgc_batch_step", err))
     return Outcome::Failed;
   return Outcome::Ok;

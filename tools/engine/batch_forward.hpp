@@ -1,8 +1,9 @@
 // One engine step over a batch of sequences sharing one kvgc heap: each sequence brings
 // a decode row or a chunk of its prompt, every matmul runs once over all the step's rows
 // (the weights are read once per step, not once per sequence), and the cache is reached
-// through kvgc's batch calls: one kvgc_batch_plan per step, kvgc_batch_append and
-// kvgc_batch_attend per layer for the whole batch, one kvgc_batch_step at its end.
+// through kvgc's batch calls: one kvgc_batch_plan_ex per step, kvgc_batch_append and
+// kvgc_batch_attend per layer for the whole batch, one kvgc_batch_step at its end. Observe
+// prefill chunks go through the plan too (unscored rows, GC deferred).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,10 @@ struct BatchItem {
   uint32_t n = 0;                   // >= 1
   uint64_t position = 0;            // the sequence's length before the step
   float* logits = nullptr;          // n_vocab logits of its last token, or null
-  // A prompt chunk entering the cache SnapKV-style (Engine::PrefillMode::Observe): its
-  // rows share the step's matmuls, but their K/V go in by kvgc_append and kvgc_attend
-  // outside the plan (the batch calls have one kvgc_attend_params for every row, and
-  // every planned sequence is stepped), scoring only when `scores` (the observation
-  // window), and the sequence is not stepped. BatchEngine::end_observe ends the prompt.
+  // A prompt chunk entering the cache SnapKV-style (Engine::PrefillMode::Observe): in the
+  // plan like any row (kvgc_batch_plan_ex), but its rows add attention mass only when
+  // `scores` (the observation window), and its GC is deferred (KVGC_BATCH_SEQ_DEFER_STEP):
+  // the sequence is not stepped. BatchEngine::end_observe ends the prompt.
   bool observe = false;
   bool scores = false;
 };
@@ -50,9 +50,6 @@ class BatchEngine {
   };
   // One engine step over items (distinct live sequences of heap()).
   Outcome step(const std::vector<BatchItem>& items, uint32_t* failed, std::string* err);
-  // Observe items of the last Ok step whose kvgc_append found no room (indices into its
-  // items): their caches are partial and their logits unusable; the caller drops them.
-  const std::vector<uint32_t>& dropped() const { return dropped_; }
   // The end of an observe prefill: scores pooled, then the sequence's kvgc_step evicts
   // to its budget.
   bool end_observe(kvgc_seq seq, std::string* err);
@@ -67,7 +64,7 @@ class BatchEngine {
   Engine engine_;  // weights, matmul threads, scratch; its layer stack serves both
   kvgc_batch* batch_ = nullptr;
   std::vector<kvgc_seq> seqs_;
-  std::vector<uint32_t> n_new_, last_rows_, order_, first_row_, dropped_;
+  std::vector<uint32_t> n_new_, scored_, flags_, last_rows_, first_row_;
   std::vector<int32_t> tokens_;
   std::vector<uint64_t> positions_;
   std::vector<float> logits_;  // [items with logits][n_vocab]

@@ -153,12 +153,10 @@ bool Server::step(double now, std::string* err) {
     ++stats_.steps;
     stats_.running_sum += double(running_.size());
     stats_.max_running = std::max<uint32_t>(stats_.max_running, uint32_t(running_.size()));
-    std::vector<size_t> finished, dropped;
-    for (const uint32_t j : engine_->dropped()) dropped.push_back(item_of_[j]);
+    std::vector<size_t> finished;
     for (size_t j = 0; j < items_.size(); ++j) {
       Running& r = running_[item_of_[j]];
       ServeRequest* req = r.request;
-      if (std::find(dropped.begin(), dropped.end(), item_of_[j]) != dropped.end()) continue;
       if (decode_row_[j]) ++stats_.decode_rows;
       else stats_.prompt_tokens += items_[j].n;
       r.done += items_[j].n;
@@ -180,15 +178,9 @@ bool Server::step(double now, std::string* err) {
       }
       if (stop || req->output.size() >= req->max_new) finished.push_back(item_of_[j]);
     }
-    // The finished leave and the dropped are preempted, highest index first.
-    std::vector<std::pair<size_t, bool>> leaving;
-    for (const size_t i : finished) leaving.push_back({i, true});
-    for (const size_t i : dropped) leaving.push_back({i, false});
-    std::sort(leaving.rbegin(), leaving.rend());
-    for (const auto& [i, done] : leaving) {
-      if (done) finish(i, now);
-      else preempt(i);
-    }
+    // The finished leave, highest index first.
+    std::sort(finished.rbegin(), finished.rend());
+    for (const size_t i : finished) finish(i, now);
     return true;
   }
 }

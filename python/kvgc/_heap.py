@@ -272,9 +272,22 @@ class Batch(_kvgc.Batch):
     def __exit__(self, *exc):
         self.close()
 
-    def plan(self, seqs: Sequence[int], n_new: Sequence[int], stream: Stream = None) -> None:
-        """Plans one engine step: n_new[i] new tokens for sequence seqs[i]."""
-        self._plan([int(s) for s in seqs], [int(n) for n in n_new], _stream(stream))
+    def plan(self, seqs: Sequence[int], n_new: Sequence[int], stream: Stream = None, *,
+             scored_rows: Optional[Sequence[int]] = None,
+             defer_step: Optional[Sequence[bool]] = None) -> None:
+        """Plans one engine step: n_new[i] new tokens for sequence seqs[i].
+
+        scored_rows[i]: only the last scored_rows[i] of sequence i's rows add attention
+        mass at attend() (the rest attend unscored); None: every row scores.
+        defer_step[i]: step() does not collect sequence i (a prompt arriving in chunks
+        SnapKV-style: cached whole, scored by its last rows, one GC at its end).
+        Together they run an observe-style prefill inside the plan (kvgc_batch_plan_ex).
+        """
+        flags = [] if defer_step is None else \
+            [_kvgc.BATCH_SEQ_DEFER_STEP if d else 0 for d in defer_step]
+        scored = [] if scored_rows is None else [int(r) for r in scored_rows]
+        self._plan([int(s) for s in seqs], [int(n) for n in n_new], scored, flags,
+                   _stream(stream))
 
     def append(self, layer: int, k: Array, v: Array, stream: Stream = None) -> None:
         self._append(layer, k, v, _stream(stream))

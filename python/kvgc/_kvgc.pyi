@@ -3,9 +3,6 @@
 kvgc's C API (kvgc.h), bound with nanobind. Use the `kvgc` package, not this.
 """
 
-from typing import Annotated
-
-from numpy.typing import NDArray
 
 
 def version() -> str:
@@ -13,18 +10,20 @@ def version() -> str:
 
 def version_number() -> int: ...
 
-HEADER_VERSION: str = '0.5.0'
+HEADER_VERSION: str = '0.6.0'
 
 PAGE_LAYOUT_VERSION: int = 1
 
 STATS_VERSION: int = 3
+
+BATCH_SEQ_DEFER_STEP: int = 1
 
 def status_str(arg: int, /) -> str: ...
 
 def errmsg() -> str:
     """The calling thread's last kvgc error message."""
 
-def data_pointer(arg: Annotated[NDArray, dict(writable=False)], /) -> int:
+def data_pointer(arg: object, /) -> int:
     """
     The address kvgc would read `a` at (a diagnostic: equal to tensor.data_ptr() or array.ctypes.data, since arrays cross without a copy).
     """

@@ -566,13 +566,27 @@ class Batch {
   }
   bool closed() const { return batch_ == nullptr; }
 
+  // scored_rows / seq_flags: empty for none (kvgc_batch_plan_ex's NULL).
   void plan(const std::vector<uint64_t>& seqs, const std::vector<uint32_t>& n_new,
+            const std::vector<uint32_t>& scored_rows, const std::vector<uint32_t>& seq_flags,
             uintptr_t stream) {
     kvgc_heap* h = heap();
     if (seqs.size() != n_new.size()) {
       invalid("seqs has " + std::to_string(seqs.size()) + " entries and n_new " +
               std::to_string(n_new.size()) + "; they must match");
     }
+    if (!scored_rows.empty() && scored_rows.size() != seqs.size()) {
+      invalid("scored_rows has " + std::to_string(scored_rows.size()) + " entries and seqs " +
+              std::to_string(seqs.size()) + "; they must match");
+    }
+    if (!seq_flags.empty() && seq_flags.size() != seqs.size()) {
+      invalid("seq_flags has " + std::to_string(seq_flags.size()) + " entries and seqs " +
+              std::to_string(seqs.size()) + "; they must match");
+    }
+    kvgc_batch_plan_options opts;
+    kvgc_batch_plan_options_init(&opts);
+    opts.scored_rows = scored_rows.empty() ? nullptr : scored_rows.data();
+    opts.seq_flags = seq_flags.empty() ? nullptr : seq_flags.data();
     const uint32_t n = to_u32(seqs.size(), "len(seqs)");
     uint64_t rows = 0;
     for (uint32_t x : n_new) rows += x;
@@ -580,8 +594,8 @@ class Batch {
     kvgc_status st;
     {
       nb::gil_scoped_release release;
-      st = kvgc_batch_plan(batch_, seqs.data(), n_new.data(), n, &failed,
-                           reinterpret_cast<void*>(stream));
+      st = kvgc_batch_plan_ex(batch_, seqs.data(), n_new.data(), n, &opts, &failed,
+                              reinterpret_cast<void*>(stream));
     }
     if (st == KVGC_OK) {
       rows_ = rows;
@@ -907,6 +921,7 @@ NB_MODULE(_kvgc, m) {
   m.attr("HEADER_VERSION") = KVGC_VERSION_STRING;
   m.attr("PAGE_LAYOUT_VERSION") = KVGC_PAGE_LAYOUT_VERSION;
   m.attr("STATS_VERSION") = KVGC_STATS_VERSION;
+  m.attr("BATCH_SEQ_DEFER_STEP") = KVGC_BATCH_SEQ_DEFER_STEP;
   m.def("status_str", [](int s) { return std::string(kvgc_status_str(s)); });
   m.def("errmsg", [] { return std::string(kvgc_errmsg(nullptr)); },
         "The calling thread's last kvgc error message.");
@@ -958,7 +973,7 @@ NB_MODULE(_kvgc, m) {
       .def(nb::init<Heap&>(), "heap"_a, nb::keep_alive<1, 2>())
       .def("close", &Batch::close, "Frees the batch and the pages its plan still reserves.")
       .def_prop_ro("closed", &Batch::closed, "True once closed (or its heap was).")
-      .def("_plan", &Batch::plan, "seqs"_a, "n_new"_a, "stream"_a)
+      .def("_plan", &Batch::plan, "seqs"_a, "n_new"_a, "scored_rows"_a, "seq_flags"_a, "stream"_a)
       .def("_append", &Batch::append, "layer"_a, "k"_a, "v"_a, "stream"_a)
       .def("_attend", &Batch::attend, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a, "stream"_a)
       .def("_observe", &Batch::observe, "layer"_a, "mass"_a, "stream"_a)

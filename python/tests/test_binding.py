@@ -410,3 +410,41 @@ def test_cuda_needs_device_arrays():  # pragma: no cover - needs a GPU
         seq = heap.new_sequence()
         with pytest.raises(kvgc.InvalidArgument, match="is on cpu; the heap is on cuda"):
             heap.append(seq, 0, rand(1, KVH, D, dtype=np.float16), rand(1, KVH, D, dtype=np.float16))
+
+
+def test_observe_prefill_inside_the_plan_equals_the_per_sequence_calls():
+    """Batch.plan(scored_rows=, defer_step=) is kvgc_batch_plan_ex: the early rows attend
+    unscored, the last rows score, and step() leaves the sequence for its prompt's end."""
+    chunk, scored = 40, 8
+    k, v, q = rand(chunk, KVH, D, seed=1), rand(chunk, KVH, D, seed=2), rand(chunk, QH, D, seed=3)
+    results = []
+    for batched in (False, True):
+        heap = make_heap(policy="h2o", token_budget=16, window=4)
+        seq = heap.new_sequence()
+        outs = []
+        if batched:
+            batch = heap.batch()
+            batch.plan([seq], [chunk], scored_rows=[scored], defer_step=[True])
+            for layer in range(L):
+                batch.append(layer, k, v)
+                outs.append(batch.attend(layer, q))
+            batch.step()
+            batch.close()
+        else:
+            for layer in range(L):
+                heap.append(seq, layer, k[:-scored], v[:-scored])
+                a = heap.attend(seq, layer, q[:-scored], scores=False)
+                heap.append(seq, layer, k[-scored:], v[-scored:])
+                outs.append(np.concatenate([a, heap.attend(seq, layer, q[-scored:])]))
+        assert heap.stats().gcs == 0  # deferred: nothing collected yet
+        results.append((outs, [heap.read_scores(seq, layer)[0] for layer in range(L)]))
+        heap.step(seq)  # the prompt's end: one GC over every appended token
+        results[-1] += ([heap.read(seq, layer)[2] for layer in range(L)],)
+        heap.close()
+    for x, y in zip(results[0], results[1]):
+        for a, b in zip(x, y):
+            np.testing.assert_array_equal(a, b)
+    with make_heap() as heap:
+        seq = heap.new_sequence()
+        with pytest.raises(kvgc.InvalidArgument, match="scored_rows has 2 entries"):
+            heap.batch().plan([seq], [1], scored_rows=[1, 1])

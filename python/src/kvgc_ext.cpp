@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace nb = nanobind;
@@ -736,47 +737,53 @@ nb::dict Batch::export_view(uint32_t layer) {
 }
 
 // ---- options ------------------------------------------------------------------------
-// Keys are kvgc_heap_options' field names; values arrive normalised by the Python layer
-// (enums as ints), so this only range-checks what C's types cannot hold.
+// Every kvgc_heap_options field the binding exchanges with Python, listed once: keys are
+// the fields' names; values arrive normalised by the Python layer (enums as ints), so
+// reading them only range-checks what C's types cannot hold.
+#define KVGC_PY_OPTIONS(X)                                                                 \
+  X(flags, uint32_t) X(device, kvgc_device) X(cuda_device, int) X(budget_bytes, uint64_t)  \
+  X(budget_fraction, double) X(policy, kvgc_policy) X(token_budget, uint64_t)              \
+  X(token_budget_fraction, double) X(sinks, uint32_t) X(window, uint32_t)                  \
+  X(page_tokens, uint32_t) X(compact_threshold, double) X(demote, kvgc_demote)             \
+  X(layer_budget, kvgc_layer_budget) X(score_noise, double) X(seed, uint64_t)              \
+  X(slab_bytes, uint32_t) X(verbose, int) X(harvest, kvgc_harvest) X(cpu_threads, uint32_t) \
+  X(byte_budget, uint64_t) X(byte_budget_fraction, double) X(recent_decay, double)         \
+  X(first_layer, uint32_t) X(total_layers, uint32_t)
+
+template <typename T>
+T option_from(nb::handle value, const char* name) {
+  if constexpr (std::is_enum_v<T> || std::is_same_v<T, uint32_t>) {
+    return T(to_u32(nb::cast<uint64_t>(value), name));
+  } else {
+    return nb::cast<T>(value);
+  }
+}
+
+template <typename T>
+nb::object option_to(T value) {
+  if constexpr (std::is_enum_v<T>) {
+    return nb::int_(int(value));
+  } else {
+    return nb::cast(value);
+  }
+}
+
 void Heap::fill_options(const nb::dict& d, kvgc_heap_options* o, std::vector<float>* weights) {
   for (auto [key_h, value] : d) {
     const std::string key = nb::cast<std::string>(key_h);
     if (value.is_none()) continue;
-    const auto u64 = [&] { return nb::cast<uint64_t>(value); };
-    const auto u32 = [&] { return to_u32(nb::cast<uint64_t>(value), key.c_str()); };
-    const auto f64 = [&] { return nb::cast<double>(value); };
-    if (key == "flags") o->flags = u32();
-    else if (key == "device") o->device = kvgc_device(u32());
-    else if (key == "cuda_device") o->cuda_device = nb::cast<int>(value);
-    else if (key == "budget_bytes") o->budget_bytes = u64();
-    else if (key == "budget_fraction") o->budget_fraction = f64();
-    else if (key == "policy") o->policy = kvgc_policy(u32());
-    else if (key == "token_budget") o->token_budget = u64();
-    else if (key == "token_budget_fraction") o->token_budget_fraction = f64();
-    else if (key == "sinks") o->sinks = u32();
-    else if (key == "window") o->window = u32();
-    else if (key == "page_tokens") o->page_tokens = u32();
-    else if (key == "compact_threshold") o->compact_threshold = f64();
-    else if (key == "demote") o->demote = kvgc_demote(u32());
-    else if (key == "layer_budget") o->layer_budget = kvgc_layer_budget(u32());
-    else if (key == "score_noise") o->score_noise = f64();
-    else if (key == "seed") o->seed = u64();
-    else if (key == "slab_bytes") o->slab_bytes = u32();
-    else if (key == "verbose") o->verbose = nb::cast<int>(value);
-    else if (key == "harvest") o->harvest = kvgc_harvest(u32());
-    else if (key == "cpu_threads") o->cpu_threads = u32();
-    else if (key == "byte_budget") o->byte_budget = u64();
-    else if (key == "byte_budget_fraction") o->byte_budget_fraction = f64();
-    else if (key == "recent_decay") o->recent_decay = f64();
-    else if (key == "first_layer") o->first_layer = u32();
-    else if (key == "total_layers") o->total_layers = u32();
-    else if (key == "layer_weights") {
+#define KVGC_PY_READ(f, T) \
+    if (key == #f) {       \
+      o->f = option_from<T>(value, #f); continue; }
+    KVGC_PY_OPTIONS(KVGC_PY_READ)
+#undef KVGC_PY_READ
+    if (key == "layer_weights") {
       *weights = nb::cast<std::vector<float>>(value);
       o->layer_weights = weights->data();
       o->n_layer_weights = to_u32(weights->size(), "len(layer_weights)");
-    } else {
-      invalid("unknown heap option '" + key + "'");
+      continue;
     }
+    invalid("unknown heap option '" + key + "'");
   }
 }
 
@@ -785,31 +792,9 @@ nb::dict Heap::options() {
   kvgc_heap_options_init(&o);
   check_status(kvgc_heap_get_options(get(), &o), heap_, "kvgc_heap_get_options");
   nb::dict d;
-  d["flags"] = o.flags;
-  d["device"] = int(o.device);
-  d["cuda_device"] = o.cuda_device;
-  d["budget_bytes"] = o.budget_bytes;
-  d["budget_fraction"] = o.budget_fraction;
-  d["policy"] = int(o.policy);
-  d["token_budget"] = o.token_budget;
-  d["token_budget_fraction"] = o.token_budget_fraction;
-  d["sinks"] = o.sinks;
-  d["window"] = o.window;
-  d["page_tokens"] = o.page_tokens;
-  d["compact_threshold"] = o.compact_threshold;
-  d["demote"] = int(o.demote);
-  d["layer_budget"] = int(o.layer_budget);
-  d["score_noise"] = o.score_noise;
-  d["seed"] = o.seed;
-  d["slab_bytes"] = o.slab_bytes;
-  d["verbose"] = o.verbose;
-  d["harvest"] = int(o.harvest);
-  d["cpu_threads"] = o.cpu_threads;
-  d["byte_budget"] = o.byte_budget;
-  d["byte_budget_fraction"] = o.byte_budget_fraction;
-  d["recent_decay"] = o.recent_decay;
-  d["first_layer"] = o.first_layer;
-  d["total_layers"] = o.total_layers;
+#define KVGC_PY_WRITE(f, T) d[#f] = option_to<T>(o.f);
+  KVGC_PY_OPTIONS(KVGC_PY_WRITE)
+#undef KVGC_PY_WRITE
   return d;
 }
 

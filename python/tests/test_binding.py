@@ -280,6 +280,18 @@ def test_fork_and_observe():
             heap.tokens(a, 0)
 
 
+def batch_step(heap, seqs, rows, k, v, q, **plan):
+    """One engine step through a kvgc.Batch: plan, append + attend every layer, step."""
+    with heap.batch() as batch:
+        batch.plan(seqs, rows, **plan)
+        outs = []
+        for layer in range(heap.n_layers):
+            batch.append(layer, k, v)
+            outs.append(batch.attend(layer, q))
+        batch.step()
+    return outs
+
+
 def test_batch_equals_per_sequence_calls():
     lengths = [5, 40, 1]
     rows = [1, 3, 2]
@@ -295,13 +307,7 @@ def test_batch_equals_per_sequence_calls():
             q = rand(sum(rows), QH, D, seed=step + 99)
             outs = []
             if batched:
-                batch = heap.batch()
-                batch.plan(seqs, rows)
-                for layer in range(L):
-                    batch.append(layer, k, v)
-                    outs.append(batch.attend(layer, q))
-                batch.step()
-                batch.close()
+                outs = batch_step(heap, seqs, rows, k, v, q)
             else:
                 bounds = np.cumsum([0] + rows)
                 for layer in range(L):
@@ -423,13 +429,7 @@ def test_observe_prefill_inside_the_plan_equals_the_per_sequence_calls():
         seq = heap.new_sequence()
         outs = []
         if batched:
-            batch = heap.batch()
-            batch.plan([seq], [chunk], scored_rows=[scored], defer_step=[True])
-            for layer in range(L):
-                batch.append(layer, k, v)
-                outs.append(batch.attend(layer, q))
-            batch.step()
-            batch.close()
+            outs = batch_step(heap, [seq], [chunk], k, v, q, scored_rows=[scored], defer_step=[True])
         else:
             for layer in range(L):
                 heap.append(seq, layer, k[:-scored], v[:-scored])

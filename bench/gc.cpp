@@ -1,13 +1,26 @@
-// bench/gc: what the GC costs per decode step, generational against h2o's full ranking
-// at the same budget, side by side in one run; and compaction's throughput against
-// memcpy of the same bytes.
+// bench/gc: what the GC costs per token appended, generational against h2o's full
+// ranking at the same token budget, side by side in one run, in the two regimes users
+// run: eviction only (KVGC_DEMOTE=off) and the default storage ladder (int8, int4, then
+// eviction); and compaction's throughput against memcpy of the same bytes.
 //
-// Step cost: one segment (Llama-3-8B's per-layer KV: 8 KV heads x 128, f16) holding L
-// live tokens (L = 4K, 32K, 128K = its token budget). Each decode step appends one token,
-// hands in attention mass for every live token (untimed: that is the engine's attention)
-// and calls kvgc_step (timed). Generational GCs are bursty (a minor GC per 16 tokens, a
-// refresh per 8 minors), so the figure is the mean over windows of 128 steps, after a
-// warm-up that reaches the steady state; the median of 3 windows is reported.
+// GC cost: one segment (Llama-3-8B's per-layer KV: 8 KV heads x 128, f16, pages of 16)
+// with a token budget of B (B = 4K and 32K), decoded from empty to R x B tokens (R = 4):
+// each step appends one token, hands in attention mass for every live token (untimed:
+// that is the engine's attention) and calls kvgc_step (timed: with the default deferred
+// harvest it also applies the previous collection's results and compacts). Both
+// policies' work is bursty (generational: a minor GC per page, a refresh major per 8
+// minors; h2o: nothing until the budget, then under the ladder one collection gives back
+// a band of demotions and the next waits until appends have used it up),
+// so nothing is sampled in a short window: the cost is the total step time of the run
+// divided by the tokens appended, every burst included. It is split into the filling
+// part (tokens 1..B: no segment can be over its budget, nothing is given back) and the
+// rest (past the budget), and reported with the tokens ranked per token appended.
+// Repetitions alternate the policies (generational, h2o, generational, ...); median and
+// min over them.
+//
+// --census (untimed, no ratios): what generational's collections did, per part and regime:
+// minors that gave something back, minors that only promoted, minors that did neither, and
+// majors, with the tokens each kind ranked (docs/PERF.md: what it does under budget).
 //
 // Compaction: 32K tokens of the same shape in pages with half the slots dead at random,
 // compacted by the CPU op (restored from a pristine copy before each repetition), against
@@ -16,7 +29,10 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../gc/compaction.hpp"
@@ -40,11 +56,26 @@ constexpr uint32_t kKvHeads = 8, kHeadDim = 128, kPageTokens = 16;
     }                                                                               \
   } while (0)
 
-struct StepCost {
-  double ns_per_step = NAN, ranked_per_step = NAN;
+// One run's totals, per part: [0] filling (tokens 1..B), [1] past the budget.
+struct Part {
+  double step_ns = 0;
+  uint64_t tokens = 0, ranked = 0, gcs = 0, minors = 0, majors = 0, evicted = 0, demoted = 0;
+};
+struct RunCost {
+  Part part[2];
+  uint64_t live_end = 0, long_term_end = 0;
+  double us_per_token(int p) const { return part[p].step_ns / 1e3 / double(part[p].tokens); }
+  double ranked_per_token(int p) const { return double(part[p].ranked) / double(part[p].tokens); }
+  double us_per_token_all() const {
+    return (part[0].step_ns + part[1].step_ns) / 1e3 / double(part[0].tokens + part[1].tokens);
+  }
+  double ranked_per_token_all() const {
+    return double(part[0].ranked + part[1].ranked) / double(part[0].tokens + part[1].tokens);
+  }
 };
 
-StepCost step_cost(kvgc_policy policy, uint32_t live, int windows, int window_steps) {
+RunCost decode_run(kvgc_policy policy, kvgc_demote demote, uint32_t budget, uint32_t length,
+                   const std::vector<uint16_t>& kv, const std::vector<float>& mass) {
   kvgc_model_desc m;
   kvgc_model_desc_init(&m);
   m.n_layers = 1;
@@ -57,56 +88,116 @@ StepCost step_cost(kvgc_policy policy, uint32_t live, int windows, int window_st
   o.flags = KVGC_OPT_IGNORE_ENV;
   o.device = KVGC_DEVICE_CPU;
   o.policy = policy;
-  o.token_budget = live;
+  o.demote = demote;
+  o.token_budget = budget;
   o.page_tokens = kPageTokens;
   uint64_t bytes = 0;
-  kvgc_kv_bytes(&m, live + 4096, KVGC_CLASS_FP16, kPageTokens, &bytes);
+  kvgc_kv_bytes(&m, 2ull * budget + 4096, KVGC_CLASS_FP16, kPageTokens, &bytes);
   o.budget_bytes = bytes + (64ull << 20);
   kvgc_heap* h = nullptr;
   CHECK_OK(nullptr, kvgc_heap_create(&m, &o, &h));
   kvgc_seq s;
   CHECK_OK(h, kvgc_seq_create(h, 0, &s));
+  RunCost rc;
+  kvgc_stats st0, st1;
+  kvgc_stats_init(&st0);
+  kvgc_stats_init(&st1);
+  for (int p = 0; p < 2; ++p) {
+    Part& part = rc.part[p];
+    CHECK_OK(h, kvgc_get_stats(h, &st0));  // applies the last step's results: exact counts
+    const uint32_t end = p == 0 ? budget : length;
+    for (uint32_t at = p == 0 ? 0 : budget; at < end; ++at) {
+      CHECK_OK(h, kvgc_append(h, s, 0, kv.data(), kv.data(), 1, nullptr));
+      uint64_t n = 0;
+      CHECK_OK(h, kvgc_seq_tokens(h, s, 0, &n, nullptr));
+      CHECK_OK(h, kvgc_observe(h, s, 0, mass.data(), n, nullptr));
+      const Timer t;
+      const kvgc_status status = kvgc_step(h, s, nullptr);
+      part.step_ns += t.elapsed_ns();
+      CHECK_OK(h, status);
+      ++part.tokens;
+    }
+    CHECK_OK(h, kvgc_get_stats(h, &st1));
+    part.ranked = st1.tokens_ranked - st0.tokens_ranked;
+    part.gcs = st1.gcs - st0.gcs;
+    part.minors = st1.minor_gcs - st0.minor_gcs;
+    part.majors = st1.major_gcs - st0.major_gcs;
+    part.evicted = st1.tokens_evicted - st0.tokens_evicted;
+    part.demoted = st1.tokens_demoted - st0.tokens_demoted;
+  }
+  rc.live_end = st1.live_tokens;
+  rc.long_term_end = st1.tier_tokens[KVGC_GEN_LONG_TERM];
+  CHECK_OK(h, kvgc_heap_check(h));
+  kvgc_heap_destroy(h);
+  return rc;
+}
 
-  const uint32_t chunk = 4096;
-  std::vector<uint16_t> kv(size_t(chunk) * kKvHeads * kHeadDim);
-  std::mt19937 rng(5);
-  for (auto& x : kv) x = uint16_t(rng() & 0x3bff);  // finite halves in (-1, 1)
-  for (uint32_t at = 0; at < live; at += chunk)
-    CHECK_OK(h, kvgc_append(h, s, 0, kv.data(), kv.data(), std::min(chunk, live - at), nullptr));
-  // Attention mass: a fixed random draw per live row (heavy-tailed, like real attention).
-  std::vector<float> mass(live + 4096);
-  std::exponential_distribution<float> expo(1.0f);
-  for (auto& x : mass) x = expo(rng) * expo(rng) / float(live);
+// The census (--census, untimed): generational's collections classified by what they did,
+// read from the stats after every step (which applies each step's results at once, so it
+// is kept out of the timed runs): minors that gave something back (evicted or demoted),
+// minors that only promoted, minors that did neither, and majors; with the tokens each
+// kind ranked (the stats' tokens_ranked: candidates whose key the op computed).
+struct Census {
+  uint64_t n[4] = {0, 0, 0, 0}, ranked[4] = {0, 0, 0, 0}, majors_giving = 0;
+  std::vector<double> ns[4];  // kvgc_step times (the results are applied outside it, by the stats)
+};
+enum { kMinorGiving, kMinorPromoting, kMinorIdle, kMajor };
 
-  auto one_step = [&](bool timed, double* ns) {
+void census_run(kvgc_demote demote, uint32_t budget, uint32_t length, const std::vector<uint16_t>& kv,
+                const std::vector<float>& mass, Census out[2]) {
+  kvgc_model_desc m;
+  kvgc_model_desc_init(&m);
+  m.n_layers = 1;
+  m.n_q_heads = 32;
+  m.n_kv_heads = kKvHeads;
+  m.head_dim = kHeadDim;
+  m.dtype = KVGC_DTYPE_F16;
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  o.flags = KVGC_OPT_IGNORE_ENV;
+  o.device = KVGC_DEVICE_CPU;
+  o.policy = KVGC_POLICY_GENERATIONAL;
+  o.demote = demote;
+  o.token_budget = budget;
+  o.page_tokens = kPageTokens;
+  uint64_t bytes = 0;
+  kvgc_kv_bytes(&m, 2ull * budget + 4096, KVGC_CLASS_FP16, kPageTokens, &bytes);
+  o.budget_bytes = bytes + (64ull << 20);
+  kvgc_heap* h = nullptr;
+  CHECK_OK(nullptr, kvgc_heap_create(&m, &o, &h));
+  kvgc_seq s;
+  CHECK_OK(h, kvgc_seq_create(h, 0, &s));
+  kvgc_stats a, b;
+  kvgc_stats_init(&a);
+  kvgc_stats_init(&b);
+  CHECK_OK(h, kvgc_get_stats(h, &a));
+  for (uint32_t t = 0; t < length; ++t) {
     CHECK_OK(h, kvgc_append(h, s, 0, kv.data(), kv.data(), 1, nullptr));
     uint64_t n = 0;
     CHECK_OK(h, kvgc_seq_tokens(h, s, 0, &n, nullptr));
     CHECK_OK(h, kvgc_observe(h, s, 0, mass.data(), n, nullptr));
-    const Timer t;
+    const Timer timer;
     CHECK_OK(h, kvgc_step(h, s, nullptr));
-    if (timed) *ns += t.elapsed_ns();
-  };
-  double ignored = 0;
-  for (int i = 0; i < 3 * window_steps; ++i) one_step(false, &ignored);  // reach steady state
-  kvgc_stats st;
-  kvgc_stats_init(&st);
-  std::vector<double> per_step;
-  uint64_t ranked = 0, steps = 0;
-  for (int w = 0; w < windows; ++w) {
-    kvgc_get_stats(h, &st);
-    const uint64_t ranked0 = st.tokens_ranked;
-    double ns = 0;
-    for (int i = 0; i < window_steps; ++i) one_step(true, &ns);
-    kvgc_get_stats(h, &st);
-    ranked += st.tokens_ranked - ranked0;
-    steps += window_steps;
-    per_step.push_back(ns / window_steps);
+    const double ns = timer.elapsed_ns();
+    CHECK_OK(h, kvgc_get_stats(h, &b));
+    Census& c = out[t < budget ? 0 : 1];
+    const uint64_t given = (b.tokens_evicted - a.tokens_evicted) + (b.tokens_demoted - a.tokens_demoted);
+    int kind = -1;
+    if (b.major_gcs > a.major_gcs) {
+      kind = kMajor;
+      c.majors_giving += given > 0;
+    } else if (b.minor_gcs > a.minor_gcs) {
+      kind = given ? kMinorGiving : b.tokens_promoted > a.tokens_promoted ? kMinorPromoting : kMinorIdle;
+    }
+    if (kind >= 0) {
+      ++c.n[kind];
+      c.ranked[kind] += b.tokens_ranked - a.tokens_ranked;
+      c.ns[kind].push_back(ns);
+    }
+    a = b;
   }
   CHECK_OK(h, kvgc_heap_check(h));
   kvgc_heap_destroy(h);
-  std::sort(per_step.begin(), per_step.end());
-  return {per_step[per_step.size() / 2], double(ranked) / double(steps)};
 }
 
 struct CompactCost {
@@ -189,43 +280,175 @@ CompactCost compaction_vs_memcpy(uint32_t tokens, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const std::vector<uint32_t> sizes = quick ? std::vector<uint32_t>{4096}
-                                            : std::vector<uint32_t>{4096, 32768, 131072};
-  const int windows = quick ? 1 : 3, window_steps = 128;
+  bool quick = false, census = false;
+  std::vector<uint32_t> budgets = {4096, 32768};
+  uint32_t runs = 4;  // a run decodes from empty to runs x budget tokens
+  int reps = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+      budgets = {1024};
+      reps = 1;
+    } else if (a == "--census") {
+      census = true;
+    } else if (a.rfind("--budgets=", 0) == 0) {
+      budgets.clear();
+      for (size_t at = 10; at < a.size();) {
+        const size_t comma = std::min(a.find(',', at), a.size());
+        budgets.push_back(uint32_t(std::stoul(a.substr(at, comma - at))));
+        at = comma + 1;
+      }
+    } else if (a.rfind("--runs=", 0) == 0) {
+      runs = uint32_t(std::stoul(a.substr(7)));
+    } else if (a.rfind("--reps=", 0) == 0) {
+      reps = std::stoi(a.substr(7));
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--census] [--budgets=4096,32768] [--runs=4] [--reps=3]\n", argv[0]);
+      return 2;
+    }
+  }
   std::printf("kvgc-bench-gc: one segment, 8 KV heads x 128 dims f16, page 16 tokens, CPU backend\n");
-  std::printf("per decode step: append 1 token, observe mass (untimed), kvgc_step (timed);\n"
-              "mean over %d-step windows after a %d-step warm-up, median of %d windows\n\n",
-              window_steps, 3 * window_steps, windows);
-  std::printf("| live tokens | generational us/step | h2o us/step | time ratio | generational ranked/step | h2o ranked/step | ranked ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  if (!census)
+    std::printf("decode from empty to %u x the token budget B: per token, append 1, observe mass for\n"
+                "every live token (untimed), kvgc_step (timed). Cost = total step time / tokens appended,\n"
+                "every burst included; 'fill' = tokens 1..B (under budget), 'past' = tokens B+1..%uB.\n"
+                "%d repetition(s) alternating the policies: median (min) of us per token appended;\n"
+                "ratios are h2o / generational, per repetition pair, median (min).\n\n",
+                runs, runs, reps);
+  const uint32_t max_len = runs * *std::max_element(budgets.begin(), budgets.end());
+  std::vector<uint16_t> kv(size_t(kKvHeads) * kHeadDim);
+  std::mt19937 rng(5);
+  for (auto& x : kv) x = uint16_t(rng() & 0x3bff);  // finite halves in (-1, 1)
+  // Attention mass: a fixed heavy-tailed draw per row (in kvgc_read order), over B.
+  std::vector<float> mass_draw(max_len + 1);
+  std::exponential_distribution<float> expo(1.0f);
+  for (auto& x : mass_draw) x = expo(rng) * expo(rng);
+
+  if (census) {  // what generational's collections did, fill and past the budget; untimed
+    ResultLine result;
+    std::printf("census: generational's collections by what they did (untimed; decode from empty to %u x B)\n\n", runs);
+    std::printf("| budget | regime | part | minors giving back (ranked) | minors only promoting (ranked) | "
+                "minors doing neither (ranked) | majors (ranked; giving back) | share of ranking in minors doing neither "
+                "| median us per kvgc_step: giving / promoting / neither / major |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (uint32_t budget : budgets) {
+      std::vector<float> mass(mass_draw);
+      for (auto& x : mass) x /= float(budget);
+      for (kvgc_demote d : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_LADDER}) {
+        Census c[2];
+        census_run(d, budget, runs * budget, kv, mass, c);
+        for (int part = 0; part < 2; ++part) {
+          const Census& x = c[part];
+          auto us = [&](int k) {  // median: a busy machine's preemptions would swamp a mean
+            if (x.ns[k].empty()) return double(NAN);
+            return median_of(int(x.ns[k].size()), [&, i = size_t(0)]() mutable { return x.ns[k][i++]; }).median / 1e3;
+          };
+          const uint64_t all = x.ranked[0] + x.ranked[1] + x.ranked[2] + x.ranked[3];
+          const double idle = all ? double(x.ranked[kMinorIdle]) / double(all) : NAN;
+          std::printf("| %u | %s | %s | %llu (%llu) | %llu (%llu) | %llu (%llu) | %llu (%llu; %llu) | %.2f | %.0f / %.0f / %.0f / %.0f |\n", budget,
+                      d == KVGC_DEMOTE_OFF ? "evict" : "ladder", part ? "past" : "fill",
+                      (unsigned long long)x.n[kMinorGiving], (unsigned long long)x.ranked[kMinorGiving],
+                      (unsigned long long)x.n[kMinorPromoting], (unsigned long long)x.ranked[kMinorPromoting],
+                      (unsigned long long)x.n[kMinorIdle], (unsigned long long)x.ranked[kMinorIdle],
+                      (unsigned long long)x.n[kMajor], (unsigned long long)x.ranked[kMajor],
+                      (unsigned long long)x.majors_giving, idle, us(0), us(1), us(2), us(3));
+          std::fflush(stdout);
+          result.add(std::string("idle_minor_share_") + (part ? "past_" : "fill_") +
+                         (d == KVGC_DEMOTE_OFF ? "evict_" : "ladder_") + std::to_string(budget / 1024) + "k",
+                     idle);
+        }
+      }
+    }
+    result.print();
+    return 0;
+  }
   ResultLine result;
-  double time_ratio_32k = NAN, ranked_ratio_32k = NAN;
+  // Ratios first in the RESULT line, the largest budget's first.
+  std::map<uint32_t, std::vector<std::pair<std::string, double>>, std::greater<>> ratios;
   std::vector<std::pair<std::string, double>> extra;
-  for (uint32_t live : sizes) {
-    const StepCost gen = step_cost(KVGC_POLICY_GENERATIONAL, live, windows, window_steps);
-    const StepCost h2o = step_cost(KVGC_POLICY_H2O, live, windows, window_steps);
-    const double tr = ratio(h2o.ns_per_step, gen.ns_per_step);
-    const double rr = ratio(h2o.ranked_per_step, gen.ranked_per_step);
-    std::printf("| %u | %.1f | %.1f | %.1fx | %.0f | %.0f | %.1fx |\n", live, gen.ns_per_step / 1e3,
-                h2o.ns_per_step / 1e3, tr, gen.ranked_per_step, h2o.ranked_per_step, rr);
-    std::fflush(stdout);
-    if (live == 32768 || sizes.size() == 1) time_ratio_32k = tr, ranked_ratio_32k = rr;
-    const std::string k = std::to_string(live / 1024) + "k";
-    extra.push_back({"gen_us_" + k, gen.ns_per_step / 1e3});
-    extra.push_back({"h2o_us_" + k, h2o.ns_per_step / 1e3});
+  const struct {
+    const char* name;
+    kvgc_demote demote;
+  } regimes[] = {{"evict", KVGC_DEMOTE_OFF}, {"ladder", KVGC_DEMOTE_LADDER}};
+  const struct {
+    const char* name;
+    kvgc_policy policy;
+  } policies[] = {{"generational", KVGC_POLICY_GENERATIONAL}, {"h2o", KVGC_POLICY_H2O}};
+  for (uint32_t budget : budgets) {
+    std::vector<float> mass(mass_draw);
+    for (auto& x : mass) x /= float(budget);
+    const std::string k = std::to_string(budget / 1024) + "k";
+    for (const auto& regime : regimes) {
+      std::printf("### budget %u tokens, %s (KVGC_DEMOTE=%s), decode to %u tokens\n\n", budget,
+                  regime.name, regime.demote == KVGC_DEMOTE_OFF ? "off" : "int8,int4 (default)",
+                  runs * budget);
+      std::printf("| policy | us/token all | us/token fill | us/token past | ranked/token all | "
+                  "ranked/token fill | ranked/token past | collections fill | collections past | "
+                  "evicted | demoted | live at end (long-term) |\n");
+      std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      std::fflush(stdout);
+      std::vector<RunCost> by[2];
+      for (int r = 0; r < reps; ++r)
+        for (int p = 0; p < 2; ++p)
+          by[p].push_back(decode_run(policies[p].policy, regime.demote, budget, runs * budget, kv, mass));
+      Summary all[2], fill[2], past[2];
+      for (int p = 0; p < 2; ++p) {
+        const auto& v = by[p];
+        all[p] = median_of(reps, [&, i = 0]() mutable { return v[i++].us_per_token_all(); });
+        fill[p] = median_of(reps, [&, i = 0]() mutable { return v[i++].us_per_token(0); });
+        past[p] = median_of(reps, [&, i = 0]() mutable { return v[i++].us_per_token(1); });
+        const RunCost& c = v[0];  // counts are deterministic: the same in every repetition
+        auto gcs = [&](const Part& x) {  // generational: minor + major
+          return p == 0 ? std::to_string(x.minors) + " + " + std::to_string(x.majors) : std::to_string(x.gcs);
+        };
+        std::printf("| %s | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %.0f | %.0f | %.0f | "
+                    "%s | %s | %llu | %llu | %llu (%llu) |\n",
+                    policies[p].name, all[p].median, all[p].min, fill[p].median, fill[p].min,
+                    past[p].median, past[p].min, c.ranked_per_token_all(), c.ranked_per_token(0),
+                    c.ranked_per_token(1), gcs(c.part[0]).c_str(), gcs(c.part[1]).c_str(),
+                    (unsigned long long)(c.part[0].evicted + c.part[1].evicted),
+                    (unsigned long long)(c.part[0].demoted + c.part[1].demoted),
+                    (unsigned long long)c.live_end, (unsigned long long)c.long_term_end);
+      }
+      const Summary tr = median_of(reps, [&, i = 0]() mutable {
+        const double x = ratio(by[1][i].us_per_token_all(), by[0][i].us_per_token_all());
+        ++i;
+        return x;
+      });
+      const Summary tr_past = median_of(reps, [&, i = 0]() mutable {
+        const double x = ratio(by[1][i].us_per_token(1), by[0][i].us_per_token(1));
+        ++i;
+        return x;
+      });
+      const double rr = ratio(by[1][0].ranked_per_token_all(), by[0][0].ranked_per_token_all());
+      const double rr_past = ratio(by[1][0].ranked_per_token(1), by[0][0].ranked_per_token(1));
+      std::printf("\nh2o / generational: time per token %.2fx (min %.2fx) over the run, %.2fx (min %.2fx) "
+                  "past the budget; ranked per token %.2fx over the run, %.2fx past the budget\n\n",
+                  tr.median, tr.min, tr_past.median, tr_past.min, rr, rr_past);
+      std::fflush(stdout);
+      const std::string sfx = std::string("_") + regime.name + "_" + k;
+      auto& rs = ratios[budget];
+      rs.push_back({"time_ratio" + sfx, tr.median});
+      rs.push_back({"ranked_ratio" + sfx, rr});
+      rs.push_back({"time_ratio_past" + sfx, tr_past.median});
+      rs.push_back({"ranked_ratio_past" + sfx, rr_past});
+      extra.push_back({"gen_us_tok" + sfx, all[0].median});
+      extra.push_back({"h2o_us_tok" + sfx, all[1].median});
+      extra.push_back({"gen_ranked_tok" + sfx, by[0][0].ranked_per_token_all()});
+      extra.push_back({"h2o_ranked_tok" + sfx, by[1][0].ranked_per_token_all()});
+    }
   }
   const CompactCost c = compaction_vs_memcpy(32768, quick ? 3 : 9);
   const double throughput_ratio = ratio(c.memcpy_ns, c.compact_ns);
-  std::printf("\ncompaction: %llu slots moved (%.1f MiB incl. metadata) in %.2f ms; memcpy of the same "
+  std::printf("compaction: %llu slots moved (%.1f MiB incl. metadata) in %.2f ms; memcpy of the same "
               "bytes %.2f ms; throughput ratio %.2f\n",
               (unsigned long long)c.slots, double(c.bytes) / (1 << 20), c.compact_ns / 1e6,
               c.memcpy_ns / 1e6, throughput_ratio);
-  const std::string at = sizes.size() == 1 ? "4k" : "32k";
-  result.add("time_ratio_" + at, time_ratio_32k);
-  result.add("ranked_ratio_" + at, ranked_ratio_32k);
+  for (const auto& [budget, rs] : ratios)
+    for (const auto& [key, v] : rs) result.add(key, v);
   result.add("compact_vs_memcpy", throughput_ratio);
-  for (const auto& [k, v] : extra) result.add(k, v, 1);
+  for (const auto& [key, v] : extra) result.add(key, v, 2);
   result.add("compact_GBps", double(c.bytes) / c.compact_ns, 2);
   result.print();
   return 0;

@@ -207,9 +207,8 @@ def test_kvgc_press_in_pipeline(smollm2):
         alone = [pipe(ctx, question=q, press=press, max_new_tokens=10)["answer"] for q in qs]
         assert both == alone, "the second question saw the first one's tokens (no roll-back)"
         # The press leaves the model on "kvgc" attention (the pipeline decodes after the
-        # press exits); back to SDPA for the reference run. (kvgc's SDPA fallback for
-        # other caches was found wrong for multi-token chunks after a prefill; see
-        # python/NOTES-kvpress.md, "Requests to the transformers layer".)
+        # press exits); back to SDPA for the reference run, so that the reference does not
+        # depend on the "kvgc" attention's SDPA fallback (tested in test_transformers.py).
         model.set_attn_implementation("sdpa")
         plain = pipe(ctx, questions=qs, max_new_tokens=10)["answers"]
         assert both == plain, "kvgc with no budget (f32 K/V) answered differently from SDPA"

@@ -285,7 +285,12 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in the deferred har
   MESSAGE(grid.size() << " geometries x {int8, ladder}, " << dirty << " with a finding; " << scans
                       << " scans in the window, " << empty
                       << " pages below fp16 with no live slot seen there");
-  // The window was really scanned, with reserved pages in it.
+  // The window was really scanned, with reserved pages in it. At assert level 2 the
+  // invariant walker runs after every call and applies pending results as kvgc_heap_check
+  // does, so the reserved-but-unused pages are gone before the scan: there the window is
+  // still scanned, but only the release build can require that it held such pages.
   CHECK(scans > grid.size());
+#if KVGC_ASSERT_LEVEL < 2
   CHECK(empty > 0);
+#endif
 }

@@ -251,11 +251,10 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in the deferred har
   const uint32_t pts[] = {1, 2, 3, 7, 16, 33, 100, 256};
   const uint32_t hds[] = {8, 24, 40, 64, 72, 128, 200, 256};
   const kvgc_dtype dts[] = {KVGC_DTYPE_F16, KVGC_DTYPE_BF16, KVGC_DTYPE_F32};
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || KVGC_ASSERT_LEVEL >= 2
-  const uint32_t stride = 4;
-#else
+  // Every geometry in every build (26 s under ASan at assert level 2): the sanitizer
+  // builds' every-fourth grid of the test above saw no reserved page left empty in the
+  // window, so it would prove nothing here.
   const uint32_t stride = 1;
-#endif
   uint32_t i = 0;
   for (kvgc_dtype dt : dts)
     for (uint32_t pt : pts)
@@ -285,12 +284,7 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in the deferred har
   MESSAGE(grid.size() << " geometries x {int8, ladder}, " << dirty << " with a finding; " << scans
                       << " scans in the window, " << empty
                       << " pages below fp16 with no live slot seen there");
-  // The window was really scanned, with reserved pages in it. At assert level 2 the
-  // invariant walker runs after every call and applies pending results as kvgc_heap_check
-  // does, so the reserved-but-unused pages are gone before the scan: there the window is
-  // still scanned, but only the release build can require that it held such pages.
+  // The window was really scanned, with reserved pages in it.
   CHECK(scans > grid.size());
-#if KVGC_ASSERT_LEVEL < 2
   CHECK(empty > 0);
-#endif
 }

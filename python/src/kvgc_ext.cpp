@@ -261,6 +261,14 @@ uint32_t to_u32(uint64_t v, const char* name) {
   return uint32_t(v);
 }
 
+// Runs one kvgc call with the GIL released (the heap has its own lock), so other Python
+// threads run while kvgc works.
+template <class F>
+kvgc_status without_gil(F&& call) {
+  nb::gil_scoped_release release;
+  return call();
+}
+
 class Batch;
 
 class Heap {
@@ -277,11 +285,7 @@ class Heap {
     kvgc_heap_options_init(&opts);
     std::vector<float> weights;
     fill_options(options, &opts, &weights);
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_heap_create(&model_, &opts, &heap_);
-    }
+    kvgc_status st = without_gil([&] { return kvgc_heap_create(&model_, &opts, &heap_); });
     check_status(st, nullptr, "kvgc_heap_create");
     kvgc_heap_options eff;
     kvgc_heap_options_init(&eff);
@@ -313,21 +317,13 @@ class Heap {
   }
   void free_sequence(uint64_t seq) {
     kvgc_heap* h = get();
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_seq_destroy(h, seq);
-    }
+    kvgc_status st = without_gil([&] { return kvgc_seq_destroy(h, seq); });
     check_status(st, h, "kvgc_seq_destroy");
   }
   uint64_t fork(uint64_t seq, uint32_t tenant, uintptr_t stream) {
     kvgc_heap* h = get();
     kvgc_seq out = 0;
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_seq_fork(h, seq, tenant, &out, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_seq_fork(h, seq, tenant, &out, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_seq_fork");
     return out;
   }
@@ -346,11 +342,7 @@ class Heap {
     void* kp = checked(k, "k", dt, {-1, kvh, hd}, where_, &n);
     void* vp = checked(v, "v", dt, {int64_t(n), kvh, hd}, where_);
     const uint32_t n32 = to_u32(n, "k.shape[0]");
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_append(h, seq, layer, kp, vp, n32, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_append(h, seq, layer, kp, vp, n32, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_append");
   }
 
@@ -368,11 +360,7 @@ class Heap {
     kvgc_attend_params_init(&params);
     params.scale = scale;
     params.flags = flags;
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_attend(h, seq, layer, qp, n32, op, &params, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_attend(h, seq, layer, qp, n32, op, &params, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_attend");
   }
 
@@ -381,23 +369,15 @@ class Heap {
     kvgc_heap* h = get();
     uint64_t n = 0;
     void* mp = checked(mass, "mass", kF32, {-1}, where_, &n);
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_observe(h, seq, layer, static_cast<const float*>(mp), n,
-                        reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_observe(h, seq, layer, static_cast<const float*>(mp), n,
+                        reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_observe");
   }
 
   // KVGC_OK or KVGC_EBUDGET (advisory); any other failure raises.
   int step(uint64_t seq, uintptr_t stream) {
     kvgc_heap* h = get();
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_step(h, seq, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_step(h, seq, reinterpret_cast<void*>(stream)); });
     if (st != KVGC_EBUDGET) check_status(st, h, "kvgc_step");
     return st;
   }
@@ -425,11 +405,7 @@ class Heap {
     pp = static_cast<int32_t*>(take(pos_out, "pos_out", kI32, {-1}));
     if (cap == UINT64_MAX) cap = 0;
     uint64_t n = 0;
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_read(h, seq, layer, kp, vp, pp, cap, &n, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_read(h, seq, layer, kp, vp, pp, cap, &n, reinterpret_cast<void*>(stream)); });
     if (st == KVGC_EINVAL && n > cap && (kp || vp || pp)) {
       invalid("the outputs hold " + std::to_string(cap) + " rows; the segment has " +
               std::to_string(n) + " live tokens");
@@ -455,11 +431,7 @@ class Heap {
       cap = std::min(cap, n);
     }
     if (cap == UINT64_MAX) cap = 0;
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_read_scores(h, seq, layer, sp, gp, cap, &n, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_read_scores(h, seq, layer, sp, gp, cap, &n, reinterpret_cast<void*>(stream)); });
     if (st == KVGC_EINVAL && n > cap && (sp || gp)) {
       invalid("the outputs hold " + std::to_string(cap) + " rows; the segment has " +
               std::to_string(n) + " live tokens");
@@ -476,11 +448,7 @@ class Heap {
     if (!cls.is_none()) {
       cp = static_cast<uint8_t*>(checked(View(cls, "cls_out", true), "cls_out", kU8, {-1}, where_, &cap));
     }
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_read_classes(h, seq, layer, cp, cap, &n, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_read_classes(h, seq, layer, cp, cap, &n, reinterpret_cast<void*>(stream)); });
     if (st == KVGC_EINVAL && n > cap && cp) {
       invalid("cls_out holds " + std::to_string(cap) + " rows; the segment has " +
               std::to_string(n) + " live tokens");
@@ -492,11 +460,7 @@ class Heap {
 
   void check() {
     kvgc_heap* h = get();
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_heap_check(h);
-    }
+    kvgc_status st = without_gil([&] { return kvgc_heap_check(h); });
     check_status(st, h, "kvgc_heap_check");
   }
 
@@ -592,12 +556,8 @@ class Batch {
     uint64_t rows = 0;
     for (uint32_t x : n_new) rows += x;
     uint32_t failed = UINT32_MAX;
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_batch_plan_ex(batch_, seqs.data(), n_new.data(), n, &opts, &failed,
-                              reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_batch_plan_ex(batch_, seqs.data(), n_new.data(), n, &opts, &failed,
+                              reinterpret_cast<void*>(stream)); });
     if (st == KVGC_OK) {
       rows_ = rows;
     } else {
@@ -614,11 +574,7 @@ class Batch {
     const int64_t rows = int64_t(rows_), kvh = m.n_kv_heads, hd = m.head_dim;
     void* kp = checked(k, "k", dt, {rows, kvh, hd}, heap_->where());
     void* vp = checked(v, "v", dt, {rows, kvh, hd}, heap_->where());
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_batch_append(batch_, layer, kp, vp, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_batch_append(batch_, layer, kp, vp, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_batch_append");
   }
 
@@ -635,11 +591,7 @@ class Batch {
     kvgc_attend_params_init(&params);
     params.scale = scale;
     params.flags = flags;
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_batch_attend(batch_, layer, qp, op, &params, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_batch_attend(batch_, layer, qp, op, &params, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_batch_attend");
   }
 
@@ -652,22 +604,14 @@ class Batch {
     check_status(kvgc_batch_export(batch_, layer, &view), h, "kvgc_batch_observe");
     void* mp = checked(mass, "mass", kF32, {int64_t(view.n_pages), int64_t(view.page_tokens)},
                        heap_->where());
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_batch_observe(batch_, layer, static_cast<const float*>(mp),
-                              reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_batch_observe(batch_, layer, static_cast<const float*>(mp),
+                              reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_batch_observe");
   }
 
   int step(uintptr_t stream) {
     kvgc_heap* h = heap();
-    kvgc_status st;
-    {
-      nb::gil_scoped_release release;
-      st = kvgc_batch_step(batch_, reinterpret_cast<void*>(stream));
-    }
+    kvgc_status st = without_gil([&] { return kvgc_batch_step(batch_, reinterpret_cast<void*>(stream)); });
     rows_ = 0;
     if (st != KVGC_EBUDGET) check_status(st, h, "kvgc_batch_step");
     return st;

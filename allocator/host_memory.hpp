@@ -61,6 +61,9 @@ using vector = std::vector<T, Allocator<T>>;
 template <class K, class V>
 using unordered_map =
     std::unordered_map<K, V, std::hash<K>, std::equal_to<K>, Allocator<std::pair<const K, V>>>;
+template <class K, class V>
+using unordered_multimap =
+    std::unordered_multimap<K, V, std::hash<K>, std::equal_to<K>, Allocator<std::pair<const K, V>>>;
 
 // For classes allocated one at a time (the heap, its C handle): derive to allocate
 // through host::allocate.

@@ -16,6 +16,7 @@ bool PagePool::init(const PoolConfig& cfg, std::string* err) {
   }
   uint32_t max_pages = 0;
   for (int c = 0; c < kNumClasses; ++c) {
+    if (c == kHeaderClass && cfg.page_bytes[c] == 0) continue;  // not used by this pool
     if (cfg.page_bytes[c] == 0 || cfg.page_bytes[c] > cfg.slab_bytes) {
       *err = "page of class " + std::to_string(c) + " (" + std::to_string(cfg.page_bytes[c]) +
              " bytes) does not fit a slab of " + std::to_string(cfg.slab_bytes) + " bytes";
@@ -44,11 +45,12 @@ bool PagePool::init(const PoolConfig& cfg, std::string* err) {
 }
 
 bool PagePool::can_alloc(int cls, uint64_t n) const {
+  if (pages_per_slab_[cls] == 0) return n == 0;  // a class this pool leaves out
   return n <= counts_[cls].pages_free + uint64_t(arena_.free_slabs()) * pages_per_slab_[cls];
 }
 
 PageId PagePool::alloc(int cls, SegmentId owner) {
-  KVGC_ASSERT(cls >= 0 && cls < kNumClasses && owner < kMaxSegments);
+  KVGC_ASSERT(cls >= 0 && cls < kNumClasses && owner < kMaxSegments && pages_per_slab_[cls]);
   SlabList& partial = partial_[cls];
   if (partial.empty()) {
     Slab* s = arena_.acquire();

@@ -7,7 +7,8 @@
 //   PageId    (slab << index_bits) | page index: address = base + slab * slab_bytes +
 //             index * page_bytes[class of slab]. Dense, stable while the page lives.
 //   segment   an owner id (the runtime's (sequence, layer)); the allocator only records
-//             it, so that heap_check can prove every page has exactly one owner.
+//             it, so that heap_check can prove every page has exactly one owner (a
+//             shared page's owner is kSharedOwner: the runtime counts its holders).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +42,13 @@ constexpr PageId kNoPage = UINT32_MAX;
 // "free", its low bits then link the slab's free list (see slab.hpp).
 constexpr SegmentId kNoSegment = UINT32_MAX;
 constexpr SegmentId kMaxSegments = 0x7fffffffu;
-constexpr int kNumClasses = 3;  // KVGC_CLASS_COUNT, without pulling in the C header
+// The storage classes (KVGC_CLASS_COUNT, without pulling in the C header), then the
+// header class: a shared page's per-holder slot metadata (runtime/shared.cpp), a page's
+// bytes before its K/V. A pool may leave it out (page_bytes 0).
+constexpr int kNumStorageClasses = 3;
+constexpr int kHeaderClass = 3;
+constexpr int kNumClasses = 4;
+// The owner of a shared page: its holders are the segments whose header pages name it.
+constexpr SegmentId kSharedOwner = kMaxSegments - 1;
 
 }  // namespace kvgc

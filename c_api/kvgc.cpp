@@ -84,7 +84,7 @@ Status check_heap(const kvgc_heap* h, const char* fn) {
 // The sizes of kvgc_heap_options that earlier versions compiled against.
 bool older_options_size(size_t size) {
   return size == KVGC_HEAP_OPTIONS_0_2_SIZE || size == KVGC_HEAP_OPTIONS_0_3_SIZE ||
-         size == KVGC_HEAP_OPTIONS_0_4_SIZE;
+         size == KVGC_HEAP_OPTIONS_0_4_SIZE || size == KVGC_HEAP_OPTIONS_0_6_SIZE;
 }
 
 // Structs that only grow: the caller's struct_size must name a size this library knows.
@@ -282,6 +282,39 @@ kvgc_status kvgc_seq_fork(kvgc_heap* heap, kvgc_seq seq, uint32_t tenant, kvgc_s
   }, Mutates::Yes);
 }
 
+kvgc_status kvgc_prefix_keep(kvgc_heap* heap, kvgc_seq seq, const int32_t* token_ids,
+                             uint64_t n_tokens, uint64_t salt, uint32_t flags,
+                             kvgc_prefix* prefix_out, void* stream) {
+  return with_heap(heap, "kvgc_prefix_keep", [&](kvgc::ManagedHeap& h) -> Status {
+    if (flags & ~KVGC_PREFIX_PIN)
+      return fail(KVGC_EINVAL, "kvgc_prefix_keep: flags " + std::to_string(flags) + " has unknown bits");
+    if (n_tokens && !token_ids) return fail(KVGC_EINVAL, "kvgc_prefix_keep: token_ids is NULL");
+    return h.prefix_keep(seq, token_ids, n_tokens, salt, flags & KVGC_PREFIX_PIN, prefix_out, stream);
+  }, Mutates::Yes);
+}
+
+kvgc_status kvgc_prefix_attach(kvgc_heap* heap, kvgc_seq seq, const int32_t* token_ids,
+                               uint64_t n_tokens, uint64_t salt, uint64_t* n_attached_out,
+                               void* stream) {
+  return with_heap(heap, "kvgc_prefix_attach", [&](kvgc::ManagedHeap& h) -> Status {
+    if (!n_attached_out) return fail(KVGC_EINVAL, "kvgc_prefix_attach: n_attached_out is NULL");
+    if (n_tokens && !token_ids) return fail(KVGC_EINVAL, "kvgc_prefix_attach: token_ids is NULL");
+    return h.prefix_attach(seq, token_ids, n_tokens, salt, n_attached_out, stream);
+  }, Mutates::Yes);
+}
+
+kvgc_status kvgc_prefix_pin(kvgc_heap* heap, kvgc_prefix prefix, int pinned) {
+  return with_heap(heap, "kvgc_prefix_pin", [&](kvgc::ManagedHeap& h) {
+    return h.prefix_pin(prefix, pinned != 0);
+  }, Mutates::Yes);
+}
+
+kvgc_status kvgc_prefix_drop(kvgc_heap* heap, kvgc_prefix prefix) {
+  return with_heap(heap, "kvgc_prefix_drop", [&](kvgc::ManagedHeap& h) {
+    return h.prefix_drop(prefix);
+  }, Mutates::Yes);
+}
+
 kvgc_status kvgc_append(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const void* k,
                         const void* v, uint32_t n_tokens, void* stream) {
   return with_heap(heap, "kvgc_append", [&](kvgc::ManagedHeap& h) {
@@ -373,9 +406,9 @@ kvgc_status kvgc_attend(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const voi
 kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
   return with_heap(heap, "kvgc_get_stats", [&](kvgc::ManagedHeap& h) -> Status {
     if (!out) return fail(KVGC_EINVAL, "kvgc_get_stats: out is NULL");
-    // Version 1 and 2 callers (a smaller struct) get the fields they know.
+    // Callers of versions 1 to 3 (a smaller struct) get the fields they know.
     const size_t size = out->struct_size;
-    if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE)
+    if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE && size != KVGC_STATS_V3_SIZE)
       KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
     kvgc_stats full;
     KVGC_TRY(h.stats(&full));
@@ -484,11 +517,13 @@ kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream) {
 kvgc_status kvgc_batch_export(kvgc_batch* batch, uint32_t layer, kvgc_batch_view* out) {
   return with_batch(batch, "kvgc_batch_export", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) -> Status {
     if (!out) return fail(KVGC_EINVAL, "kvgc_batch_export: out is NULL");
-    KVGC_TRY(check_struct_size(out->struct_size, sizeof *out, "kvgc_batch_export: out"));
+    const size_t size = out->struct_size;  // 0.6 callers get the fields they know
+    if (size != KVGC_BATCH_VIEW_V1_SIZE)
+      KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_batch_export: out"));
     kvgc_batch_view v{};
-    v.struct_size = sizeof v;
+    v.struct_size = size;
     KVGC_TRY(h.batch_export(p, layer, &v));
-    *out = v;
+    std::memcpy(out, &v, size);
     return Status::Ok();
   }, Mutates::No);
 }

@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 6
+#define KVGC_VERSION_MINOR 7
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.6.0"
+#define KVGC_VERSION_STRING "0.7.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -143,6 +143,24 @@ typedef enum kvgc_harvest {
   KVGC_HARVEST_DEFERRED = 0,
   KVGC_HARVEST_IMMEDIATE = 1
 } kvgc_harvest;
+
+/* Who pays for the tokens a sequence attached from the prefix cache (0.7;
+ * KVGC_PREFIX_CHARGE=cache|view).
+ * CACHE: the cache. The whole pages a sequence attaches stay whole in its view for its
+ * life: its GC never ranks, evicts or demotes them, and its budgets (and a byte budget's
+ * fraction of its length) cover only the tokens it holds itself. The prefix's bytes are
+ * held once, whatever the number of sequences, which is what makes pruning pay beside
+ * sharing.
+ * VIEW: the sequence, as if it had appended them: its budgets count every token it keeps
+ * and its GC prunes the attached tokens like its own (a demoted shared token becomes a
+ * private copy at the cheaper rung), so an attached sequence makes exactly the decisions
+ * of one that appended the prompt itself.
+ * Pages shared by kvgc_seq_fork are always charged as VIEW: a fork decides as the copy
+ * it replaces. */
+typedef enum kvgc_prefix_charge {
+  KVGC_PREFIX_CHARGE_CACHE = 0,
+  KVGC_PREFIX_CHARGE_VIEW = 1
+} kvgc_prefix_charge;
 
 /* Token generations (tiers): sinks and the young window are never evicted. */
 typedef enum kvgc_generation {
@@ -249,6 +267,8 @@ typedef struct kvgc_heap_options {
    * exactly the decisions one heap over every layer makes. Nothing crosses ranks. */
   uint32_t first_layer;          /* 0 */
   uint32_t total_layers;         /* 0: model->n_layers */
+  /* Added in 0.7: kvgc_prefix_charge above. */
+  kvgc_prefix_charge prefix_charge; /* CACHE */
 } kvgc_heap_options;
 
 /* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads), 0.3 (no byte budget) and 0.4 (no
@@ -256,6 +276,8 @@ typedef struct kvgc_heap_options {
 #define KVGC_HEAP_OPTIONS_0_2_SIZE (offsetof(kvgc_heap_options, cpu_threads))
 #define KVGC_HEAP_OPTIONS_0_3_SIZE (offsetof(kvgc_heap_options, byte_budget))
 #define KVGC_HEAP_OPTIONS_0_4_SIZE (offsetof(kvgc_heap_options, first_layer))
+/* ... and of 0.5 and 0.6 (no prefix_charge). */
+#define KVGC_HEAP_OPTIONS_0_6_SIZE (offsetof(kvgc_heap_options, prefix_charge))
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
 KVGC_API kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts);
@@ -299,10 +321,14 @@ KVGC_API kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq);
 /* A new sequence of `tenant` holding a copy of seq's cache: every segment's tokens (K/V,
  * positions, scores, generations, storage class) and GC state, so that the two continue
  * independently (parallel sampling, beam search, one prompt shared by several
- * continuations). The copy (one device-to-device copy per page) is enqueued on `stream`.
- * All or nothing: KVGC_ENOMEM when the pages do not fit (after applying pending GC
- * results), KVGC_EBUDGET past the tenant's quota; *seq_out is written only on success.
- * Added in 0.2. */
+ * continuations). Since 0.7 the copy shares seq's pages (no K/V byte is copied): each
+ * sequence gets a header page per page (its own live bits, positions, scores and
+ * generations, a few hundred bytes; copies enqueued on `stream`), and whichever first
+ * writes into a partly filled shared tail copies that one page (copy-on-write). The
+ * shared pages stay charged to the tenant that created them; the new sequence's tenant is
+ * charged its header pages. All or nothing: KVGC_ENOMEM when the header pages do not fit
+ * (after applying pending GC results and evicting cached prefixes), KVGC_EBUDGET past a
+ * tenant's quota; *seq_out is written only on success. Added in 0.2. */
 KVGC_API kvgc_status kvgc_seq_fork(kvgc_heap* heap, kvgc_seq seq, uint32_t tenant,
                                    kvgc_seq* seq_out, void* stream);
 
@@ -327,8 +353,59 @@ KVGC_API kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, vo
                                void* v_out, int32_t* pos_out, uint64_t capacity,
                                uint64_t* n_out, void* stream);
 
+/* ---- the prefix cache (0.7) ------------------------------------------------------- */
+/* Prompt caching with pruning. A sequence that has just appended a prompt (every layer
+ * holds exactly its n_tokens tokens, before any kvgc_step ranked them) can keep it as a
+ * cached prefix: its pages become shared (no K/V byte is copied) and stay in the heap,
+ * indexed by a chain of hashes of the token ids, one per page (a prefix matches page by
+ * page). A later sequence attaches to the longest cached prefix of its own token ids in
+ * O(pages), copying no K/V byte, and appends only the rest. Every holder keeps its own
+ * live bits, scores and generations (a header page per shared page), so each one's GC
+ * prunes its own view and touches no shared byte; a shared page goes back to the pool
+ * when nothing holds it.
+ *
+ * Visibility: with salt 0 a prefix is found only by sequences of the keeper's tenant;
+ * with a salt, by any sequence that passes the same salt, whatever its tenant (vLLM's
+ * cache_salt). A lookup that does not match reads no byte of any page.
+ *
+ * Room: when the arena is short (an append, a plan, a fork, a demotion), cached prefixes
+ * that are not pinned are evicted in least-recently-used order before anything returns
+ * KVGC_ENOMEM; evicting one frees the pages no sequence holds. */
+typedef uint64_t kvgc_prefix; /* never 0; never reused within a heap */
+
+#define KVGC_PREFIX_PIN 1u /* kvgc_prefix_keep flags: never evicted for room */
+
+/* Keeps seq's cache of token_ids[0, n_tokens) (host int32, the ids the engine appended)
+ * as a cached prefix visible per `salt` (above), and writes its handle to *prefix_out
+ * (may be NULL). seq continues unchanged (its header pages are written on `stream`). If the same ids are already cached with the
+ * same visibility, that prefix's handle is returned (flags still apply) and nothing
+ * else changes. KVGC_EINVAL when n_tokens is 0 or differs from a layer's length, or when
+ * a kvgc_step already ranked seq's tokens (keep a prompt right after appending it);
+ * KVGC_ENOMEM when the header pages do not fit; KVGC_EBUDGET past seq's tenant quota. */
+KVGC_API kvgc_status kvgc_prefix_keep(kvgc_heap* heap, kvgc_seq seq, const int32_t* token_ids,
+                                      uint64_t n_tokens, uint64_t salt, uint32_t flags,
+                                      kvgc_prefix* prefix_out, void* stream);
+/* Attaches the longest cached prefix of token_ids[0, n_tokens) visible to seq's tenant
+ * and `salt` to seq, which must hold no token yet: whole pages, plus a cached prefix's
+ * partly filled last page when all its tokens match. *n_attached_out receives the tokens
+ * attached (0 when nothing matched: seq is unchanged); the engine appends
+ * token_ids[*n_attached_out, n_tokens) itself. seq then holds what appending those
+ * tokens' K/V would have given it (positions, sinks, generations, no score) and goes on
+ * as any sequence: its first write into a shared partly filled page copies that page.
+ * Header pages are written on `stream`. KVGC_ENOMEM / KVGC_EBUDGET (seq's tenant pays its
+ * header pages) change nothing. */
+KVGC_API kvgc_status kvgc_prefix_attach(kvgc_heap* heap, kvgc_seq seq, const int32_t* token_ids,
+                                        uint64_t n_tokens, uint64_t salt,
+                                        uint64_t* n_attached_out, void* stream);
+/* Pins (nonzero) or unpins a cached prefix: a pinned one is never evicted for room. */
+KVGC_API kvgc_status kvgc_prefix_pin(kvgc_heap* heap, kvgc_prefix prefix, int pinned);
+/* Drops a cached prefix now: the pages no sequence holds go back to the pool. */
+KVGC_API kvgc_status kvgc_prefix_drop(kvgc_heap* heap, kvgc_prefix prefix);
+
 /* ---- tenants ---------------------------------------------------------------------- */
-/* A per-tenant quota on the pages its sequences hold (bytes, both storage classes);
+/* A per-tenant quota on the pages its sequences hold (bytes, every storage class; a
+ * shared page counts once, for the tenant whose sequence created it, and each holder's
+ * header pages for the holder's tenant);
  * 0 removes it. An append that would take the tenant past it fails with KVGC_EBUDGET and
  * changes nothing; demotion stays within it. A tenant's GC only ever touches its own
  * sequences, so no tenant can evict another's tokens. Lowering a limit below current
@@ -534,7 +611,12 @@ KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
  * the ABI: KVGC_PAGE_LAYOUT_VERSION changes whenever any offset rule below does.
  *
  * A page of class `cls` is page_bytes bytes at arena_base + offset (kvgc_batch_view) and
- * holds page_tokens slots of one segment for all its KV heads:
+ * holds page_tokens slots of one segment for all its KV heads. Version 2 (0.7): a page
+ * may be shared (kvgc_seq_fork, the prefix cache); the fields from live to gen (the
+ * sequence's own view) are then at arena_base + page_offset, and K, V and their scales at
+ * arena_base + kv_offset (read only: other sequences read them too). A private page has
+ * kv_offset == page_offset, so reading every field at page_offset's offsets for the
+ * header and at kv_offset's for the payload serves both:
  *   live    uint32[ceil(page_tokens/32)] at live_offset: bit s%32 of word s/32 set = slot s
  *           holds a live token (a dead slot's other fields are garbage: skip it)
  *   pos     int32[page_tokens]  at pos_offset: the token's position in its sequence
@@ -551,7 +633,7 @@ KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
  *           16-bit words 2g and 2g+1 from kq_offset/vq_offset + 2 * ((h * page_tokens + s)
  *           * qwords), typed as INT8's scale
  * A slot's order in attention does not matter, its position does (causal masks). */
-#define KVGC_PAGE_LAYOUT_VERSION 1
+#define KVGC_PAGE_LAYOUT_VERSION 2
 
 typedef struct kvgc_page_layout {
   size_t struct_size;
@@ -590,7 +672,15 @@ typedef struct kvgc_batch_view {
   const uint8_t* page_class;    /* [n_pages] kvgc_storage_class */
   const uint32_t* q_indptr;     /* [n_seqs + 1] */
   const int32_t* q_pos0;        /* [n_seqs] */
+  /* 0.7: [n_pages] bytes from arena_base of the page holding each page's K/V (and scales):
+   * page_offset[p] for a private page, the shared page's otherwise (page layout version 2).
+   * A caller built against 0.6 (struct_size without this field) gets KVGC_EUNSUPPORTED
+   * for a layer whose pages include a shared one. */
+  const uint64_t* kv_offset;
 } kvgc_batch_view;
+
+/* sizeof(kvgc_batch_view) in 0.5 and 0.6, still accepted by kvgc_batch_export. */
+#define KVGC_BATCH_VIEW_V1_SIZE (offsetof(kvgc_batch_view, kv_offset))
 
 /* The planned batch's page tables for `layer`. */
 KVGC_API kvgc_status kvgc_batch_export(kvgc_batch* batch, uint32_t layer, kvgc_batch_view* out);
@@ -604,7 +694,7 @@ KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const
                                         void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 3
+#define KVGC_STATS_VERSION 4
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -663,11 +753,25 @@ typedef struct kvgc_stats {
   /* version 3 (0.4): the INT8 class, and demotions per destination class */
   kvgc_class_stats cls_int8;
   uint64_t tokens_demoted_to[KVGC_CLASS_COUNT]; /* [FP16] is always 0 */
+  /* version 4 (0.7): shared pages and the prefix cache */
+  kvgc_class_stats cls_header; /* header pages: each holder's metadata of a shared page */
+  uint64_t shared_pages;       /* pages held through header pages or cached prefixes */
+  uint64_t shared_bytes;       /* their bytes, each counted once (in cls/cls_int8 too) */
+  uint64_t shared_refs;        /* header pages + cached prefixes' references to them */
+  uint64_t prefixes;           /* cached prefixes (kvgc_prefix_keep) */
+  uint64_t prefixes_pinned;
+  uint64_t prefix_lookups;     /* kvgc_prefix_attach calls */
+  uint64_t prefix_hits;        /* ... that attached at least one token */
+  uint64_t prefix_tokens_attached;
+  uint64_t prefix_evictions;   /* cached prefixes evicted for room (LRU) */
+  uint64_t pages_shared;       /* pages made shared (keep, fork), counted once each time */
+  uint64_t cow_copies;         /* shared partly filled pages copied on first write */
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of versions 1 and 2, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 to 3, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 #define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
+#define KVGC_STATS_V3_SIZE (offsetof(kvgc_stats, cls_header))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

@@ -134,11 +134,26 @@ class Sequence {
     check(kvgc_seq_tokens(heap_, id_, layer, nullptr, &len), heap_);
     return len;
   }
-  // A copy of this sequence's cache as a new sequence of `tenant` (kvgc_seq_fork).
+  // A copy of this sequence's cache as a new sequence of `tenant` (kvgc_seq_fork; since
+  // 0.7 it shares the pages).
   Sequence fork(uint32_t tenant, void* stream = nullptr) {
     kvgc_seq id = 0;
     check(kvgc_seq_fork(heap_, id_, tenant, &id, stream), heap_);
     return Sequence(heap_, id);
+  }
+  // The prefix cache (0.7). keep: this sequence's cache of ids[0, n) (its whole length, no
+  // step since) becomes a cached prefix; returns its handle. attach: this sequence, still
+  // empty, takes the longest cached prefix of ids[0, n); returns the tokens attached.
+  kvgc_prefix keep_prefix(const int32_t* ids, uint64_t n, uint64_t salt = 0, uint32_t flags = 0,
+                          void* stream = nullptr) {
+    kvgc_prefix p = 0;
+    check(kvgc_prefix_keep(heap_, id_, ids, n, salt, flags, &p, stream), heap_);
+    return p;
+  }
+  uint64_t attach_prefix(const int32_t* ids, uint64_t n, uint64_t salt = 0, void* stream = nullptr) {
+    uint64_t got = 0;
+    check(kvgc_prefix_attach(heap_, id_, ids, n, salt, &got, stream), heap_);
+    return got;
   }
 
  private:

@@ -43,11 +43,19 @@ struct AppendOp {
 // One page of a segment as the ops see it. Read order is the segment's FP16 pages, then
 // its INT4 pages; a page's live slots, in slot order, are rows [out_row, out_row + live)
 // of that order (for gather's outputs and observe's mass).
+//
+// A shared page (kvgc_prefix_*, kvgc_seq_fork) splits in two: `page` is the holder's own
+// header (live bits, positions, scores, recent scores, generations: the layout's bytes
+// before k_off) and `kv` the shared page whose K/V and quantisation parameters (at the
+// layout's k_off and after) every holder reads and none writes. A private page has
+// kv == null: everything is at `page`. Use payload_of().
 struct SegPage {
   uint8_t* page;
   uint32_t cls;  // kvgc_storage_class
   uint64_t out_row;
+  const uint8_t* kv = nullptr;
 };
+KVGC_HD inline const uint8_t* payload_of(const SegPage& sp) { return sp.kv ? sp.kv : sp.page; }
 using GatherPage = SegPage;
 
 struct GatherOp {

@@ -30,7 +30,7 @@ namespace kvgc {
 namespace {
 
 struct ArrayOffsets {
-  size_t runs, pages, aseqs, page_offset, page_indptr, q_indptr, q_pos0, page_class, total;
+  size_t runs, pages, aseqs, page_offset, page_indptr, q_indptr, q_pos0, page_class, kv_offset, total;
 };
 
 ArrayOffsets array_offsets(uint64_t n_runs, uint64_t n_pages, uint32_t L, uint32_t B) {
@@ -49,6 +49,7 @@ ArrayOffsets array_offsets(uint64_t n_runs, uint64_t n_pages, uint32_t L, uint32
   o.q_indptr = take(uint64_t(B + 1) * sizeof(uint32_t));
   o.q_pos0 = take(uint64_t(L) * B * sizeof(int32_t));
   o.page_class = take(n_pages);
+  o.kv_offset = take(n_pages * sizeof(uint64_t));
   o.total = at;
   return o;
 }
@@ -63,6 +64,7 @@ BatchPlan::Arrays arrays_at(uint8_t* base, const ArrayOffsets& o) {
   a.q_indptr = reinterpret_cast<uint32_t*>(base + o.q_indptr);
   a.q_pos0 = reinterpret_cast<int32_t*>(base + o.q_pos0);
   a.page_class = base + o.page_class;
+  a.kv_offset = reinterpret_cast<uint64_t*>(base + o.kv_offset);
   return a;
 }
 
@@ -250,9 +252,9 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   b.epoch.resize(LB);
   host::vector<uint64_t>& need = b.need;  // kept across steps: no allocation per plan
   need.resize(n);
-  uint64_t new_pages = 0, n_pages = 0;
+  uint64_t new_pages = 0, n_pages = 0, cows = 0;
   auto walk = [&]() -> Status {
-    new_pages = n_pages = 0;
+    new_pages = n_pages = cows = 0;
     for (uint32_t i = 0; i < n; ++i) {
       const BatchPlan::Entry& e = b.seqs[i];
       need[i] = 0;
@@ -262,6 +264,10 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
         seg.plan_mark = serial;  // from now on a change to it makes the plan stale (touch)
         const PageTable& f = seg.table[KVGC_CLASS_FP16];
         const size_t x = size_t(l) * n + i;
+        if (e.n_new && tail_shared(f)) {  // copied before the append writes (copy-on-write)
+          ++need[i];
+          ++cows;
+        }
         b.cnt_new[x] = uint32_t(f.pages_needed(pool_, pt, e.n_new));
         b.tail_room[x] = e.n_new ? f.tail_room(pool_, pt) : 0;
         b.tail[x] = b.tail_room[x] ? page_ptr(f.pages.back()) : nullptr;
@@ -314,6 +320,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       for (Segment& seg : e.s->layers) KVGC_TRY(compact_fragmented(e.tenant, seg, stream));
     KVGC_TRY(walk());
     misfit = first_misfit(&why);
+    while (misfit < n && why == KVGC_ENOMEM && evict_one_prefix()) misfit = first_misfit(&why);
   }
   if (misfit < n) {
     at(misfit);
@@ -331,6 +338,12 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
                                   std::to_string(e.tenant) + " past its quota");
   }
 
+  if (cows) {  // every page fits: copy the shared tails the appends will write, then count again
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t l = 0; l < L; ++l)
+        if (b.seqs[i].n_new) KVGC_TRY(unshare_tail(*b.seqs[i].s, l, KVGC_CLASS_FP16, stream));
+    KVGC_TRY(walk());
+  }
   // Every host container before the first page is taken; arrays are layer-major, so each
   // (layer, sequence) entry's place comes from prefix sums of the counts.
   const uint64_t n_runs = new_pages + LB;  // at most one tail run per segment
@@ -407,22 +420,14 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       uint32_t src = in_tail;
       uint32_t at = b.page_off[l] + A.aseqs[x].first_page;
       if (device) {  // the segment's attention list as it stands, then the new pages
-        for (const SegPage& sp : e.s->layers[l].attn) {
-          A.pages[at] = sp;
-          A.page_offset[at] = uint64_t(sp.page - static_cast<uint8_t*>(arena_));
-          A.page_class[at++] = uint8_t(sp.cls);
-        }
+        for (const SegPage& sp : e.s->layers[l].attn) export_page(A, at++, sp);
       }
       uint64_t row = b.rows[x] + in_tail;
       for (uint32_t j = 0; j < b.cnt_new[x]; ++j) {
         const uint32_t count = std::min(pt, e.n_new - src);
         uint8_t* ptr = page_ptr(b.reserved[b.res_off[x] + j]);
         A.runs[r++] = {ptr, 0, count, e.row0 + src, delta};
-        if (device) {
-          A.pages[at] = {ptr, KVGC_CLASS_FP16, row};
-          A.page_offset[at] = uint64_t(ptr - static_cast<uint8_t*>(arena_));
-          A.page_class[at++] = KVGC_CLASS_FP16;
-        }
+        if (device) export_page(A, at++, {ptr, KVGC_CLASS_FP16, row});
         row += count;
         src += count;
       }
@@ -566,6 +571,13 @@ Status ManagedHeap::batch_attend(BatchPlan& b, uint32_t layer, const void* q, vo
 // The layer's contiguous page arrays (pages with rows, offsets, classes): a device's were
 // written at plan (they were uploaded); the CPU's only here, for export and observe,
 // from each segment's attention list (which holds the new pages once appended).
+void ManagedHeap::export_page(const BatchPlan::Arrays& A, uint32_t at, const SegPage& sp) const {
+  A.pages[at] = sp;
+  A.page_offset[at] = uint64_t(sp.page - static_cast<uint8_t*>(arena_));
+  A.kv_offset[at] = sp.kv ? uint64_t(sp.kv - static_cast<uint8_t*>(arena_)) : A.page_offset[at];
+  A.page_class[at] = uint8_t(sp.cls);
+}
+
 void ManagedHeap::batch_materialize(BatchPlan& b, uint32_t layer) {
   if (b.exported[layer]) return;
   const uint32_t B = uint32_t(b.seqs.size());
@@ -573,11 +585,7 @@ void ManagedHeap::batch_materialize(BatchPlan& b, uint32_t layer) {
   for (uint32_t i = 0; i < B; ++i) {
     const size_t x = size_t(layer) * B + i;
     uint32_t at = b.page_off[layer] + A.aseqs[x].first_page;
-    for (const SegPage& sp : attn_pages(b.seqs[i].s->layers[layer])) {
-      A.pages[at] = sp;
-      A.page_offset[at] = uint64_t(sp.page - static_cast<uint8_t*>(arena_));
-      A.page_class[at++] = uint8_t(sp.cls);
-    }
+    for (const SegPage& sp : attn_pages(b.seqs[i].s->layers[layer])) export_page(A, at++, sp);
   }
   b.exported[layer] = 1;
 }
@@ -618,6 +626,15 @@ Status ManagedHeap::batch_export(BatchPlan& b, uint32_t layer, kvgc_batch_view* 
   v->page_indptr = b.dev.page_indptr + size_t(layer) * (B + 1);
   v->page_offset = b.dev.page_offset + p0;
   v->page_class = b.dev.page_class + p0;
+  if (v->struct_size >= offsetof(kvgc_batch_view, kv_offset) + sizeof v->kv_offset) {
+    v->kv_offset = b.dev.kv_offset + p0;
+  } else {  // a 0.6 caller reads K/V at page_offset: it must not meet a shared page
+    for (uint32_t p = p0; p < b.page_off[layer + 1]; ++p)
+      if (b.host.pages[p].kv)
+        return fail(KVGC_EUNSUPPORTED, "kvgc_batch_export: out->struct_size " + std::to_string(v->struct_size) +
+                                           " predates kv_offset, and this layer's pages include shared ones "
+                                           "(whose K/V is at kv_offset): build against kvgc.h 0.7");
+  }
   v->q_indptr = b.dev.q_indptr;
   v->q_pos0 = b.dev.q_pos0 + size_t(layer) * B;
   return Status::Ok();

@@ -59,6 +59,7 @@ struct BatchPlan : host::HostAllocated {
     uint32_t* q_indptr;     // [B+1]
     int32_t* q_pos0;        // [L*B]
     uint8_t* page_class;    // like pages
+    uint64_t* kv_offset;    // like pages: where each page's K/V is (a shared page's, or its own)
   };
   Arrays host{}, dev{};     // dev: the same arrays in the heap's batch region (devices)
   uint8_t* block = nullptr;  // the host arrays' memory

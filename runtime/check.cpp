@@ -5,6 +5,7 @@
 // as it stands, its live counts as the pre-GC upper bounds they are.
 #include <algorithm>
 #include <bit>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -20,6 +21,7 @@ Status ManagedHeap::check() {
   const uint32_t pt = opts_.page_tokens;
   uint64_t pages_in_tables = 0;
   std::unordered_set<PageId> seen;
+  std::unordered_map<PageId, uint64_t> refs;  // shared page -> header pages and prefixes naming it
   std::vector<uint8_t> header;
   for (const auto& [id, s] : seqs_) {
     if (s.slot >= seq_slots_.size() || seq_slots_[s.slot] != &s)
@@ -40,7 +42,19 @@ Status ManagedHeap::check() {
           const PageId p = t.pages[i];
           if (!pool_.allocated(p)) return bad(segname + " holds a page that is not allocated");
           if (!seen.insert(p).second) return bad(segname + " holds a page owned twice");
-          if (pool_.class_of(p) != cls) return bad(segname + " holds a page of another class");
+          if (is_header(p)) {  // a shared page's header: the shared page must be sound
+            const auto b = backing_.find(p);
+            if (b == backing_.end()) return bad(segname + " holds a header page that names no shared page");
+            const PageId q = b->second;
+            if (!pool_.allocated(q) || !shared_.count(q)) return bad(segname + " reads a shared page that is not held");
+            if (pool_.class_of(q) != cls) return bad(segname + " reads a shared page of another class");
+            if (pool_.desc(q).owner != kSharedOwner) return bad(segname + " reads a shared page that has an owner");
+            if (pool_.desc(p).used > pool_.desc(q).used)
+              return bad(segname + " uses more slots of a shared page than it holds");
+            ++refs[q];
+          } else if (pool_.class_of(p) != cls) {
+            return bad(segname + " holds a page of another class");
+          }
           const PageDesc& d = pool_.desc(p);
           if (d.owner != segment_id(s, layer)) return bad(segname + " holds another segment's page");
           if (d.live > d.used || d.used > pt) return bad(segname + " page counts out of range");
@@ -51,8 +65,8 @@ Status ManagedHeap::check() {
           live += d.live;
           // Device-side metadata of this page.
           const PageLayout& L = layout_[cls];
-          header.resize(L.k_off);
-          KVGC_TRY(backend_->copy(header.data(), page_ptr(p), L.k_off, CopyKind::DeviceToHost, nullptr));
+          header.resize(header_bytes_);
+          KVGC_TRY(backend_->copy(header.data(), page_ptr(p), header_bytes_, CopyKind::DeviceToHost, nullptr));
           KVGC_TRY(backend_->synchronize(nullptr));
           const auto* bits = reinterpret_cast<const uint32_t*>(header.data() + L.live_off);
           const auto* pos = reinterpret_cast<const int32_t*>(header.data() + L.pos_off);
@@ -79,6 +93,15 @@ Status ManagedHeap::check() {
         if (used != t.used || live != t.live) return bad(segname + " totals disagree with its pages");
         pages_in_tables += t.pages.size();
       }
+      // Pinned pages (prefix.cpp): full header pages at the FP16 table's front, their
+      // tokens all live and counted apart.
+      const PageTable& f = seg.table[KVGC_CLASS_FP16];
+      if (seg.pinned_pages > f.pages.size() || seg.pinned_live != uint64_t(seg.pinned_pages) * pt ||
+          seg.pinned_tier[0] + seg.pinned_tier[1] != seg.pinned_live || seg.pinned_tier[2] || seg.pinned_tier[3])
+        return bad(name + " pinned counts are inconsistent");
+      for (uint32_t i = 0; i < seg.pinned_pages; ++i)
+        if (!is_header(f.pages[i]) || pool_.desc(f.pages[i]).live != pt)
+          return bad(name + " has a pinned page that is not a whole shared page");
       for (int g = 0; g < 4 && !pending; ++g)
         if (tiers[g] != seg.tier[g])
           return bad(name + " tier " + std::to_string(g) + " count " + std::to_string(seg.tier[g]) +
@@ -90,20 +113,51 @@ Status ManagedHeap::check() {
         if (!positions.count(int32_t(p))) return bad(name + " lost position " + std::to_string(p) + " of its young window");
     }
   }
+  // Cached prefixes: every page they hold is shared, and their index names them.
+  for (const auto& [id, e] : prefixes_) {
+    const std::string name = "cached prefix " + std::to_string(id);
+    if (e.pages.size() != size_t(model_.n_layers) * e.n_pages || e.hashes.size() != e.n_pages ||
+        e.ids.size() > uint64_t(e.n_pages) * pt || e.ids.size() <= uint64_t(e.n_pages - 1) * pt)
+      return bad(name + " has the wrong number of pages");
+    for (PageId q : e.pages) {
+      if (!shared_.count(q) || !pool_.allocated(q)) return bad(name + " holds a page that is not shared");
+      ++refs[q];
+    }
+    for (uint64_t h : e.hashes) {
+      bool indexed = false;
+      for (auto [a, b] = prefix_index_.equal_range(h); a != b && !indexed; ++a) indexed = a->second == id;
+      if (!indexed) return bad(name + " has a page the index does not name");
+    }
+  }
+  size_t indexed = 0;
+  for (const auto& [h, id] : prefix_index_) {
+    if (!prefixes_.count(id)) return bad("the prefix index names a dropped prefix");
+    ++indexed;
+  }
+  size_t hashes = 0;
+  for (const auto& [id, e] : prefixes_) hashes += e.hashes.size();
+  if (indexed != hashes) return bad("the prefix index has entries no prefix holds");
+  // Reference counts balance: each shared page's count is its holders, and nothing else
+  // holds it.
+  for (const auto& [q, sp] : shared_) {
+    const auto r = refs.find(q);
+    if (r == refs.end() || r->second != sp.refs)
+      return bad("shared page " + std::to_string(q) + " counts " + std::to_string(sp.refs) +
+                 " holders but " + std::to_string(r == refs.end() ? 0 : r->second) + " hold it");
+    if (seen.count(q)) return bad("shared page " + std::to_string(q) + " is also in a page table");
+  }
+  if (refs.size() != shared_.size()) return bad("a header page reads a page that is not counted as shared");
+  if (backing_.size() != pool_.counts(kHeaderClass).pages_used)
+    return bad("header pages and their shared pages disagree");
   for (const auto& [tenant, t] : tenants_) {
-    uint64_t bytes = 0;
-    for (const auto& [id, s] : seqs_)
-      if (s.tenant == tenant)
-        for (const Segment& seg : s.layers)
-          for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += seg.table[c].pages.size() * layout_[c].bytes;
-    bytes += batch_reserved_bytes(tenant);  // a plan's pages for layers not appended yet
+    const uint64_t bytes = tenant_bytes_now(tenant);  // incl. a plan's pages not appended yet
     if (bytes != t.bytes)
       return bad("tenant " + std::to_string(tenant) + " is charged " + std::to_string(t.bytes) +
                  " bytes but holds " + std::to_string(bytes));
   }
   uint64_t pages_used = 0;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pages_used += pool_.counts(c).pages_used;
-  pages_in_tables += batch_reserved_pages();
+  for (int c = 0; c < kNumClasses; ++c) pages_used += pool_.counts(c).pages_used;
+  pages_in_tables += batch_reserved_pages() + shared_.size();
   if (pages_used != pages_in_tables)
     return bad(std::to_string(pages_used - pages_in_tables) + " allocated pages belong to no segment");
   for (uint32_t slot = 0; slot < seq_slots_.size(); ++slot)

@@ -39,8 +39,8 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   // every rank gives a layer the budget one heap over all layers would.
   const uint32_t n = total_layers_, local = uint32_t(s.layers.size()), first = first_layer_;
   host::vector<LayerBudget> out(local);
-  uint64_t length = 0;
-  for (const Segment& seg : s.layers) length = std::max(length, seg.length);
+  uint64_t length = 0;  // what the sequence holds itself (tokens the prefix cache pays for aside)
+  for (const Segment& seg : s.layers) length = std::max(length, seg.length - seg.pinned_live);
   // The split keeps each layer at least its protected tokens where the mean allows.
   const uint64_t floor = uint64_t(opts_.sinks) + opts_.window;
   auto split = [&](uint64_t mean) {
@@ -124,10 +124,11 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   v.length = seg.length;
   uint64_t held = 0;  // bytes the segment's pages hold once compacted
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
-    v.live[c] = seg.table[c].live;
+    // Tokens the prefix cache pays for are not the GC's (KVGC_PREFIX_CHARGE=cache).
+    v.live[c] = seg.table[c].live - (c == KVGC_CLASS_FP16 ? seg.pinned_live : 0);
     held += (v.live[c] + pt - 1) / pt * layout_[c].bytes;
   }
-  std::copy(std::begin(seg.tier), std::end(seg.tier), v.tier);
+  for (int g = 0; g < 4; ++g) v.tier[g] = seg.tier[g] - seg.pinned_tier[g];
   v.since_minor = seg.since_minor;
   v.minors_since_major = seg.minors_since_major;
   v.promote_blocked = seg.promote_blocked;
@@ -190,6 +191,10 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
     PageTable& t = seg.table[c];
     uint64_t want = want_slots[c];
+    // A shared, partly filled tail (kvgc_seq_fork) is copied before demotion writes into
+    // it; with no page for the copy, this class takes no demoted token this time (more
+    // evictions instead: the decision stays monotone).
+    if (want && tail_shared(t) && !unshare_tail(s, layer, c, stream).ok()) want = 0;
     const size_t first_run = runs_.size();
     const uint32_t room = want ? t.tail_room(pool_, pt) : 0;
     if (room) runs_.push_back({page_ptr(t.pages.back()), pt - room, uint32_t(std::min<uint64_t>(room, want)), 0});
@@ -204,6 +209,7 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
         }
         continue;
       }
+      if (p == kNoPage && !pool_.can_alloc(c, 1) && evict_one_prefix()) continue;  // then cached prefixes
       if (p == kNoPage) break;  // within arena and quota
       t.pages.push_back(p);
       const uint32_t k = uint32_t(std::min<uint64_t>(pt, want));
@@ -214,6 +220,10 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   }
   PendingGc& pend = seg.gc;
   segment_pages(seg, &pages_);
+  if (seg.pinned_pages) {  // the op never sees the pinned pages (the FP16 table's first)
+    pages_.erase(pages_.begin(), pages_.begin() + seg.pinned_pages);
+    for (SegPage& sp : pages_) sp.out_row -= seg.pinned_live;
+  }
   std::copy(pages_.begin(), pages_.end(), pend.pages());  // pinned: the copy never waits
   std::copy(runs_.begin(), runs_.end(), pend.runs());
   std::copy(std::begin(n_runs), std::end(n_runs), pend.n_runs);
@@ -267,6 +277,7 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   ++pending_;
   pend.minor = opts_.policy == KVGC_POLICY_GENERATIONAL && !g.major;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pend.n_pages[c] = uint32_t(seg.table[c].pages.size());
+  pend.n_pages[KVGC_CLASS_FP16] -= seg.pinned_pages;
   pend.tail_used = f.pages.empty() ? 0 : pool_.desc(f.pages.back()).used;
   pend.fp16_live = f.live;
   std::copy(std::begin(seg.tier), std::end(seg.tier), pend.tier);
@@ -305,26 +316,35 @@ Status ManagedHeap::compact_fragmented(uint32_t tenant, Segment& seg, void* stre
     const PageTable& t = seg.table[c];
     if (t.fragmentation(pt) > opts_.compact_threshold ||
         (exact && t.pages.size() > (t.live + pt - 1) / pt))
-      KVGC_TRY(compact(tenant, seg, c, stream));
+      KVGC_TRY(compact(tenant, seg, c, stream));  // its private pages (shared ones stay)
   }
   return Status::Ok();
 }
 
 Status ManagedHeap::compact(uint32_t tenant, Segment& seg, int cls, void* stream) {
   PageTable& t = seg.table[cls];
-  host::vector<PageCounts> counts(t.pages.size());
+  // The table's private pages only, in table order. A shared page is never moved from or
+  // into: its slots are immutable, and moving this segment's live tokens out of it frees
+  // no byte while another holder keeps it. (When every other holder has let go, it stays
+  // a header page of this segment until freed: unsharing would copy a page to save a
+  // header.)
+  host::vector<uint32_t> own;
+  own.reserve(t.pages.size());
   for (size_t i = 0; i < t.pages.size(); ++i)
-    counts[i] = {pool_.desc(t.pages[i]).used, pool_.desc(t.pages[i]).live};
+    if (!is_header(t.pages[i])) own.push_back(uint32_t(i));
+  host::vector<PageCounts> counts(own.size());
+  for (size_t i = 0; i < own.size(); ++i)
+    counts[i] = {pool_.desc(t.pages[own[i]]).used, pool_.desc(t.pages[own[i]]).live};
   const CompactionPlan plan = plan_compaction(counts, opts_.page_tokens);
   if (plan.moves.empty()) return Status::Ok();
   touch(seg);
   host::vector<CompactMove> moves(plan.moves.size());
   for (size_t i = 0; i < moves.size(); ++i)
-    moves[i] = {page_ptr(t.pages[plan.moves[i].dst]), page_ptr(t.pages[plan.moves[i].src]),
+    moves[i] = {page_ptr(t.pages[own[plan.moves[i].dst]]), page_ptr(t.pages[own[plan.moves[i].src]]),
                 plan.moves[i].count};
   CompactOp op{layout_[cls], moves.data(), uint32_t(moves.size())};
   KVGC_TRY(backend_->compact(op, stream));
-  for (size_t i = 0; i < t.pages.size(); ++i) pool_.desc(t.pages[i]).live = uint16_t(counts[i].live);
+  for (size_t i = 0; i < own.size(); ++i) pool_.desc(t.pages[own[i]]).live = uint16_t(counts[i].live);
   free_empty_pages(tenant, t);
   ++counters_.compactions;
   counters_.slots_moved += plan.slots_moved;

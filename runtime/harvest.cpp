@@ -81,11 +81,14 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
   // Page live counts: the op's, plus what appends added to the FP16 tail since (pages
   // appended after the issue were not in the op and are exact already). The op's pages
   // are in read order: each class's first n_pages at issue.
+  // The FP16 table's pinned pages (prefix.cpp) come first and were not in the op.
   uint32_t at = 0;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-    for (uint32_t i = 0; i < p.n_pages[c]; ++i) pool_.desc(seg.table[c].pages[i]).live = page_live[at++];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    const uint32_t skip = c == KVGC_CLASS_FP16 ? seg.pinned_pages : 0;
+    for (uint32_t i = 0; i < p.n_pages[c]; ++i) pool_.desc(seg.table[c].pages[skip + i]).live = page_live[at++];
+  }
   if (p.n_pages[0]) {
-    PageDesc& tail = pool_.desc(f.pages[p.n_pages[0] - 1]);
+    PageDesc& tail = pool_.desc(f.pages[seg.pinned_pages + p.n_pages[0] - 1]);
     tail.live = uint16_t(tail.live + (tail.used - p.tail_used));
   }
   // Demotion slots were reserved in `used` at issue: give back those not filled (each
@@ -101,9 +104,9 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
       filled -= n;
     }
   }
-  f.live = r.live[KVGC_CLASS_FP16] + (f.live - p.fp16_live);
+  f.live = r.live[KVGC_CLASS_FP16] + seg.pinned_live + (f.live - p.fp16_live);
   for (int c = 1; c < KVGC_CLASS_COUNT; ++c) seg.table[c].live = r.live[c];
-  for (int g = 0; g < 4; ++g) seg.tier[g] = r.tier[g] + (seg.tier[g] - p.tier[g]);
+  for (int g = 0; g < 4; ++g) seg.tier[g] = r.tier[g] + seg.pinned_tier[g] + (seg.tier[g] - p.tier[g]);
   for (PageTable& t : seg.table) free_empty_pages(tenant, t);  // incl. unwritten demotion pages
 
   ++counters_.gcs;

@@ -131,6 +131,11 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   cfg.arena_bytes = h->arena_bytes_ - tail;
   cfg.slab_bytes = slab;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cfg.page_bytes[c] = h->layout_[c].bytes;
+  // Header pages (shared.cpp): a page's bytes before its K/V, the same for every class
+  // (a multiple of 128, so every header array stays aligned wherever a slab puts it).
+  h->header_bytes_ = h->layout_[KVGC_CLASS_FP16].k_off;
+  for (int c = 1; c < KVGC_CLASS_COUNT; ++c) KVGC_ASSERT(h->layout_[c].k_off == h->header_bytes_);
+  cfg.page_bytes[kHeaderClass] = h->header_bytes_;
   std::string err;
   if (!h->pool_.init(cfg, &err))
     return fail(err.rfind("out of host memory", 0) == 0 ? KVGC_ENOMEM : KVGC_EINVAL,
@@ -154,6 +159,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
 ManagedHeap::~ManagedHeap() {
   for (auto& [id, s] : seqs_)
     for (Segment& seg : s.layers) free_pages(s.tenant, seg);
+  for (auto& [id, e] : prefixes_) drop_prefix(e);
   if (backend_) {
     staging_.release(*backend_);
     for (void* e : spare_events_) backend_->event_destroy(e);
@@ -178,7 +184,7 @@ Status ManagedHeap::find(kvgc_seq seq, uint32_t layer, const char* fn, SequenceS
 Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   const uint32_t slot = free_slots_.empty() ? uint32_t(seq_slots_.size()) : free_slots_.back();
   // Segment ids (slot * layers + layer) must fit the allocator's 31-bit owner ids.
-  if ((uint64_t(slot) + 1) * model_.n_layers > kMaxSegments)
+  if ((uint64_t(slot) + 1) * model_.n_layers > kSharedOwner)
     return fail(KVGC_ENOMEM, "kvgc_seq_create: too many live sequences");
   SequenceState s;
   s.id = next_seq_;
@@ -201,19 +207,27 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
 }
 
 PageId ManagedHeap::take_page(const SequenceState& s, uint32_t layer, int cls) {
-  if (tenant_room(s.tenant) < layout_[cls].bytes) return kNoPage;
+  const size_t bytes = pool_.page_bytes(cls);
+  if (tenant_room(s.tenant) < bytes) return kNoPage;
   const PageId p = pool_.alloc(cls, segment_id(s, layer));
   if (p == kNoPage) return kNoPage;
-  if (auto it = tenants_.find(s.tenant); it != tenants_.end()) it->second.bytes += layout_[cls].bytes;
+  if (auto it = tenants_.find(s.tenant); it != tenants_.end()) it->second.bytes += bytes;
   ++counters_.pages_allocated;
   return p;
 }
 
 void ManagedHeap::drop_page(uint32_t tenant, PageId id) {
-  if (auto it = tenants_.find(tenant); it != tenants_.end())
-    it->second.bytes -= layout_[pool_.class_of(id)].bytes;
+  const int cls = pool_.class_of(id);
+  if (auto it = tenants_.find(tenant); it != tenants_.end()) it->second.bytes -= pool_.page_bytes(cls);
+  PageId shared = kNoPage;
+  if (cls == kHeaderClass) {  // a holder lets go of a shared page
+    const auto it = backing_.find(id);
+    shared = it->second;
+    backing_.erase(it);
+  }
   pool_.free(id);
   ++counters_.pages_freed;
+  if (shared != kNoPage) unref_shared(shared);
 }
 
 uint64_t ManagedHeap::tenant_room(uint32_t tenant) const {
@@ -228,12 +242,7 @@ Status ManagedHeap::tenant_set_limit(uint32_t tenant, uint64_t max_bytes) {
   if (it == tenants_.end()) {
     // Start counting now: the tenant's current pages are summed once, here.
     TenantState t;
-    for (const auto& [id, s] : seqs_)
-      if (s.tenant == tenant)
-        for (const Segment& seg : s.layers)
-          for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-            t.bytes += seg.table[c].pages.size() * layout_[c].bytes;
-    t.bytes += batch_reserved_bytes(tenant);  // a plan's pages, not yet in a table
+    t.bytes = tenant_bytes_now(tenant);
     it = tenants_.emplace(tenant, t).first;
   }
   it->second.limit = max_bytes;
@@ -247,11 +256,7 @@ Status ManagedHeap::tenant_usage(uint32_t tenant, uint64_t* bytes, uint64_t* lim
     used = it->second.bytes;
     lim = it->second.limit;
   } else {
-    for (const auto& [id, s] : seqs_)
-      if (s.tenant == tenant)
-        for (const Segment& seg : s.layers)
-          for (int c = 0; c < KVGC_CLASS_COUNT; ++c) used += seg.table[c].pages.size() * layout_[c].bytes;
-    used += batch_reserved_bytes(tenant);
+    used = tenant_bytes_now(tenant);
   }
   if (bytes) *bytes = used;
   if (limit) *limit = lim;
@@ -266,6 +271,9 @@ void ManagedHeap::free_pages(uint32_t tenant, Segment& s) {
     t.pages.shrink_to_fit();
     t.live = t.used = 0;
   }
+  s.pinned_pages = 0;
+  s.pinned_live = 0;
+  std::fill(std::begin(s.pinned_tier), std::end(s.pinned_tier), 0);
 }
 
 uint64_t ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out,
@@ -274,7 +282,7 @@ uint64_t ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out
   uint64_t row = 0;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     for (PageId p : s.table[c].pages) {
-      out->push_back({page_ptr(p), uint32_t(c), row});
+      out->push_back({page_ptr(p), uint32_t(c), row, kv_of(p)});
       row += rows_by_used ? pool_.desc(p).used : pool_.desc(p).live;
     }
   return row;
@@ -286,7 +294,7 @@ const host::vector<SegPage>& ManagedHeap::attn_pages(Segment& s) {
   uint64_t row = 0;
   for (int c : {int(KVGC_CLASS_INT4), int(KVGC_CLASS_INT8), int(KVGC_CLASS_FP16)})
     for (PageId p : s.table[c].pages) {
-      s.attn.push_back({page_ptr(p), uint32_t(c), row});
+      s.attn.push_back({page_ptr(p), uint32_t(c), row, kv_of(p)});
       row += s.gc.active ? pool_.desc(p).used : pool_.desc(p).live;
     }
   s.attn_rows = row;
@@ -322,7 +330,8 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   if (seg.length + n > uint64_t(INT32_MAX))
     return fail(KVGC_EINVAL, "kvgc_append: n_tokens " + std::to_string(n) +
                                  " would take the segment past 2^31 positions");
-  uint64_t need = t.pages_needed(pool_, pt, n);
+  // A shared, partly filled tail is copied before the write (copy-on-write): one page more.
+  uint64_t cow = tail_shared(t), need = t.pages_needed(pool_, pt, n) + cow;
   auto fits = [&] {
     return pool_.can_alloc(KVGC_CLASS_FP16, need) &&
            tenant_room(s->tenant) >= need * layout_[KVGC_CLASS_FP16].bytes;
@@ -330,12 +339,16 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
   if (!fits()) {  // pages pending GCs emptied come back, and this segment's holes
     KVGC_TRY(settle_all());
     KVGC_TRY(compact_fragmented(s->tenant, seg, stream));
-    need = t.pages_needed(pool_, pt, n);
+    cow = tail_shared(t);
+    need = t.pages_needed(pool_, pt, n) + cow;
+    while (!pool_.can_alloc(KVGC_CLASS_FP16, need) && evict_one_prefix()) {}  // then cached prefixes
   }
   if (!pool_.can_alloc(KVGC_CLASS_FP16, need)) {
     ++counters_.enomem;
     return fail(KVGC_ENOMEM, "kvgc_append: " + std::to_string(n) + " tokens need " +
-                                 std::to_string(need) + " new pages; the arena has room for " +
+                                 std::to_string(need) + " new pages" +
+                                 (cow ? " (one copies the shared, partly filled last page)" : "") +
+                                 "; the arena has room for " +
                                  std::to_string(pool_.counts(KVGC_CLASS_FP16).pages_free +
                                                 uint64_t(pool_.arena().free_slabs()) *
                                                     pool_.pages_per_slab(KVGC_CLASS_FP16)));
@@ -345,6 +358,10 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
                                   " would pass its quota of " +
                                   std::to_string(tenants_.find(s->tenant)->second.limit) +
                                   " bytes (" + std::to_string(need) + " new pages needed)");
+  if (cow) {  // nothing below can run short of pages now
+    KVGC_TRY(unshare_tail(*s, layer, KVGC_CLASS_FP16, stream));
+    need -= 1;
+  }
   // Reserve host containers first, so that nothing below can fail half-way on the host.
   t.pages.reserve(t.pages.size() + need);
   runs_.clear();
@@ -576,6 +593,31 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->attends = counters_.attends;
   o->scratch_bytes = scratch_bytes_ + batch_region_bytes_;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) o->tokens_demoted_to[c] = counters_.demoted_to[c];
+  {
+    const ClassCounts& n = pool_.counts(kHeaderClass);
+    kvgc_class_stats& cs = o->cls_header;
+    cs.page_bytes = pool_.page_bytes(kHeaderClass);
+    cs.slabs = n.slabs;
+    cs.reserved_bytes = n.slabs * a.slab_bytes();
+    cs.used_bytes = n.pages_used * cs.page_bytes;
+    cs.free_bytes = cs.reserved_bytes - cs.used_bytes;
+    cs.pages_used = n.pages_used;
+    cs.pages_free = n.pages_free;
+    o->free_bytes += cs.free_bytes;
+  }
+  o->shared_pages = shared_.size();
+  for (const auto& [p, sp] : shared_) {
+    o->shared_bytes += pool_.page_bytes(pool_.class_of(p));
+    o->shared_refs += sp.refs;
+  }
+  o->prefixes = prefixes_.size();
+  for (const auto& [id, e] : prefixes_) o->prefixes_pinned += e.pinned;
+  o->prefix_lookups = counters_.prefix_lookups;
+  o->prefix_hits = counters_.prefix_hits;
+  o->prefix_tokens_attached = counters_.prefix_tokens_attached;
+  o->prefix_evictions = counters_.prefix_evictions;
+  o->pages_shared = counters_.pages_shared;
+  o->cow_copies = counters_.cow_copies;
   return Status::Ok();
 }
 

@@ -72,6 +72,13 @@ struct Segment {
   uint64_t epoch = 0;
   uint64_t plan_mark = 0;  // the serial of the last plan that took it (touch: stale plans)
   uint64_t draws = 0;  // rankings so far: salts the score noise of the next
+  // Whole pages attached from the prefix cache under KVGC_PREFIX_CHARGE=cache (prefix.cpp):
+  // the first pinned_pages pages of the FP16 table, header pages of full shared pages. Its
+  // GC leaves them out (no op sees them, no budget counts them), so their counts never
+  // change: pinned_live tokens, pinned_tier of each generation, until the sequence dies.
+  uint32_t pinned_pages = 0;
+  uint64_t pinned_live = 0;
+  uint64_t pinned_tier[4] = {0, 0, 0, 0};
   // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
   // append only lengthens it, each with its first row (numbered by `used` while a GC is
   // pending, else by `live`). Valid while attn_epoch == epoch (ManagedHeap::attn_pages).
@@ -90,6 +97,24 @@ struct SequenceState {
   host::vector<Segment> layers;    // one segment per layer
 };
 
+// A cached prefix (prefix.cpp): the shared pages of a finished prefill, kept for later
+// sequences whose token ids begin the same way. It holds a reference on each page and
+// no header: attaching composes each holder's header afresh (positions, sinks, no
+// score), which is what appending the same K/V would have written.
+struct PrefixEntry {
+  kvgc_prefix id = 0;
+  uint32_t tenant = 0;       // the keeper's (charged for the pages it created)
+  uint64_t salt = 0;         // 0: its tenant's sequences only
+  uint64_t seed = 0;         // the hash chain's start: from salt, else from tenant
+  host::vector<int32_t> ids; // the prefix's token ids
+  uint32_t n_pages = 0;      // per layer: ceil(ids / page_tokens)
+  host::vector<PageId> pages;     // [layer * n_pages + i]: the shared pages it holds
+  host::vector<uint64_t> hashes;  // [n_pages]: page i's chained hash (prefix_index_ keys)
+  bool pinned = false;
+  uint32_t busy = 0;         // an attach is using it: not evicted meanwhile
+  uint64_t last_use = 0;     // LRU clock
+};
+
 struct TenantState {
   uint64_t bytes = 0;  // pages held by the tenant's sequences
   uint64_t limit = 0;  // 0: none
@@ -102,6 +127,8 @@ struct Counters {
   uint64_t tokens_tenured = 0, compactions = 0, slots_moved = 0, bytes_moved = 0, ebudget = 0;
   uint64_t attends = 0;
   uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_attached = 0, prefix_evictions = 0;
+  uint64_t pages_shared = 0, cow_copies = 0;
 };
 
 class ManagedHeap : public host::HostAllocated {
@@ -125,6 +152,13 @@ class ManagedHeap : public host::HostAllocated {
   Status seq_create(uint32_t tenant, kvgc_seq* out);
   Status seq_destroy(kvgc_seq seq);
   Status seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void* stream);
+  // The prefix cache (prefix.cpp): kvgc_prefix_keep / attach / pin / drop.
+  Status prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, uint64_t salt, bool pin,
+                     kvgc_prefix* out, void* stream);
+  Status prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, uint64_t salt,
+                       uint64_t* n_attached, void* stream);
+  Status prefix_pin(kvgc_prefix prefix, bool pinned);
+  Status prefix_drop(kvgc_prefix prefix);
   Status append(kvgc_seq seq, uint32_t layer, const void* k, const void* v, uint32_t n,
                 void* stream);
   Status tokens(kvgc_seq seq, uint32_t layer, uint64_t* live, uint64_t* length);
@@ -172,6 +206,39 @@ class ManagedHeap : public host::HostAllocated {
     return s.slot * model_.n_layers + layer;
   }
   uint8_t* page_ptr(PageId id) const { return reinterpret_cast<uint8_t*>(pool_.address(id)); }
+  // Shared pages (shared.cpp). A page that several segments or cached prefixes hold is
+  // immutable and owned by kSharedOwner. Each segment holding it has a header page of its
+  // own in its table (kHeaderClass: its live bits, positions, scores, generations; the
+  // host's used/live counts are the header page's) that names the shared page here;
+  // ops read K/V from the shared page (SegPage::kv) and everything else from the header.
+  bool is_header(PageId p) const { return pool_.class_of(p) == kHeaderClass; }
+  // The page holding p's K/V when p is a header page, else null (p holds its own).
+  const uint8_t* kv_of(PageId p) const {
+    return is_header(p) ? page_ptr(backing_.find(p)->second) : nullptr;
+  }
+  // Makes page `index` of the segment's class-`cls` table shared: its slot metadata moves
+  // to a new header page that takes its place in the table. Copies no K/V byte.
+  Status share(SequenceState& s, uint32_t layer, int cls, size_t index, void* stream);
+  // A header page for `holder` that reads `shared`, its metadata copied from `src` (a
+  // header's bytes on the device, or on the host: kind says which).
+  Status add_header(const SequenceState& holder, uint32_t layer, PageId shared, const void* src,
+                    CopyKind kind, void* stream, PageId* out);
+  // Copy-on-write of a partly filled shared tail: the segment's class-`cls` tail becomes a
+  // private copy before anything writes into it. ENOMEM when no page is free.
+  Status unshare_tail(SequenceState& s, uint32_t layer, int cls, void* stream);
+  bool tail_shared(const PageTable& t) const {
+    return !t.pages.empty() && is_header(t.pages.back()) &&
+           pool_.desc(t.pages.back()).used < opts_.page_tokens;
+  }
+  void unref_shared(PageId shared);
+  // Bytes the tenant is charged: its tables' pages (private and header) and the shared
+  // pages it created.
+  uint64_t tenant_bytes_now(uint32_t tenant) const;
+  // Evicts the least recently used cached prefix that is neither pinned nor in use;
+  // false when there is none. Callers loop while the arena is short.
+  bool evict_one_prefix();
+  void drop_prefix(PrefixEntry& e);
+  void unindex_prefix(const PrefixEntry& e);
   // Every change to a segment's pages or counts outside a batch's own calls goes through
   // here: it bumps the segment's epoch and, when the segment belongs to the live plan,
   // makes that whole plan stale (kvgc.h: every later call on the plan fails with
@@ -216,6 +283,7 @@ class ManagedHeap : public host::HostAllocated {
   Status batch_live(BatchPlan& b, uint32_t layer, const char* fn);
   Status batch_arrays(BatchPlan& b, size_t n_runs, size_t n_pages);
   void batch_materialize(BatchPlan& b, uint32_t layer);
+  void export_page(const BatchPlan::Arrays& A, uint32_t at, const SegPage& sp) const;
   uint64_t batch_reserved_bytes(uint32_t tenant) const;  // pages a plan holds for the tenant
   size_t batch_reserved_pages() const;
 
@@ -239,6 +307,17 @@ class ManagedHeap : public host::HostAllocated {
   host::vector<uint32_t> free_slots_;
   kvgc_seq next_seq_ = 1;
   Counters counters_;
+  struct SharedPage {
+    uint32_t refs = 0;    // header pages naming it + cached prefixes holding it
+    uint32_t tenant = 0;  // charged once, to the tenant whose sequence created it
+  };
+  host::unordered_map<PageId, SharedPage> shared_;  // shared page -> its holders
+  host::unordered_map<PageId, PageId> backing_;     // header page -> its shared page
+  size_t header_bytes_ = 0;                         // a header: the layout's bytes before K
+  host::unordered_map<kvgc_prefix, PrefixEntry> prefixes_;
+  host::unordered_multimap<uint64_t, kvgc_prefix> prefix_index_;  // page hash -> prefixes
+  kvgc_prefix next_prefix_ = 1;
+  uint64_t lru_clock_ = 0;
   host::unordered_map<uint32_t, TenantState> tenants_;
   PolicyParams policy_;
   Ladder ladder_;  // the classes demotion may store tokens in (gc/ladder.hpp)
@@ -258,19 +337,32 @@ class ManagedHeap : public host::HostAllocated {
   host::vector<SegPage> pages_;
 };
 
+// A shared page is shown as the segment sees it: a host copy of its header page, then the
+// shared page's K/V (the copy synchronises the device).
 template <class F>
 Status ManagedHeap::for_each_page(kvgc_seq seq, F&& f) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "for_each_page", &s));
+  host::vector<uint8_t> image;
   for (const Segment& seg : s->layers)
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
       for (PageId p : seg.table[c].pages) {
+        const uint8_t* at = page_ptr(p);
+        if (is_header(p)) {
+          const size_t bytes = layout_[c].bytes;
+          image.resize(bytes);
+          KVGC_TRY(backend_->copy(image.data(), at, header_bytes_, CopyKind::DeviceToHost, nullptr));
+          KVGC_TRY(backend_->copy(image.data() + header_bytes_, kv_of(p) + header_bytes_,
+                                  bytes - header_bytes_, CopyKind::DeviceToHost, nullptr));
+          KVGC_TRY(backend_->synchronize(nullptr));
+          at = image.data();
+        }
         if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int, uint32_t>)
-          f(page_ptr(p), layout_[c].bytes, c, uint32_t(pool_.desc(p).used));  // + slots written
+          f(at, layout_[c].bytes, c, uint32_t(pool_.desc(p).used));  // + slots written
         else if constexpr (std::is_invocable_v<F, const uint8_t*, size_t, int>)
-          f(page_ptr(p), layout_[c].bytes, c);  // with its storage class
+          f(at, layout_[c].bytes, c);  // with its storage class
         else
-          f(page_ptr(p), layout_[c].bytes);
+          f(at, layout_[c].bytes);
       }
   return Status::Ok();
 }

@@ -44,6 +44,8 @@ constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF},
                                {"int8,int4", KVGC_DEMOTE_LADDER}};
 constexpr Choice kHarvests[] = {{"deferred", KVGC_HARVEST_DEFERRED},
                                 {"immediate", KVGC_HARVEST_IMMEDIATE}};
+constexpr Choice kPrefixCharges[] = {{"cache", KVGC_PREFIX_CHARGE_CACHE},
+                                     {"view", KVGC_PREFIX_CHARGE_VIEW}};
 constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
                                     {"pyramid", KVGC_LAYER_BUDGET_PYRAMID},
                                     {"entropy", KVGC_LAYER_BUDGET_ENTROPY}};
@@ -219,6 +221,13 @@ const Row kRows[] = {
        int v;
        return parse_choice(kHarvests, s, &v) && (o->harvest = kvgc_harvest(v), true);
      }},
+    {{"KVGC_PREFIX_CHARGE", "cache|view", "cache",
+      "who pays for tokens attached from the prefix cache: the cache (kept whole in every "
+      "holder's view, charged once) or each holder (pruned like its own tokens)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       int v;
+       return parse_choice(kPrefixCharges, s, &v) && (o->prefix_charge = kvgc_prefix_charge(v), true);
+     }},
     {{"KVGC_THREADS", "integer 1..256, or auto (the CPUs of the process's affinity mask)",
       "1",
       "threads for the CPU backend's attention, the caller included (ignored on CUDA)"},
@@ -317,6 +326,8 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM, _PYRAMID or _ENTROPY");
   if (raw_enum(o.harvest) != KVGC_HARVEST_DEFERRED && raw_enum(o.harvest) != KVGC_HARVEST_IMMEDIATE)
     return bad("harvest", "must be KVGC_HARVEST_DEFERRED or _IMMEDIATE");
+  if (raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_CACHE && raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_VIEW)
+    return bad("prefix_charge", "must be KVGC_PREFIX_CHARGE_CACHE or _VIEW");
   if (o.cpu_threads < 1 || o.cpu_threads > kMaxThreads)
     return bad("cpu_threads", "must be in 1..256 (KVGC_THREADS=auto counts the CPUs of the "
                               "affinity mask)");
@@ -428,12 +439,14 @@ std::string options_describe(const kvgc_heap_options& o) {
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
                 "KVGC_BYTE_BUDGET=%s\nKVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
-                "KVGC_HARVEST=%s\nKVGC_THREADS=%u%s\nKVGC_RECENT_DECAY=%g\nKVGC_SCORE_NOISE=%g\n"
+                "KVGC_HARVEST=%s\nKVGC_PREFIX_CHARGE=%s\nKVGC_THREADS=%u%s\nKVGC_RECENT_DECAY=%g\n"
+                "KVGC_SCORE_NOISE=%g\n"
                 "KVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
                 bytes.c_str(), o.sinks, o.window, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
-                choice_name(kHarvests, o.harvest), o.cpu_threads,
+                choice_name(kHarvests, o.harvest), choice_name(kPrefixCharges, o.prefix_charge),
+                o.cpu_threads,
                 o.device == KVGC_DEVICE_CUDA ? " (ignored: cuda backend)" : "", o.recent_decay,
                 o.score_noise, (unsigned long long)o.seed, o.verbose, o.slab_bytes);
   return buf;

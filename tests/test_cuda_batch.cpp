@@ -3,16 +3,20 @@
 // batches (decode rows and prefill chunks, empty sequences, evicted slots, FP16/INT8/INT4
 // pages, GQA 1/4/8, with and without device-side tables, scratch tight enough for many
 // passes, chunks that score only their last rows), append with per-run position deltas and device-side runs (pages byte for
-// byte), observe by slot. Fresh random inputs (seeds printed), CUDA outputs poisoned.
+// byte), observe by slot; attention, gather and select over shared pages (SegPage::kv:
+// a header alone, the K/V on another page). Fresh random inputs (seeds printed), CUDA
+// outputs poisoned.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 
+#include "../gc/ladder.hpp"
 #include "../kernels/cpu/attend.hpp"
 #include "../kernels/cpu/copy.hpp"
 #include "../kernels/cpu/gc.hpp"
@@ -562,5 +566,459 @@ TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend,
     kvgc_heap_destroy(cpu);
     kvgc_heap_destroy(gpu);
   }
+  cudaStreamDestroy(stream);
+}
+
+namespace {
+
+// A segment for the shared-page test: arena pages [0, n), classes cycling FP16, INT8,
+// FP16, INT4, a fifth of the slots evicted, every generation (sinks below position 4);
+// returns the whole pages' SegPages (read-order rows) and the positions used.
+std::vector<SegPage> shared_segment(Arena& a, uint32_t n, int32_t* length, std::mt19937& rng) {
+  const uint32_t cycle[4] = {KVGC_CLASS_FP16, KVGC_CLASS_INT8, KVGC_CLASS_FP16, KVGC_CLASS_INT4};
+  std::vector<SegPage> seg;
+  int32_t pos = 0;
+  uint64_t rows = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t cls = cycle[i % 4];
+    const PageLayout& L = a.L[cls];
+    const int32_t first = pos;
+    const uint32_t live = fill_page(a, i, cls, 0.2, &pos, rng);
+    for (uint32_t s = 0; s < L.page_tokens; ++s)
+      a.h(i)[L.gen_off + s] = first + int32_t(s) < 4 ? uint8_t(kvgc::kGenSink)
+                                                      : kvgc::make_gen(uint8_t(1 + rng() % 3), uint8_t(rng() % 5));
+    seg.push_back({a.h(i), cls, rows});
+    rows += live;
+  }
+  *length = pos;
+  return seg;
+}
+
+// The pages of `whole` (host addresses in an Arena, as the CPU reference sees them) as a
+// shared page's holders see them on the device: where shared[j], header j alone (its
+// k_off bytes, then garbage to the arena's page size: K/V read past a header are
+// garbage) in `hdr` and page j, its own header garbage (metadata read there is garbage),
+// in `kv` (SegPage::kv); otherwise page j whole in `kv`. Host images of both as uploaded.
+struct SplitPages {
+  size_t stride;
+  std::vector<uint8_t> hdr, kv;
+  DeviceBuffer dhdr, dkv;
+  std::vector<SegPage> dev;  // `whole`'s entries on the device, in its order
+  std::vector<bool> shared;
+
+  SplitPages(Arena& a, const std::vector<SegPage>& whole, const std::vector<bool>& share, std::mt19937& rng)
+      : stride(a.page_bytes), hdr(a.host.size()), kv(a.host), dhdr(hdr.size()), dkv(kv.size()), shared(share) {
+    for (auto& b : hdr) b = uint8_t(rng());
+    for (size_t j = 0; j < whole.size(); ++j) {
+      const SegPage& sp = whole[j];
+      const size_t at = at_of(a, sp), k_off = a.L[sp.cls].k_off;
+      if (!shared[j]) {
+        dev.push_back({dkv.get(at), sp.cls, sp.out_row});
+        continue;
+      }
+      std::memcpy(&hdr[at], &kv[at], k_off);
+      for (size_t b = 0; b < k_off; ++b) kv[at + b] = uint8_t(rng());
+      dev.push_back({dhdr.get(at), sp.cls, sp.out_row, dkv.get(at)});
+    }
+    REQUIRE(cudaMemcpy(dhdr.p, hdr.data(), hdr.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dkv.p, kv.data(), kv.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  size_t at_of(const Arena& a, const SegPage& sp) const { return size_t(sp.page - a.host.data()); }
+  uint8_t* kv_dev(const Arena& a, const uint8_t* host_page) const {
+    return dkv.get(size_t(host_page - a.host.data()));
+  }
+
+  // Empty when the device's pages hold what the CPU's whole pages do: headers (scores
+  // and recent scores within *score_err's tally unless exact) and private pages' payloads
+  // equal, shared pages and the headers' slack exactly as uploaded.
+  std::string compare(const Arena& a, const std::vector<SegPage>& whole, bool exact, double* score_err) {
+    std::vector<uint8_t> hdr_back(hdr.size()), kv_back(kv.size());
+    REQUIRE(cudaMemcpy(hdr_back.data(), dhdr.p, hdr.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(kv_back.data(), dkv.p, kv.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    double se = 0, sr = 0;
+    for (size_t j = 0; j < whole.size(); ++j) {
+      const PageLayout& L = a.L[whole[j].cls];
+      const size_t at = at_of(a, whole[j]);
+      const uint8_t* ref = whole[j].page;
+      const uint8_t* got = shared[j] ? &hdr_back[at] : &kv_back[at];
+      const std::string where = "page " + std::to_string(j) + (shared[j] ? " (shared)" : " (private)");
+      const size_t meta_end = exact ? L.k_off : L.score_off;
+      if (std::memcmp(ref, got, meta_end) || std::memcmp(ref + L.gen_off, got + L.gen_off, L.k_off - L.gen_off))
+        return where + ": the header differs";
+      for (uint32_t s = 0; !exact && s < L.page_tokens; ++s)
+        for (size_t off : {L.score_off, L.recent_off}) {
+          const float x = reinterpret_cast<const float*>(ref + off)[s], y = reinterpret_cast<const float*>(got + off)[s];
+          se += double(x - y) * (x - y);
+          sr += double(x) * x;
+        }
+      if (shared[j]) {
+        if (std::memcmp(&hdr_back[at + L.k_off], &hdr[at + L.k_off], stride - L.k_off))
+          return where + ": written past its header";
+        if (std::memcmp(&kv_back[at], &kv[at], stride)) return where + ": the shared page was written";
+      }
+      if (std::memcmp(ref + L.k_off, &kv_back[at + L.k_off], L.bytes - L.k_off)) return where + ": the payload differs";
+    }
+    if (score_err) *score_err = std::sqrt(se / std::max(sr, 1e-30));
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shared pages on CUDA (SegPage::kv): attention, gather and select equal the CPU over the pages whole") {
+  // The CPU runs on the pages whole; CUDA on the split pages (tests/test_shared_kernels.cpp
+  // holds the CPU's split runs to its whole ones, bit for bit).
+  std::mt19937 rng(fresh_seed("shared pages"));
+  struct Shape { uint32_t kv_heads, gqa, head_dim, page_tokens; kvgc_dtype dtype; uint32_t pages; };
+  const Shape shapes[] = {{2, 4, 64, 16, KVGC_DTYPE_F16, 14}, {1, 1, 128, 8, KVGC_DTYPE_F32, 10},
+                          {3, 2, 32, 33, KVGC_DTYPE_BF16, 7}};
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  kvgc::SelectResult total;
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.head_dim);
+    CAPTURE(sh.dtype);
+    PageLayout L[KVGC_CLASS_COUNT];
+    layouts(sh.page_tokens, sh.kv_heads, sh.head_dim, sh.dtype, L);
+    constexpr uint32_t kDest = 4;  // select's fresh destination pages: two INT8, two INT4
+    Arena a(L, sh.pages + kDest);
+    std::vector<bool> share(sh.pages);
+    for (uint32_t i = 0; i < sh.pages; ++i) share[i] = i % 5 != 4;  // every fifth private
+    const uint32_t q_heads = sh.kv_heads * sh.gqa, eb = kvgc::dtype_bytes(sh.dtype);
+    const double bound = sh.dtype == KVGC_DTYPE_F32 ? 1e-5 : sh.dtype == KVGC_DTYPE_F16 ? 2e-3 : 1e-2;
+    const double score_bound = sh.dtype == KVGC_DTYPE_BF16 ? 2e-3 : 1e-4;
+
+    // Attention: decode and a chunk with scores, a chunk without, a batch of two with the
+    // plan's device-side tables.
+    for (int variant = 0; variant < 4; ++variant) {
+      CAPTURE(variant);
+      int32_t length = 0;
+      const std::vector<SegPage> seg = shared_segment(a, sh.pages, &length, rng);
+      SplitPages sp(a, seg, share, rng);
+      const uint32_t n_q = variant == 0 ? 1 : 3;
+      const size_t qn = size_t(variant == 3 ? 2 * n_q : n_q) * q_heads * sh.head_dim;
+      std::vector<uint8_t> q(qn * eb), out_cpu(qn * eb, 0xCD);
+      std::normal_distribution<float> gauss(0.f, 1.f);
+      for (size_t i = 0; i < qn; ++i) kvgc::cpu::store(&q[i * eb], sh.dtype, 2.f * gauss(rng));
+      kvgc::AttendOp op{};
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) op.layout[c] = L[c];
+      op.pages = seg.data();
+      op.n_pages = sh.pages;
+      op.n_live = seg.back().out_row + sh.page_tokens;  // an upper bound
+      op.q = q.data();
+      op.n_q = n_q;
+      op.q_heads = q_heads;
+      op.q_pos0 = length - n_q;
+      op.scale = 1.f / std::sqrt(float(sh.head_dim));
+      op.out = out_cpu.data();
+      op.add_scores = variant != 2;
+      op.recent_decay = 0.8f;
+      const uint32_t half = sh.pages / 2;
+      std::vector<AttendSeq> seqs;
+      if (variant == 3) {  // the pages' rows are relative to their sequence
+        seqs = {{0, half, seg[half].out_row, 0, n_q, length - n_q, 0.8f},
+                {half, sh.pages - half, op.n_live - seg[half].out_row, n_q, n_q, length - n_q, 0.6f}};
+        op.seqs = seqs.data();
+        op.n_seqs = 2;
+      }
+      std::vector<SegPage> host_pages = seg, dev_pages = sp.dev;
+      for (uint32_t i = half; variant == 3 && i < sh.pages; ++i) {
+        host_pages[i].out_row -= seg[half].out_row;
+        dev_pages[i].out_row -= seg[half].out_row;
+      }
+      op.pages = host_pages.data();
+      kvgc::cpu::attend(op);
+
+      DeviceBuffer dq(q.size()), dout(q.size()), dpages(dev_pages.size() * sizeof(SegPage));
+      REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemset(dout.p, 0xA5, q.size()) == cudaSuccess);  // poison
+      REQUIRE(cudaMemcpy(dpages.p, dev_pages.data(), dev_pages.size() * sizeof(SegPage), cudaMemcpyHostToDevice) == cudaSuccess);
+      kvgc::AttendOp gop = op;
+      gop.pages = dev_pages.data();
+      gop.q = dq.p;
+      gop.out = dout.p;
+      if (variant == 3) gop.dev_pages = dpages.get<SegPage>();
+      const size_t scratch = kvgc::cuda::attend_scratch_bytes(uint64_t(sh.pages) * sh.page_tokens, q_heads,
+                                                               sh.head_dim, sh.page_tokens);
+      DeviceBuffer ds(scratch);
+      REQUIRE(kvgc::cuda::attend(gop, ds.p, scratch, variant == 1 ? 132 : 1, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      std::vector<uint8_t> out_gpu(q.size());
+      REQUIRE(cudaMemcpy(out_gpu.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(rel_rms(out_cpu, out_gpu, qn, sh.dtype) <= bound);
+      double score_err = 0;
+      const std::string diff = sp.compare(a, seg, false, &score_err);
+      INFO(diff);
+      CHECK(diff.empty());
+      CHECK(score_err <= score_bound);
+    }
+
+    // Gather: K and V (FP16 copied, INT8 and INT4 dequantised), positions, scores and
+    // generations, bit for bit.
+    {
+      int32_t length = 0;
+      const std::vector<SegPage> seg = shared_segment(a, sh.pages, &length, rng);
+      SplitPages sp(a, seg, share, rng);
+      uint64_t rows = 0;
+      for (const SegPage& p : seg) {
+        const PageLayout& Lc = L[p.cls];
+        for (uint32_t w = 0; w < PageLayout::live_words(Lc.page_tokens); ++w)
+          rows += std::popcount(reinterpret_cast<const uint32_t*>(p.page + Lc.live_off)[w]);
+      }
+      const size_t tb = size_t(sh.kv_heads) * sh.head_dim * eb;
+      std::vector<uint8_t> k(rows * tb), v(rows * tb), gen(rows);
+      std::vector<int32_t> pos(rows);
+      std::vector<float> score(rows);
+      kvgc::GatherOp op{};
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) op.layout[c] = L[c];
+      op.pages = seg.data();
+      op.n_pages = sh.pages;
+      op.k_out = k.data(), op.v_out = v.data(), op.pos_out = pos.data(), op.score_out = score.data();
+      op.gen_out = gen.data();
+      kvgc::cpu::gather(op);
+      DeviceBuffer dk(k.size()), dv(v.size()), dpos(rows * 4), dscore(rows * 4), dgen(rows);
+      REQUIRE(cudaMemset(dk.p, 0xA5, k.size()) == cudaSuccess);  // poison
+      REQUIRE(cudaMemset(dv.p, 0x5A, v.size()) == cudaSuccess);
+      REQUIRE(cudaMemset(dpos.p, 0xFF, rows * 4) == cudaSuccess);
+      REQUIRE(cudaMemset(dscore.p, 0xFF, rows * 4) == cudaSuccess);
+      REQUIRE(cudaMemset(dgen.p, 0xEE, rows) == cudaSuccess);
+      kvgc::GatherOp gop = op;
+      gop.pages = sp.dev.data();
+      gop.k_out = dk.p, gop.v_out = dv.p, gop.pos_out = dpos.get<int32_t>(), gop.score_out = dscore.get<float>();
+      gop.gen_out = dgen.get();
+      REQUIRE(kvgc::cuda::gather(gop, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      std::vector<uint8_t> gk(k.size()), gv(v.size()), ggen(rows);
+      std::vector<int32_t> gpos(rows);
+      std::vector<float> gscore(rows);
+      REQUIRE(cudaMemcpy(gk.data(), dk.p, k.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(gv.data(), dv.p, v.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(gpos.data(), dpos.p, rows * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(gscore.data(), dscore.p, rows * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(ggen.data(), dgen.p, rows, cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(gk == k);
+      CHECK(gv == v);
+      CHECK(gpos == pos);
+      CHECK(std::memcmp(gscore.data(), score.data(), rows * 4) == 0);
+      CHECK(ggen == gen);
+      const std::string diff = sp.compare(a, seg, true, nullptr);
+      INFO(diff);
+      CHECK(diff.empty());
+    }
+
+    // Select with the full ladder: sources demoted from the shared pages' K/V into fresh
+    // private pages, evictions and generations at the headers, bit for bit.
+    uint64_t bytes[KVGC_CLASS_COUNT];
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes[c] = L[c].bytes;
+    std::string note;
+    const kvgc::Ladder ladder = kvgc::make_ladder(KVGC_DEMOTE_LADDER, bytes, &note);
+    REQUIRE(ladder.n == 3);
+    for (int iter = 0; iter < 4; ++iter) {
+      CAPTURE(iter);
+      int32_t length = 0;
+      std::vector<SegPage> pages = shared_segment(a, sh.pages, &length, rng);
+      std::vector<kvgc::AppendRun> runs[KVGC_CLASS_COUNT];
+      std::vector<bool> share_all = share;
+      for (uint32_t d = 0; d < kDest; ++d) {
+        const uint32_t i = sh.pages + d, cls = d < 2 ? KVGC_CLASS_INT8 : KVGC_CLASS_INT4;
+        for (size_t b = 0; b < a.page_bytes; ++b) a.h(i)[b] = uint8_t(rng());  // the op zeroes them
+        runs[cls].push_back({a.h(i), 0, 1 + uint32_t(rng() % sh.page_tokens), 0});
+        pages.push_back({a.h(i), cls, 0});
+        share_all.push_back(false);  // destinations are always private
+      }
+      SplitPages sp(a, pages, share_all, rng);
+      std::vector<kvgc::AppendRun> druns[KVGC_CLASS_COUNT];
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+        for (const kvgc::AppendRun& r : runs[c]) druns[c].push_back({sp.kv_dev(a, r.page), r.first_slot, r.count, 0});
+      kvgc::SelectOp op{};
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+        op.layout[c] = L[c];
+        op.unit_cost[c] = bytes[c];
+        op.n_demote_dst[c] = uint32_t(runs[c].size());
+      }
+      op.n_ladder = ladder.n;
+      for (int r = 0; r < 3; ++r) op.ladder[r] = ladder.cls[r], op.slope[r] = ladder.slope[r];
+      op.n_pages = uint32_t(pages.size());
+      op.tenure_before = rng() % (length + 1);
+      op.candidates = uint8_t(kvgc::gen_bit(kvgc::kGenIntermediate) | kvgc::gen_bit(kvgc::kGenLongTerm));
+      op.key = iter % 2 ? kvgc::KeyKind::Score : kvgc::KeyKind(rng() % 4);
+      op.seed = rng();
+      op.segment_salt = rng();
+      op.reclaim = bytes[KVGC_CLASS_FP16] * uint64_t(length) / (iter % 2 ? 2 : 5);
+      op.budget_bytes = iter == 3 ? uint64_t(sh.pages / 2) * bytes[KVGC_CLASS_FP16] : 0;
+      op.promote = iter % 2 ? 5 : 0;
+      op.promote_age = 2;
+      op.age_intermediate = iter % 2;
+      kvgc::SelectOp gop = op;
+      std::vector<uint16_t> live_cpu(pages.size(), 0xFFFF), live_gpu(pages.size(), 0xEEEE);
+      kvgc::SelectResult r_cpu, r_gpu;
+      std::memset(static_cast<void*>(&r_gpu), 0xAB, sizeof r_gpu);  // poison
+      op.pages = pages.data();
+      gop.pages = sp.dev.data();
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+        op.demote_dst[c] = runs[c].data();
+        gop.demote_dst[c] = druns[c].data();
+      }
+      op.page_live = live_cpu.data();
+      op.result = &r_cpu;
+      gop.page_live = live_gpu.data();
+      gop.result = &r_gpu;
+      const size_t scratch = kvgc::cuda::gc_scratch_bytes(pages.size() * sh.page_tokens, sh.page_tokens);
+      DeviceBuffer sb(scratch);
+      gop.scratch = sb.p;
+      gop.scratch_bytes = scratch;
+      kvgc::cpu::select(op);
+      REQUIRE(kvgc::cuda::select(gop, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      CHECK(std::memcmp(&r_gpu, &r_cpu, sizeof r_cpu) == 0);
+      CHECK(live_gpu == live_cpu);
+      const std::string diff = sp.compare(a, pages, true, nullptr);
+      INFO(diff);
+      CHECK(diff.empty());
+      total.evicted += r_cpu.evicted;
+      for (int c = 0; c < KVGC_CLASS_COUNT; ++c) total.demoted_to[c] += r_cpu.demoted_to[c];
+    }
+  }
+  CHECK(total.evicted > 0);  // every path was taken
+  CHECK(total.demoted_to[KVGC_CLASS_INT8] > 0);
+  CHECK(total.demoted_to[KVGC_CLASS_INT4] > 0);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("the prefix cache and fork on a CUDA heap equal a CPU heap (attach, copy-on-write, batch, export)") {
+  // The runtime's shared-page paths on the device: attach composes its headers in pinned
+  // staging and uploads them, the first write copies a shared partly filled tail, fork
+  // shares, and the batch exports kv_offset. The same calls on a CPU heap are the
+  // reference: K/V and positions read back identical, attention within the usual bound.
+  std::mt19937 rng(fresh_seed("prefix cache"));
+  const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16, 4);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  kvgc_heap_options o = cpu_options(64 << 20, 16);
+  o.policy = KVGC_POLICY_FULL;
+  kvgc_heap* cpu = make_heap(m, KVGC_DEVICE_CPU, 16, 64 << 20, &o);
+  kvgc_heap* gpu = make_heap(m, KVGC_DEVICE_CUDA, 16, 64 << 20, &o);
+  const size_t kv_row = 2 * 64, q_row = 8 * 64;
+  std::normal_distribution<float> g(0.f, 1.f);
+  auto random_f16 = [&](size_t n) {
+    std::vector<uint16_t> x(n);
+    for (auto& e : x) kvgc::cpu::store(reinterpret_cast<uint8_t*>(&e), KVGC_DTYPE_F16, g(rng));
+    return x;
+  };
+  auto append_both = [&](kvgc_seq c, kvgc_seq d, uint32_t layer, const std::vector<uint16_t>& k,
+                         const std::vector<uint16_t>& v, uint32_t n) {
+    DeviceBuffer dk(k.size() * 2), dv(v.size() * 2);
+    REQUIRE(cudaMemcpy(dk.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dv.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(kvgc_append(cpu, c, layer, k.data(), v.data(), n, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_append(gpu, d, layer, dk.p, dv.p, n, stream) == KVGC_OK);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  };
+  // The keeper: a 75-token prompt (4 full pages and a partly filled one), kept.
+  const uint32_t P = 75;
+  std::vector<int32_t> ids(P);
+  for (uint32_t i = 0; i < P; ++i) ids[i] = int32_t(rng() % 50000);
+  kvgc_seq kc, kg;
+  REQUIRE(kvgc_seq_create(cpu, 0, &kc) == KVGC_OK);
+  REQUIRE(kvgc_seq_create(gpu, 0, &kg) == KVGC_OK);
+  for (uint32_t l = 0; l < m.n_layers; ++l) append_both(kc, kg, l, random_f16(P * kv_row), random_f16(P * kv_row), P);
+  REQUIRE(kvgc_prefix_keep(cpu, kc, ids.data(), P, 0, 0, nullptr, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_prefix_keep(gpu, kg, ids.data(), P, 0, 0, nullptr, stream) == KVGC_OK);
+  // Two attach (one the whole prompt, one its first 40 ids: two pages), one forks.
+  kvgc_seq ac[3], ag[3];
+  const uint64_t want[2] = {P, 32};
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(kvgc_seq_create(cpu, 0, &ac[i]) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(gpu, 0, &ag[i]) == KVGC_OK);
+    uint64_t nc = 0, ng = 0;
+    const uint64_t n = i == 0 ? P : 40;
+    REQUIRE(kvgc_prefix_attach(cpu, ac[i], ids.data(), n, 0, &nc, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_prefix_attach(gpu, ag[i], ids.data(), n, 0, &ng, stream) == KVGC_OK);
+    CHECK(nc == want[i]);
+    CHECK(ng == want[i]);
+  }
+  REQUIRE(kvgc_seq_fork(cpu, kc, 0, &ac[2], nullptr) == KVGC_OK);
+  REQUIRE(kvgc_seq_fork(gpu, kg, 0, &ag[2], stream) == KVGC_OK);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  require_check(gpu);
+  // Each appends its own tokens per sequence (the first write into the shared tail copies
+  // it), then a batch step of one row each, whose export names the shared pages.
+  for (int i = 0; i < 3; ++i)
+    for (uint32_t l = 0; l < m.n_layers; ++l) append_both(ac[i], ag[i], l, random_f16(9 * kv_row), random_f16(9 * kv_row), 9);
+  kvgc_batch *bc, *bg;
+  REQUIRE(kvgc_batch_create(cpu, &bc) == KVGC_OK);
+  REQUIRE(kvgc_batch_create(gpu, &bg) == KVGC_OK);
+  const uint32_t n_new[3] = {1, 1, 1};
+  REQUIRE(kvgc_batch_plan(bc, ac, n_new, 3, nullptr, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_plan(bg, ag, n_new, 3, nullptr, stream) == KVGC_OK);
+  for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+    const auto k = random_f16(3 * kv_row), v = random_f16(3 * kv_row), q = random_f16(3 * q_row);
+    DeviceBuffer dk(k.size() * 2), dv(v.size() * 2), dq(q.size() * 2), dout(q.size() * 2);
+    REQUIRE(cudaMemcpy(dk.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dv.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemset(dout.p, 0xA5, q.size() * 2) == cudaSuccess);  // poison
+    std::vector<uint16_t> out_c(q.size()), out_g(q.size());
+    REQUIRE(kvgc_batch_append(bc, layer, k.data(), v.data(), nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_append(bg, layer, dk.p, dv.p, stream) == KVGC_OK);
+    REQUIRE(kvgc_batch_attend(bc, layer, q.data(), out_c.data(), nullptr, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_attend(bg, layer, dq.p, dout.p, nullptr, stream) == KVGC_OK);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    REQUIRE(cudaMemcpy(out_g.data(), dout.p, q.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    std::vector<uint8_t> c8(out_c.size() * 2), g8(out_g.size() * 2);
+    std::memcpy(c8.data(), out_c.data(), c8.size());
+    std::memcpy(g8.data(), out_g.data(), g8.size());
+    CHECK(rel_rms(c8, g8, out_c.size(), KVGC_DTYPE_F16) <= 2e-3);
+    kvgc_batch_view vc, vg;
+    std::memset(&vc, 0, sizeof vc);
+    std::memset(&vg, 0, sizeof vg);
+    vc.struct_size = vg.struct_size = sizeof vc;
+    REQUIRE(kvgc_batch_export(bc, layer, &vc) == KVGC_OK);
+    REQUIRE(kvgc_batch_export(bg, layer, &vg) == KVGC_OK);
+    REQUIRE(vg.n_pages == vc.n_pages);
+    std::vector<uint64_t> po(vg.n_pages), ko(vg.n_pages);
+    REQUIRE(cudaMemcpy(po.data(), vg.page_offset, vg.n_pages * 8, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(ko.data(), vg.kv_offset, vg.n_pages * 8, cudaMemcpyDeviceToHost) == cudaSuccess);
+    uint32_t shared_c = 0, shared_g = 0;
+    for (uint32_t p = 0; p < vg.n_pages; ++p) {
+      shared_c += vc.kv_offset[p] != vc.page_offset[p];
+      shared_g += ko[p] != po[p];
+    }
+    CHECK(shared_c == shared_g);
+    CHECK(shared_g == 4 + 2 + 4);  // the full prompt pages each holds
+  }
+  REQUIRE(kvgc_batch_step(bc, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_batch_step(bg, stream) == KVGC_OK);
+  kvgc_batch_destroy(bc);
+  kvgc_batch_destroy(bg);
+  // Every sequence reads back the same K/V and positions on both heaps.
+  for (int i = 0; i < 3; ++i)
+    for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+      uint64_t nc = 0, ng = 0;
+      REQUIRE(kvgc_read(cpu, ac[i], layer, nullptr, nullptr, nullptr, 0, &nc, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_read(gpu, ag[i], layer, nullptr, nullptr, nullptr, 0, &ng, nullptr) == KVGC_OK);
+      REQUIRE(nc == ng);
+      std::vector<uint16_t> kc2(nc * kv_row), kg2(nc * kv_row);
+      std::vector<int32_t> pc(nc), pg(nc);
+      DeviceBuffer dk(kg2.size() * 2), dp(nc * 4);
+      REQUIRE(kvgc_read(cpu, ac[i], layer, kc2.data(), nullptr, pc.data(), nc, &nc, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_read(gpu, ag[i], layer, dk.p, nullptr, dp.get<int32_t>(), ng, &ng, stream) == KVGC_OK);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      REQUIRE(cudaMemcpy(kg2.data(), dk.p, kg2.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(pg.data(), dp.p, nc * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(kc2 == kg2);
+      CHECK(pc == pg);
+    }
+  kvgc_stats sc, sg;
+  kvgc_stats_init(&sc);
+  kvgc_stats_init(&sg);
+  REQUIRE(kvgc_get_stats(cpu, &sc) == KVGC_OK);
+  REQUIRE(kvgc_get_stats(gpu, &sg) == KVGC_OK);
+  CHECK(sc.cow_copies == sg.cow_copies);
+  CHECK(sc.shared_pages == sg.shared_pages);
+  CHECK(sg.cow_copies == 2 * 2);  // per layer: the whole-prompt attach and the fork write into a shared tail
+  require_check(gpu);
+  kvgc_heap_destroy(cpu);
+  kvgc_heap_destroy(gpu);
   cudaStreamDestroy(stream);
 }

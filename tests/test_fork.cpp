@@ -1,7 +1,8 @@
 // kvgc_seq_fork on the CPU backend: the copy reads back exactly as its source (K/V,
 // positions, scores, generations, int4 tokens included), both continue independently
 // and make the same GC decisions on the same input, and a fork that cannot fit changes
-// nothing.
+// nothing. Since 0.7 the copy shares the pages: a header page per page and holder, no
+// K/V page more.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -63,9 +64,14 @@ TEST_CASE("fork: an exact copy that continues on its own, with the same GC decis
     const kvgc_stats after = H.stats();
     CHECK(after.sequences == before.sequences + 1);
     CHECK(after.live_tokens == 2 * before.live_tokens);
-    CHECK(after.cls[0].pages_used == 2 * before.cls[0].pages_used);
-    CHECK(after.cls[1].pages_used == 2 * before.cls[1].pages_used);
-    if (demote == KVGC_DEMOTE_INT4) CHECK(before.cls[1].pages_used > 0);  // int4 pages copied
+    // Shared, not copied: the same K/V pages, and a header page per page for each holder.
+    const uint64_t pages = before.cls[0].pages_used + before.cls[1].pages_used + before.cls_int8.pages_used;
+    CHECK(after.cls[0].pages_used == before.cls[0].pages_used);
+    CHECK(after.cls[1].pages_used == before.cls[1].pages_used);
+    CHECK(after.cls_header.pages_used == 2 * pages);
+    CHECK(after.shared_pages == pages);
+    CHECK(after.shared_refs == 2 * pages);
+    if (demote == KVGC_DEMOTE_INT4) CHECK(before.cls[1].pages_used > 0);  // int4 pages shared too
     for (uint32_t layer = 0; layer < 2; ++layer) {
       CHECK(image(H, a, layer) == image(H, b, layer));
       uint64_t la = 0, lb = 0;
@@ -98,7 +104,8 @@ TEST_CASE("fork: an exact copy that continues on its own, with the same GC decis
     H.check();
     REQUIRE(kvgc_seq_destroy(H.h, b) == KVGC_OK);
     const kvgc_stats end = H.stats();
-    CHECK(end.cls[0].pages_used + end.cls[1].pages_used == 0);
+    CHECK(end.cls[0].pages_used + end.cls[1].pages_used + end.cls_header.pages_used == 0);
+    CHECK(end.shared_pages == 0);
   }
 }
 
@@ -108,13 +115,12 @@ TEST_CASE("fork: no room, a quota, bad arguments: a clear error and nothing chan
   Heap H(o, model(1, 4, 64));
   kvgc_seq a;
   REQUIRE(kvgc_seq_create(H.h, 0, &a) == KVGC_OK);
-  // Fill a little over half the arena: a copy cannot fit.
+  // Fill the arena: not even the copy's header pages fit.
   int64_t len = 0;
   for (;;) {
-    H.append(a, 0, len, 16);
+    const auto k = gaussian(H.m, a, 0, len, 16, false), v = gaussian(H.m, a, 0, len, 16, true);
+    if (kvgc_append(H.h, a, 0, k.data(), v.data(), 16, nullptr) != KVGC_OK) break;
     len += 16;
-    const kvgc_stats st = H.stats();
-    if (st.cls[0].used_bytes * 2 > st.arena_bytes - st.scratch_bytes) break;
   }
   const kvgc_stats before = H.stats();
   kvgc_seq b = 77;
@@ -132,17 +138,25 @@ TEST_CASE("fork: no room, a quota, bad arguments: a clear error and nothing chan
   Q.append(q, 0, 0, 40);
   uint64_t used = 0;
   REQUIRE(kvgc_tenant_usage(Q.h, 5, &used, nullptr) == KVGC_OK);
-  REQUIRE(kvgc_tenant_set_limit(Q.h, 5, used + used / 2) == KVGC_OK);
+  const uint64_t header = Q.stats().cls_header.page_bytes, pages = Q.stats().cls[0].pages_used;
+  REQUIRE(pages > 1);
+  // The fork needs a header page per page for each of the two holders.
+  REQUIRE(kvgc_tenant_set_limit(Q.h, 5, used + header) == KVGC_OK);
   const kvgc_stats qb = Q.stats();
   CHECK(kvgc_seq_fork(Q.h, q, 5, &b, nullptr) == KVGC_EBUDGET);
   CHECK(std::string(kvgc_errmsg(Q.h)).find("quota") != std::string::npos);
   const kvgc_stats qa = Q.stats();
   CHECK(std::memcmp(&qb, &qa, sizeof qb) == 0);
+  // Into another tenant: tenant 5 pays the header pages of the pages it shares, 6 its own.
+  REQUIRE(kvgc_tenant_set_limit(Q.h, 5, used + pages * header) == KVGC_OK);
   kvgc_seq other = 0;
-  CHECK(kvgc_seq_fork(Q.h, q, 6, &other, nullptr) == KVGC_OK);  // another tenant has room
+  CHECK(kvgc_seq_fork(Q.h, q, 6, &other, nullptr) == KVGC_OK);
   uint64_t used6 = 0;
   REQUIRE(kvgc_tenant_usage(Q.h, 6, &used6, nullptr) == KVGC_OK);
-  CHECK(used6 == used);
+  CHECK(used6 == pages * header);  // its headers; the shared pages stay charged to tenant 5
+  uint64_t used5 = 0;
+  REQUIRE(kvgc_tenant_usage(Q.h, 5, &used5, nullptr) == KVGC_OK);
+  CHECK(used5 == used + pages * header);
   // Bad arguments.
   CHECK(kvgc_seq_fork(Q.h, 12345, 0, &b, nullptr) == KVGC_ENOTFOUND);
   CHECK(kvgc_seq_fork(Q.h, q, 0, nullptr, nullptr) == KVGC_EINVAL);

@@ -47,7 +47,8 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.byte_budget == 0);
   CHECK(o.byte_budget_fraction == 0);
   CHECK(o.demote == KVGC_DEMOTE_LADDER);  // the full ladder by default (0.4)
-  CHECK(option_docs().size() == 17);
+  CHECK(o.prefix_charge == KVGC_PREFIX_CHARGE_CACHE);
+  CHECK(option_docs().size() == 18);
   for (const OptionDoc& d : option_docs()) {
     CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
     CHECK(std::string(d.doc).size() > 10);
@@ -67,6 +68,7 @@ TEST_CASE("every variable accepts its documented forms") {
                   {"KVGC_DEMOTE", "int4"},
                   {"KVGC_LAYER_BUDGET", "pyramid"},
                   {"KVGC_HARVEST", "immediate"},
+                  {"KVGC_PREFIX_CHARGE", "view"},
                   {"KVGC_THREADS", "8"},
                   {"KVGC_SCORE_NOISE", "0.01"},
                   {"KVGC_SEED", "0x1234"},
@@ -84,6 +86,7 @@ TEST_CASE("every variable accepts its documented forms") {
   CHECK(o.demote == KVGC_DEMOTE_INT4);
   CHECK(o.layer_budget == KVGC_LAYER_BUDGET_PYRAMID);
   CHECK(o.harvest == KVGC_HARVEST_IMMEDIATE);
+  CHECK(o.prefix_charge == KVGC_PREFIX_CHARGE_VIEW);
   CHECK(o.cpu_threads == 8);
   CHECK(o.score_noise == doctest::Approx(0.01));
   CHECK(o.seed == 0x1234);
@@ -160,7 +163,7 @@ TEST_CASE("a malformed variable fails, names itself and its forms, and changes n
       {"KVGC_COMPACT_THRESHOLD", "0"}, {"KVGC_COMPACT_THRESHOLD", "nan"},
       {"KVGC_DEMOTE", "int2"},         {"KVGC_LAYER_BUDGET", "triangle"},
       {"KVGC_BYTE_BUDGET", "1.5"},     {"KVGC_RECENT_DECAY", "0"},
-      {"KVGC_HARVEST", "later"},
+      {"KVGC_HARVEST", "later"},       {"KVGC_PREFIX_CHARGE", "tenant"},
       {"KVGC_SCORE_NOISE", "-0.1"},    {"KVGC_SCORE_NOISE", "inf"},
       {"KVGC_SEED", "0xZZ"},           {"KVGC_VERBOSE", "yes"},
       {"KVGC_THREADS", "0"},

@@ -54,7 +54,7 @@ void row_f32(const AttendOp& op, const LiveSlot& s, uint32_t h, bool v, float* d
              host::vector<uint8_t>& tmp) {
   const PageLayout& L = op.layout[s.cls];
   tmp.resize(size_t(L.head_dim) * dtype_bytes(L.dtype));
-  load_row(L, s.page, h, s.slot, v, tmp.data());
+  load_row(L, s.kv, h, s.slot, v, tmp.data());
   to_f32(tmp.data(), L.dtype, L.head_dim, dst);
 }
 
@@ -128,7 +128,7 @@ void attend_one(const AttendOp& op, ThreadPool* pool) {
     const auto* pos = reinterpret_cast<const int32_t*>(sp.page + L.pos_off);
     for (uint32_t s = 0; s < L.page_tokens; ++s)
       if ((words[s / 32] >> (s % 32) & 1u) && int64_t(pos[s]) <= last)
-        slots.push_back({sp.page, sp.cls, s, pos[s]});
+        slots.push_back({sp.page, sp.cls, s, pos[s], payload_of(sp)});
   }
   const size_t n = slots.size();
   const auto* q = static_cast<const uint8_t*>(op.q);

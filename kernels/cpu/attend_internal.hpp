@@ -12,10 +12,14 @@
 
 namespace kvgc::cpu {
 
+// A live slot as attention sees it: `page` is its header (positions read, scores written
+// there), `kv` the page its K/V rows and quantisation words are read from (payload_of:
+// another page when the page is shared; set for every slot attention visits).
 struct LiveSlot {
   uint8_t* page;
   uint32_t cls, slot;
   int32_t pos;
+  const uint8_t* kv = nullptr;
 };
 
 class ThreadPool;

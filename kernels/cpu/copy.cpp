@@ -63,7 +63,8 @@ void gather(const GatherOp& op) {
     const PageLayout& L = op.layout[sp.cls];
     const size_t row = size_t(L.head_dim) * dtype_bytes(L.dtype);  // one head, model dtype
     const size_t token_bytes = row * L.n_kv_heads;
-    const uint8_t* page = sp.page;
+    const uint8_t* page = sp.page;          // header: live bits and metadata
+    const uint8_t* kv = payload_of(sp);     // K/V and quantisation words
     const auto* live = reinterpret_cast<const uint32_t*>(page + L.live_off);
     const auto* pos = reinterpret_cast<const int32_t*>(page + L.pos_off);
     uint64_t out = sp.out_row;
@@ -71,8 +72,8 @@ void gather(const GatherOp& op) {
       for (uint32_t bits = live[w]; bits; bits &= bits - 1) {
         const uint32_t slot = w * 32 + uint32_t(std::countr_zero(bits));
         for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
-          if (k_out) load_row(L, page, h, slot, false, k_out + out * token_bytes + h * row);
-          if (v_out) load_row(L, page, h, slot, true, v_out + out * token_bytes + h * row);
+          if (k_out) load_row(L, kv, h, slot, false, k_out + out * token_bytes + h * row);
+          if (v_out) load_row(L, kv, h, slot, true, v_out + out * token_bytes + h * row);
         }
         if (op.pos_out) op.pos_out[out] = pos[slot];
         if (op.score_out) op.score_out[out] = reinterpret_cast<const float*>(page + L.score_off)[slot];

@@ -78,20 +78,22 @@ double key_of(const SelectOp& op, uint8_t* page, const PageLayout& L, uint32_t s
   }
 }
 
-// Re-stores a slot of page `src` (layout Ls) into slot d of page `dst` (layout Ld, a
-// cheaper class): K and V of every head through the model dtype, metadata copied.
-void move_slot(const PageLayout& Ls, uint8_t* src, uint32_t s, const PageLayout& Ld,
+// Re-stores slot s of segment page `src` (layout Ls) into slot d of page `dst` (layout
+// Ld, a cheaper class): K and V of every head through the model dtype, read where the
+// source keeps them (payload_of: a shared page's are elsewhere), metadata copied from its
+// header. dst is a destination run's page: private, whole.
+void move_slot(const PageLayout& Ls, const SegPage& src, uint32_t s, const PageLayout& Ld,
                uint8_t* dst, uint32_t d, host::vector<uint8_t>& row) {
   row.resize(size_t(Ls.head_dim) * dtype_bytes(Ls.dtype));
   for (uint32_t h = 0; h < Ls.n_kv_heads; ++h)
     for (bool v : {false, true}) {
-      load_row(Ls, src, h, s, v, row.data());
+      load_row(Ls, payload_of(src), h, s, v, row.data());
       store_row(Ld, dst, h, d, v, row.data());
     }
-  pos_at(dst, Ld, d) = pos_at(src, Ls, s);
-  score_at(dst, Ld, d) = score_at(src, Ls, s);
-  recent_at(dst, Ld, d) = recent_at(src, Ls, s);
-  gen_at(dst, Ld, d) = gen_at(src, Ls, s);
+  pos_at(dst, Ld, d) = pos_at(src.page, Ls, s);
+  score_at(dst, Ld, d) = score_at(src.page, Ls, s);
+  recent_at(dst, Ld, d) = recent_at(src.page, Ls, s);
+  gen_at(dst, Ld, d) = gen_at(src.page, Ls, s);
 }
 
 // Pages a class needs for `live` tokens once compacted, and what they hold in bytes.
@@ -306,7 +308,7 @@ void select(const SelectOp& op) {
         continue;
       }
       const int cls = op.ladder[at[i]];
-      move_slot(op.layout[sp.cls], sp.page, s, op.layout[cls], dest[i].page, dest[i].slot, row);
+      move_slot(op.layout[sp.cls], sp, s, op.layout[cls], dest[i].page, dest[i].slot, row);
       set_live(dest[i].page, op.layout[cls], dest[i].slot, true);
       set_live(sp.page, op.layout[sp.cls], s, false);
       r.reclaimed += op.unit_cost[sp.cls] - op.unit_cost[cls];

@@ -33,7 +33,9 @@ void dequantize_row_int8(const int8_t* q, const uint16_t* scale, kvgc_dtype dtyp
 float int8_scale_f32(uint16_t scale, kvgc_dtype dtype);
 
 // One head row of a slot, K (v = false) or V, as the model dtype into dst (head_dim
-// values): FP16 copied, INT8 and INT4 dequantised (what kvgc_read returns).
+// values): FP16 copied, INT8 and INT4 dequantised (what kvgc_read returns). `page` is
+// where the K/V and quantisation words are (for a SegPage: payload_of, not its header);
+// only bytes from L.k_off on are read.
 void load_row(const PageLayout& L, const uint8_t* page, uint32_t head, uint32_t slot, bool v,
               uint8_t* dst);
 // Stores a row given in the model dtype into (head, slot) of a page of class L.cls.

@@ -115,6 +115,7 @@ __device__ __forceinline__ float ldq(const uint16_t* p, uint32_t i) {
 
 // Element d of one head's K (v = false) or V row of `slot`, as f32 (int8 and int4
 // dequantised in f32, without the model dtype's rounding: within attention's tolerance).
+// `page`: where the K/V are (payload_of).
 template <kvgc_dtype D>
 __device__ __forceinline__ float elem(const uint8_t* page, const PageLayout& L, uint32_t cls,
                                       uint32_t h, uint32_t slot, bool v, uint32_t d) {
@@ -182,6 +183,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
     const PageLayout& L = p.L[sp.cls];
     const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
     const int32_t* pos = reinterpret_cast<const int32_t*>(sp.page + L.pos_off);
+    const uint8_t* kv = payload_of(sp);  // K/V: a shared page's are not at its header
     for (uint32_t base = 0; base < L.page_tokens; base += 32) {
       // Logits: lane owns slot base + lane.
       const uint32_t slot = base + lane;
@@ -192,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
       for (int g = 0; g < kGMax; ++g) s[g] = 0.f;
       if (visible)
         for (uint32_t d = 0; d < hd; ++d) {
-          const float k = elem<D>(sp.page, L, sp.cls, h, slot, false, d);
+          const float k = elem<D>(kv, L, sp.cls, h, slot, false, d);
 #pragma unroll
           for (int g = 0; g < kGMax; ++g) s[g] += qs[g][d] * k;
         }
@@ -228,7 +230,7 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
 #pragma unroll
         for (int k = 0; k < DPL; ++k) {
           const uint32_t d = lane * DPL + k;
-          v[k] = d < hd ? elem<D>(sp.page, L, sp.cls, h, sl, true, d) : 0.f;
+          v[k] = d < hd ? elem<D>(kv, L, sp.cls, h, sl, true, d) : 0.f;
         }
 #pragma unroll
         for (int g = 0; g < kGMax; ++g) {

@@ -163,7 +163,8 @@ __device__ __forceinline__ float dequantize_int8(const int8_t* q, const uint16_t
 
 // Element d of (head h, slot s)'s K (v = false) or V row on a page of layout L, as the
 // model dtype holds it (quant.cpp's load_row): FP16 as stored, INT8 and INT4 dequantised
-// and rounded to the model dtype.
+// and rounded to the model dtype. `page`: where the K/V are (for a SegPage: payload_of);
+// only bytes from L.k_off on are read.
 __device__ inline float row_element(const uint8_t* page, const PageLayout& L, uint32_t h,
                                     uint32_t s, bool v, uint32_t d) {
   const uint8_t* row = page + (v ? L.v_off : L.k_off) + h * L.head_stride + s * L.slot_stride;

@@ -17,7 +17,12 @@ namespace {
 // variant: a 25 KB block cost 7.4 us per 1-token call against 3.5 us with 96 runs.
 constexpr uint32_t kChunk = 1024;
 constexpr uint32_t kSmallChunk = 8;
+// Gather's pages are 32 B (SegPage: a shared page's payload pointer too): 768 a launch.
+constexpr uint32_t kGatherChunk = 768;
 constexpr int kThreads = 256;
+// What a kernel's parameters may take (sm_70+, CUDA 12.1+); nvcc refuses a larger block,
+// the host emulation would not notice.
+constexpr size_t kMaxParamBytes = 32764;
 
 struct AppendCommon {
   PageLayout L;
@@ -51,6 +56,8 @@ struct GatherParams {
   uint32_t n_pages;
   GatherPage pages[N];
 };
+static_assert(sizeof(AppendParams<kChunk>) <= kMaxParamBytes);
+static_assert(sizeof(GatherParams<kGatherChunk>) <= kMaxParamBytes);
 
 // The bytes of a fresh page that no slot owns: the alignment padding between its
 // regions, after K, after V and at the page's end. Zeroed by the run that takes the
@@ -168,6 +175,7 @@ template <class T, uint32_t N>
 __global__ void gather_kernel(const __grid_constant__ GatherParams<N> p) {
   const GatherPage& gp = p.pages[blockIdx.y];
   const PageLayout& L = p.L;
+  const uint8_t* kv = payload_of(gp);  // K/V (live bits and metadata: at gp.page)
   const uint32_t row_units = uint32_t(L.slot_stride / sizeof(T));
   const uint32_t total = L.page_tokens * L.n_kv_heads * row_units;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
@@ -177,8 +185,8 @@ __global__ void gather_kernel(const __grid_constant__ GatherParams<N> p) {
     const uint64_t out = x.out;
     const size_t src = (h * L.head_stride + slot * L.slot_stride) / sizeof(T) + u;
     const uint64_t dst = (out * L.n_kv_heads + h) * row_units + u;
-    if (p.k_out) reinterpret_cast<T*>(p.k_out)[dst] = reinterpret_cast<const T*>(gp.page + L.k_off)[src];
-    if (p.v_out) reinterpret_cast<T*>(p.v_out)[dst] = reinterpret_cast<const T*>(gp.page + L.v_off)[src];
+    if (p.k_out) reinterpret_cast<T*>(p.k_out)[dst] = reinterpret_cast<const T*>(kv + L.k_off)[src];
+    if (p.v_out) reinterpret_cast<T*>(p.v_out)[dst] = reinterpret_cast<const T*>(kv + L.v_off)[src];
     gather_meta(p, gp, x);
   }
 }
@@ -191,14 +199,15 @@ template <uint32_t N>
 __global__ void gather_quant_kernel(const __grid_constant__ GatherParams<N> p) {
   const GatherPage& gp = p.pages[blockIdx.y];
   const PageLayout& L = p.L;
+  const uint8_t* kv = payload_of(gp);
   const uint32_t hd = L.head_dim, eb = dev::elem_bytes(L.dtype);
   const uint32_t total = L.page_tokens * L.n_kv_heads * hd;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
     PageElement x;
     if (!live_element(gp, L, e, hd, &x)) continue;
     const uint64_t dst = ((x.out * L.n_kv_heads + x.h) * hd + x.u) * eb;
-    if (p.k_out) dev::store(p.k_out + dst, L.dtype, dev::row_element(gp.page, L, x.h, x.slot, false, x.u));
-    if (p.v_out) dev::store(p.v_out + dst, L.dtype, dev::row_element(gp.page, L, x.h, x.slot, true, x.u));
+    if (p.k_out) dev::store(p.k_out + dst, L.dtype, dev::row_element(kv, L, x.h, x.slot, false, x.u));
+    if (p.v_out) dev::store(p.v_out + dst, L.dtype, dev::row_element(kv, L, x.h, x.slot, true, x.u));
     gather_meta(p, gp, x);
   }
 }
@@ -324,7 +333,7 @@ cudaError_t gather(const GatherOp& op, cudaStream_t stream) {
     if (!n_cls[c]) continue;
     const auto cls = kvgc_storage_class(c);
     if (cudaError_t e = n_cls[c] <= kSmallChunk ? gather_chunks<kSmallChunk>(op, cls, unit, stream)
-                                                : gather_chunks<kChunk>(op, cls, unit, stream);
+                                                : gather_chunks<kGatherChunk>(op, cls, unit, stream);
         e != cudaSuccess)
       return e;
   }

@@ -14,10 +14,11 @@ namespace {
 // Parameter blocks are copied whole at every launch, so small ops (a short segment, a
 // few moves) use small blocks, as copy.cu's decode append does.
 constexpr int kThreads = 256;
-constexpr uint32_t kObserveChunk = 1024;  // 24 B a page: 24 KiB of parameters
+constexpr uint32_t kObserveChunk = 768;   // 32 B a page: 24 KiB of parameters
 constexpr uint32_t kMoveChunk = 768;      // 32 B a move
 constexpr uint32_t kFixChunk = 1024;      // 16 B a page
 constexpr uint32_t kSmall = 16;
+constexpr size_t kMaxParamBytes = 32764;  // sm_70+, CUDA 12.1+ (nvcc refuses more)
 
 __device__ __forceinline__ bool live_bit(const uint32_t* live, uint32_t s) {
   return live[s / 32] >> (s % 32) & 1u;
@@ -111,6 +112,9 @@ struct FixParams {
   uint32_t n;
   MaskFix fixes[N];
 };
+static_assert(sizeof(ObserveParams<kObserveChunk>) <= kMaxParamBytes);
+static_assert(sizeof(MoveParams<kMoveChunk>) <= kMaxParamBytes);
+static_assert(sizeof(FixParams<kFixChunk>) <= kMaxParamBytes);
 
 // blockIdx.y = move; blocks along x share its rows. T: the copy unit of the K/V rows.
 template <class T, uint32_t N>

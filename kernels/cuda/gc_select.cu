@@ -167,7 +167,8 @@ __global__ void demote_kernel(const Params p) {
   if (i >= p.st->n_dem) return;
   const Demotion dm = p.dem[i];
   const uint32_t g = dm.g, s = g % p.pt;
-  uint8_t* src = slot_page(p, g);
+  uint8_t* src = slot_page(p, g);                 // header: metadata and the live bit
+  const uint8_t* src_kv = slot_payload(p, g);     // K/V read from here
   const PageLayout& Ls = p.L[slot_cls(p, g)];
   const PageLayout& Ld = p.L[dm.cls];
   uint8_t* dst = p.runs[p.slot_run[dm.flat]].page;
@@ -178,7 +179,7 @@ __global__ void demote_kernel(const Params p) {
   for (uint32_t t = 0; t < 2 * Ls.n_kv_heads; ++t) {
     const bool v = t >= Ls.n_kv_heads;
     const uint32_t h = t % Ls.n_kv_heads;
-    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) row[e] = dev::row_element(src, Ls, h, s, v, e);
+    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) row[e] = dev::row_element(src_kv, Ls, h, s, v, e);
     __syncthreads();
     uint8_t* out = dst + (v ? Ld.v_off : Ld.k_off) + h * Ld.head_stride + d * Ld.slot_stride;
     uint16_t* qp = reinterpret_cast<uint16_t*>(dst + (v ? Ld.vq_off : Ld.kq_off)) + Ld.qparam_index(h, d);

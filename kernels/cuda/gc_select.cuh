@@ -110,8 +110,13 @@ __device__ __forceinline__ double key_value(uint64_t s) {
   return __longlong_as_double(static_cast<long long>(s >> 63 ? s & ~(1ull << 63) : ~s));
 }
 
+// Slot g's page header (live bits, metadata) and where its K/V are (payload_of: a
+// shared page's are on another page).
 __device__ __forceinline__ uint8_t* slot_page(const Params& p, uint32_t g) {
   return p.pages[g / p.pt].page;
+}
+__device__ __forceinline__ const uint8_t* slot_payload(const Params& p, uint32_t g) {
+  return payload_of(p.pages[g / p.pt]);
 }
 __device__ __forceinline__ uint32_t slot_cls(const Params& p, uint32_t g) {
   return p.pages[g / p.pt].cls;

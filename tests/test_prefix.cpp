@@ -1,0 +1,523 @@
+// The prefix cache and shared pages (kvgc_prefix_*, runtime/prefix.cpp, shared.cpp) on
+// the CPU backend, through the C API: attach shares pages and copies no K/V byte; an
+// attached sequence is the sequence that appended the same tokens itself (the same GC
+// decisions and outputs, bit for bit); tenants never see each other's prefixes (a foreign
+// lookup reads no byte: the arena is unreadable while it runs); room is made by evicting
+// cached prefixes in LRU order, pinned ones never; reference counts balance (the walker
+// after every call in the debug tree, here at each step's end).
+#include <doctest/doctest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+#include <numeric>
+
+#include "../c_api/kvgc.hpp"
+#include "gc_util.hpp"
+
+using namespace kvgc_test;
+
+namespace {
+
+constexpr uint64_t kPromptKey = 1000;  // the K/V of every prompt token comes from this key
+
+std::vector<int32_t> prompt_ids(uint32_t n, int32_t first = 7) {
+  std::vector<int32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), first);
+  return ids;
+}
+
+// Appends the prompt's K/V (the same bytes for every sequence) to every layer.
+void append_prompt(Heap& H, kvgc_seq s, int64_t from, uint32_t n) {
+  for (uint32_t l = 0; l < H.m.n_layers; ++l) {
+    const auto k = gaussian(H.m, kPromptKey, l, from, n, false), v = gaussian(H.m, kPromptKey, l, from, n, true);
+    REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+  }
+}
+
+kvgc_prefix keep(Heap& H, kvgc_seq s, const std::vector<int32_t>& ids, uint64_t salt = 0, uint32_t flags = 0) {
+  kvgc_prefix p = 0;
+  const kvgc_status st = kvgc_prefix_keep(H.h, s, ids.data(), ids.size(), salt, flags, &p, nullptr);
+  INFO(std::string(kvgc_errmsg(H.h)));
+  REQUIRE(st == KVGC_OK);
+  return p;
+}
+
+uint64_t attach(Heap& H, kvgc_seq s, const std::vector<int32_t>& ids, uint64_t salt = 0) {
+  uint64_t n = UINT64_MAX;
+  const kvgc_status st = kvgc_prefix_attach(H.h, s, ids.data(), ids.size(), salt, &n, nullptr);
+  INFO(std::string(kvgc_errmsg(H.h)));
+  REQUIRE(st == KVGC_OK);
+  return n;
+}
+
+struct Image {
+  std::vector<uint8_t> k, v;
+  std::vector<int32_t> pos;
+  std::vector<float> score;
+  std::vector<uint8_t> gen, cls;
+  bool operator==(const Image&) const = default;
+};
+
+Image image(Heap& H, kvgc_seq s, uint32_t layer) {
+  Image im;
+  uint64_t n = 0;
+  REQUIRE(kvgc_read(H.h, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
+  im.k.resize(n * token_bytes(H.m));
+  im.v.resize(im.k.size());
+  im.pos.resize(n);
+  im.score.resize(n);
+  im.gen.resize(n);
+  im.cls.resize(n);
+  REQUIRE(kvgc_read(H.h, s, layer, im.k.data(), im.v.data(), im.pos.data(), n, &n, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_read_scores(H.h, s, layer, im.score.data(), im.gen.data(), n, &n, nullptr) == KVGC_OK);
+  REQUIRE(kvgc_read_classes(H.h, s, layer, im.cls.data(), n, &n, nullptr) == KVGC_OK);
+  return im;
+}
+
+// Attention of n_q queries (the segment's last positions) with scores; returns the output.
+std::vector<uint8_t> attend(Heap& H, kvgc_seq s, uint32_t layer, uint64_t qkey, int64_t at, uint32_t n_q) {
+  kvgc_model_desc qm = H.m;
+  qm.n_kv_heads = H.m.n_q_heads;
+  const auto q = gaussian(qm, qkey, layer, at, n_q, false);
+  std::vector<uint8_t> out(q.size(), 0xEE);
+  REQUIRE(kvgc_attend(H.h, s, layer, q.data(), n_q, out.data(), nullptr, nullptr) == KVGC_OK);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("prefix cache: attach shares the pages, copies no K/V byte, and reads back as the prompt") {
+  Heap H(gc_options(KVGC_POLICY_FULL, 0), model(2, 2, 32));
+  const uint32_t pt = 8;
+  const auto ids = prompt_ids(100);  // 12 full pages and a partly filled 13th
+  kvgc_seq keeper;
+  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+  append_prompt(H, keeper, 0, 100);
+  const kvgc_stats before = H.stats();
+  const kvgc_prefix p = keep(H, keeper, ids);
+  CHECK(p != 0);
+  H.check();
+  kvgc_stats st = H.stats();
+  CHECK(st.prefixes == 1);
+  CHECK(st.shared_pages == 2 * 13);
+  CHECK(st.shared_refs == 2 * 2 * 13);  // the keeper's header pages and the prefix
+  CHECK(st.cls[0].pages_used == before.cls[0].pages_used);  // nothing copied
+  // Keeping the same ids again: the same prefix.
+  CHECK(keep(H, keeper, ids) == p);
+  CHECK(H.stats().prefixes == 1);
+
+  // The whole prompt, a longer request, a shorter one, one that differs mid-way.
+  struct Case {
+    std::vector<int32_t> ids;
+    uint64_t want;
+  };
+  std::vector<int32_t> longer = ids;
+  longer.insert(longer.end(), {1, 2, 3, 4, 5});
+  std::vector<int32_t> shorter(ids.begin(), ids.begin() + 50);
+  std::vector<int32_t> differs = ids;
+  differs[42] = -5;  // page 5
+  std::vector<int32_t> tail_differs = ids;
+  tail_differs[99] = -1;  // the partly filled page: all of it must match
+  for (const Case& c : {Case{ids, 100}, Case{longer, 100}, Case{shorter, 48}, Case{differs, 40},
+                        Case{tail_differs, 96}, Case{prompt_ids(100, 8), 0}}) {
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    const kvgc_stats pre = H.stats();
+    const uint64_t got = attach(H, s, c.ids);
+    CHECK(got == c.want);
+    const kvgc_stats post = H.stats();
+    CHECK(post.cls[0].pages_used == pre.cls[0].pages_used);
+    CHECK(post.cls_header.pages_used == pre.cls_header.pages_used + 2 * ((got + pt - 1) / pt));
+    for (uint32_t l = 0; l < 2; ++l) {
+      uint64_t live = 0, len = 0;
+      REQUIRE(kvgc_seq_tokens(H.h, s, l, &live, &len) == KVGC_OK);
+      CHECK(live == got);
+      CHECK(len == got);
+      if (!got) continue;
+      // What appending the prompt's first `got` tokens gives.
+      const Image im = image(H, s, l);
+      const auto k = gaussian(H.m, kPromptKey, l, 0, uint32_t(got), false);
+      CHECK(im.k == k);
+      for (uint64_t i = 0; i < got; ++i) {
+        CHECK(im.pos[i] == int32_t(i));
+        CHECK(im.score[i] == 0.f);
+        CHECK(im.gen[i] == (i < 4 ? KVGC_GEN_SINK : KVGC_GEN_YOUNG));
+      }
+    }
+    H.check();
+    REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+  }
+  st = H.stats();
+  CHECK(st.prefix_lookups == 6);
+  CHECK(st.prefix_hits == 5);
+  CHECK(st.prefix_tokens_attached == 100 + 100 + 48 + 40 + 96);
+  // The keeper goes on writing: its partly filled last page is copied first; the
+  // prefix's pages stay as they were.
+  const Image cached0 = image(H, keeper, 0);
+  append_prompt(H, keeper, 100, 3);
+  CHECK(H.stats().cow_copies == 2);  // one per layer
+  kvgc_seq late;
+  REQUIRE(kvgc_seq_create(H.h, 0, &late) == KVGC_OK);
+  CHECK(attach(H, late, ids) == 100);
+  CHECK(image(H, late, 0).k == cached0.k);
+  H.check();
+  // Dropping the keeper and the prefix gives every page back once the last holder goes.
+  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+  REQUIRE(kvgc_prefix_drop(H.h, p) == KVGC_OK);
+  CHECK(H.stats().prefixes == 0);
+  CHECK(H.stats().shared_pages == 2 * 13);  // `late` holds them
+  H.check();
+  REQUIRE(kvgc_seq_destroy(H.h, late) == KVGC_OK);
+  st = H.stats();
+  CHECK(st.shared_pages == 0);
+  CHECK(st.cls[0].pages_used + st.cls_header.pages_used == 0);
+  H.check();
+}
+
+TEST_CASE("prefix cache, charged to the view: N attached sequences decide and answer as N that appended the prompt themselves") {
+  // KVGC_PREFIX_CHARGE=view. Eviction (h2o) and the ladder (generational, int8 and int4),
+  // under token budgets.
+  // Without compaction, bit for bit: every attention output, score and decision. With it,
+  // the private copies compact their prompt pages (a shared page is never moved), which
+  // reorders rows: the same decisions, the same tokens, classes and generations, and
+  // scores equal up to the order of float sums.
+  for (int config = 0; config < 4; ++config) {
+    const bool ladder = config & 1, compaction = config & 2;
+    CAPTURE(ladder);
+    CAPTURE(compaction);
+    kvgc_heap_options o = ladder ? gc_options(KVGC_POLICY_GENERATIONAL, 70) : gc_options(KVGC_POLICY_H2O, 60);
+    o.budget_bytes = 32 << 20;
+    o.demote = ladder ? KVGC_DEMOTE_LADDER : KVGC_DEMOTE_OFF;
+    o.compact_threshold = compaction ? 0.25 : 1.0;
+    o.prefix_charge = KVGC_PREFIX_CHARGE_VIEW;
+    Heap H(o, model(2, 2, 32));
+    const auto ids = prompt_ids(150);
+    kvgc_seq keeper;
+    REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+    append_prompt(H, keeper, 0, 150);
+    keep(H, keeper, ids);
+    constexpr int N = 3;
+    kvgc_seq shared[N], own[N];
+    for (int i = 0; i < N; ++i) {
+      REQUIRE(kvgc_seq_create(H.h, 0, &shared[i]) == KVGC_OK);
+      REQUIRE(kvgc_seq_create(H.h, 0, &own[i]) == KVGC_OK);
+      CHECK(attach(H, shared[i], ids) == 150);
+      append_prompt(H, own[i], 0, 150);
+    }
+    H.check();
+    int64_t len = 150;
+    double worst = 0;  // relative score difference
+    for (int round = 0; round < 40; ++round) {
+      const uint32_t n = round == 0 ? 20 : 1 + round % 3;  // a private prompt part, then decode
+      for (int i = 0; i < N; ++i) {
+        const uint64_t key = 77 + uint64_t(i);  // each request its own tokens
+        for (kvgc_seq s : {shared[i], own[i]})
+          for (uint32_t l = 0; l < 2; ++l) {
+            const auto k = gaussian(H.m, key, l, len, n, false), v = gaussian(H.m, key, l, len, n, true);
+            REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+          }
+        for (uint32_t l = 0; l < 2; ++l) {
+          const auto a = attend(H, shared[i], l, key, len, n), b = attend(H, own[i], l, key, len, n);
+          if (!compaction) CHECK(a == b);
+        }
+        const kvgc_status a = H.step(shared[i]), b = H.step(own[i]);
+        CHECK(a == b);
+      }
+      len += n;
+    }
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < 2; ++l) {
+        const Image a = image(H, shared[i], l), b = image(H, own[i], l);
+        CHECK(a.pos.size() < size_t(len));  // the GC pruned
+        if (!compaction) {
+          CHECK(a == b);
+          continue;
+        }
+        std::vector<size_t> ra(a.pos.size()), rb(b.pos.size());
+        std::iota(ra.begin(), ra.end(), 0);
+        std::iota(rb.begin(), rb.end(), 0);
+        std::sort(ra.begin(), ra.end(), [&](size_t x, size_t y) { return a.pos[x] < a.pos[y]; });
+        std::sort(rb.begin(), rb.end(), [&](size_t x, size_t y) { return b.pos[x] < b.pos[y]; });
+        REQUIRE(ra.size() == rb.size());
+        for (size_t j = 0; j < ra.size(); ++j) {
+          CHECK(a.pos[ra[j]] == b.pos[rb[j]]);
+          CHECK(a.cls[ra[j]] == b.cls[rb[j]]);
+          CHECK(a.gen[ra[j]] == b.gen[rb[j]]);
+          const double x = a.score[ra[j]], y = b.score[rb[j]];
+          worst = std::max(worst, std::abs(x - y) / std::max(1e-6, std::abs(y)));
+        }
+      }
+    CHECK(worst < 1e-5);
+    const kvgc_stats st = H.stats();
+    if (ladder) CHECK(st.tokens_demoted > 0);
+    if (compaction) CHECK(st.compactions > 0);
+    CHECK(st.shared_pages > 0);
+    H.check();
+  }
+}
+
+TEST_CASE("prefix cache: another tenant never hits, and its lookup reads no byte of the arena") {
+  Heap H(gc_options(KVGC_POLICY_FULL, 0), model(1, 2, 32));
+  const auto ids = prompt_ids(64);
+  kvgc_seq a;
+  REQUIRE(kvgc_seq_create(H.h, 1, &a) == KVGC_OK);
+  append_prompt(H, a, 0, 64);
+  keep(H, a, ids);                 // tenant 1 only
+  keep(H, a, ids, /*salt=*/0xabc);  // anyone with the salt
+  CHECK(H.stats().prefixes == 2);
+  kvgc_seq b;
+  REQUIRE(kvgc_seq_create(H.h, 2, &b) == KVGC_OK);
+  // The arena unreadable while tenant 2 looks up (the CPU arena is host memory): a lookup
+  // that read a byte of a page would fault here.
+  const kvgc_stats st = H.stats();
+  const long os_page = sysconf(_SC_PAGESIZE);
+  // The arena's extent: from the page layout export's base and the stats' size.
+  kvgc_batch* batch = nullptr;
+  REQUIRE(kvgc_batch_create(H.h, &batch) == KVGC_OK);
+  const uint32_t one = 1;
+  REQUIRE(kvgc_batch_plan(batch, &a, &one, 1, nullptr, nullptr) == KVGC_OK);
+  const auto k = gaussian(H.m, kPromptKey, 0, 64, 1, false), v = gaussian(H.m, kPromptKey, 0, 64, 1, true);
+  REQUIRE(kvgc_batch_append(batch, 0, k.data(), v.data(), nullptr) == KVGC_OK);
+  kvgc_batch_view view;
+  view.struct_size = sizeof view;
+  REQUIRE(kvgc_batch_export(batch, 0, &view) == KVGC_OK);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(view.arena_base);
+  uint8_t* lo = reinterpret_cast<uint8_t*>((base + os_page - 1) / os_page * os_page);
+  const size_t span = (base + st.arena_bytes) / os_page * os_page - uintptr_t(lo);
+  kvgc_batch_destroy(batch);
+  REQUIRE(mprotect(lo, span, PROT_NONE) == 0);
+  uint64_t n_same = 1, n_wrong_salt = 1;
+  const kvgc_status s1 = kvgc_prefix_attach(H.h, b, ids.data(), ids.size(), 0, &n_same, nullptr);
+  const kvgc_status s2 = kvgc_prefix_attach(H.h, b, ids.data(), ids.size(), 0xabd, &n_wrong_salt, nullptr);
+  REQUIRE(mprotect(lo, span, PROT_READ | PROT_WRITE) == 0);
+  CHECK(s1 == KVGC_OK);
+  CHECK(n_same == 0);
+  CHECK(s2 == KVGC_OK);
+  CHECK(n_wrong_salt == 0);
+  CHECK(H.stats().prefix_hits == 0);
+  // With the salt, tenant 2 shares the pages; the pages stay charged to tenant 1.
+  CHECK(attach(H, b, ids, 0xabc) == 64);
+  CHECK(image(H, b, 0).k == gaussian(H.m, kPromptKey, 0, 0, 64, false));
+  REQUIRE(kvgc_tenant_set_limit(H.h, 2, 1 << 20) == KVGC_OK);
+  uint64_t bytes2 = 0;
+  REQUIRE(kvgc_tenant_usage(H.h, 2, &bytes2, nullptr) == KVGC_OK);
+  CHECK(bytes2 == H.stats().cls_header.page_bytes * ((64 + 7) / 8));
+  H.check();
+}
+
+TEST_CASE("prefix cache: room comes from cached prefixes in LRU order; pinned ones stay") {
+  kvgc_heap_options o = gc_options(KVGC_POLICY_FULL, 0);
+  o.budget_bytes = 1 << 20;
+  o.slab_bytes = 64 << 10;
+  Heap H(o, model(1, 2, 32));
+  // Cached prompts no sequence holds (the first pinned), until the arena is full: the
+  // append that finds no room evicts the least recently used unpinned prefix, the second.
+  std::vector<kvgc_prefix> kept;
+  std::vector<std::vector<int32_t>> prompts;
+  auto cache_one = [&](int i) {
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    H.append(s, 0, 0, 64);
+    prompts.push_back(prompt_ids(64, 1000 * i));
+    kept.push_back(keep(H, s, prompts.back(), 0, i == 0 ? KVGC_PREFIX_PIN : 0));
+    REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+  };
+  for (int i = 0; H.stats().prefix_evictions == 0; ++i) {
+    REQUIRE(i < 10000);
+    cache_one(i);
+  }
+  // Room moves between classes a slab at a time, so one call may evict several; always
+  // the oldest: the prefixes left are the newest ones, and the pinned one.
+  auto alive = [&](size_t j) { return kvgc_prefix_pin(H.h, kept[j], j == 0) == KVGC_OK; };
+  auto evicted_in_order = [&] {
+    size_t first_alive = 1;
+    while (first_alive < kept.size() && !alive(first_alive)) ++first_alive;
+    for (size_t j = first_alive; j < kept.size(); ++j)
+      if (!alive(j)) return false;
+    return alive(0) && first_alive > 1;
+  };
+  const size_t n = kept.size();
+  REQUIRE(n >= 5);
+  CHECK(evicted_in_order());
+  CHECK(H.stats().prefixes == n - H.stats().prefix_evictions);
+  H.check();
+  // An attach makes the oldest survivor the most recently used: it goes last.
+  size_t oldest = 1;
+  while (!alive(oldest)) ++oldest;
+  {
+    kvgc_seq t;
+    REQUIRE(kvgc_seq_create(H.h, 0, &t) == KVGC_OK);
+    CHECK(attach(H, t, prompts[oldest]) == 64);
+    REQUIRE(kvgc_seq_destroy(H.h, t) == KVGC_OK);
+  }
+  const uint64_t evictions = H.stats().prefix_evictions;
+  for (int i = int(n); H.stats().prefix_evictions == evictions; ++i) cache_one(i);
+  CHECK(!alive(oldest + 1));  // the next oldest went first
+  if (!alive(oldest))         // and the touched one only after every older-used one
+    for (size_t j = 1; j < n; ++j) CHECK(!alive(j));
+  H.check();
+  kvgc_seq big;
+  REQUIRE(kvgc_seq_create(H.h, 0, &big) == KVGC_OK);
+  H.append(big, 0, 0, 64);
+  kvgc_stats st;
+  // Everything but the pinned prefix can go; then KVGC_ENOMEM, with nothing lost.
+  int64_t at = 64;
+  kvgc_status last = KVGC_OK;
+  for (int i = 0; i < 10000 && last == KVGC_OK; ++i, at += 8) {
+    const auto k = gaussian(H.m, kPromptKey, 0, at, 8, false), v = gaussian(H.m, kPromptKey, 0, at, 8, true);
+    last = kvgc_append(H.h, big, 0, k.data(), v.data(), 8, nullptr);
+  }
+  CHECK(last == KVGC_ENOMEM);
+  st = H.stats();
+  CHECK(st.prefixes == 1);
+  CHECK(st.prefixes_pinned == 1);
+  CHECK(kvgc_prefix_pin(H.h, kept[0], 0) == KVGC_OK);
+  H.check();
+}
+
+TEST_CASE("prefix cache: bad arguments get a clear error and change nothing") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 40), model(2, 2, 32));
+  const auto ids = prompt_ids(50);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  append_prompt(H, s, 0, 50);
+  kvgc_prefix p = 0;
+  auto err = [&] { return std::string(kvgc_errmsg(H.h)); };
+  CHECK(kvgc_prefix_keep(H.h, s, ids.data(), 49, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(err().find("length") != std::string::npos);
+  CHECK(kvgc_prefix_keep(H.h, s, ids.data(), 0, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_prefix_keep(H.h, s, nullptr, 50, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(err().find("token_ids") != std::string::npos);
+  CHECK(kvgc_prefix_keep(H.h, s, ids.data(), 50, 0, 0x10, &p, nullptr) == KVGC_EINVAL);
+  CHECK(err().find("flags") != std::string::npos);
+  CHECK(kvgc_prefix_keep(H.h, 999, ids.data(), 50, 0, 0, &p, nullptr) == KVGC_ENOTFOUND);
+  CHECK(kvgc_prefix_keep(nullptr, s, ids.data(), 50, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(p == 0);
+  CHECK(H.stats().prefixes == 0);
+  CHECK(H.stats().shared_pages == 0);
+  // Ranked by a step: too late to keep.
+  REQUIRE(H.step(s) == KVGC_OK);
+  CHECK(kvgc_prefix_keep(H.h, s, ids.data(), 50, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(err().find("step") != std::string::npos);
+  // Attach: to a sequence that holds tokens; NULL arguments.
+  uint64_t n = 5;
+  CHECK(kvgc_prefix_attach(H.h, s, ids.data(), 50, 0, &n, nullptr) == KVGC_EINVAL);
+  CHECK(err().find("already holds") != std::string::npos);
+  CHECK(n == 5);
+  kvgc_seq t;
+  REQUIRE(kvgc_seq_create(H.h, 0, &t) == KVGC_OK);
+  CHECK(kvgc_prefix_attach(H.h, t, ids.data(), 50, 0, nullptr, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_prefix_attach(H.h, t, nullptr, 50, 0, &n, nullptr) == KVGC_EINVAL);
+  CHECK(kvgc_prefix_attach(H.h, t, ids.data(), 0, 0, &n, nullptr) == KVGC_OK);
+  CHECK(n == 0);
+  CHECK(kvgc_prefix_pin(H.h, 12345, 1) == KVGC_ENOTFOUND);
+  CHECK(kvgc_prefix_drop(H.h, 12345) == KVGC_ENOTFOUND);
+  CHECK(err().find("12345") != std::string::npos);
+  H.check();
+}
+
+TEST_CASE("prefix cache: attached sequences in one batch plan, pages exported with kv_offset") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 48), model(2, 2, 32));
+  const auto ids = prompt_ids(30);  // 3 full pages and a partly filled one
+  kvgc_seq keeper;
+  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+  append_prompt(H, keeper, 0, 30);
+  keep(H, keeper, ids);
+  kvgc_seq s[2];
+  for (auto& x : s) {
+    REQUIRE(kvgc_seq_create(H.h, 0, &x) == KVGC_OK);
+    CHECK(attach(H, x, ids) == 30);
+  }
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(H.h, &b) == KVGC_OK);
+  const uint32_t n_new[2] = {3, 3};
+  REQUIRE(kvgc_batch_plan(b, s, n_new, 2, nullptr, nullptr) == KVGC_OK);
+  CHECK(H.stats().cow_copies == 4);  // each sequence's shared partly filled tail, per layer
+  const auto k = gaussian(H.m, 5, 0, 30, 6, false), v = gaussian(H.m, 5, 0, 30, 6, true);
+  for (uint32_t l = 0; l < 2; ++l) REQUIRE(kvgc_batch_append(b, l, k.data(), v.data(), nullptr) == KVGC_OK);
+  kvgc_batch_view view;
+  view.struct_size = sizeof view;
+  REQUIRE(kvgc_batch_export(b, 0, &view) == KVGC_OK);
+  REQUIRE(view.n_pages == 2 * 5);  // 33 tokens each
+  uint32_t shared = 0;
+  for (uint32_t p = 0; p < view.n_pages; ++p) shared += view.kv_offset[p] != view.page_offset[p];
+  CHECK(shared == 2 * 3);  // the three full prompt pages of each
+  CHECK(view.kv_offset[0] == view.kv_offset[5]);  // the same shared page, two headers
+  CHECK(view.page_offset[0] != view.page_offset[5]);
+  // A 0.6 caller: no kv_offset, so a layer with shared pages is refused.
+  kvgc_batch_view old;
+  old.struct_size = KVGC_BATCH_VIEW_V1_SIZE;
+  CHECK(kvgc_batch_export(b, 0, &old) == KVGC_EUNSUPPORTED);
+  CHECK(std::string(kvgc_errmsg(H.h)).find("kv_offset") != std::string::npos);
+  REQUIRE(kvgc_batch_step(b, nullptr) == KVGC_OK);
+  kvgc_batch_destroy(b);
+  H.check();
+}
+
+TEST_CASE("prefix cache, charged to the cache: attached pages stay whole and out of every holder's budget") {
+  // KVGC_PREFIX_CHARGE=cache (the default): the prompt's whole pages are kept in each
+  // holder's view and held once; each holder's byte budget (a fraction of what it holds
+  // itself) prunes only its own tokens. The same requests without sharing prune the
+  // prompt too, and hold it N times.
+  for (const bool ladder : {false, true}) {
+    CAPTURE(ladder);
+    kvgc_heap_options o = gc_options(KVGC_POLICY_GENERATIONAL, 0);
+    o.budget_bytes = 32 << 20;
+    o.byte_budget_fraction = 0.3;
+    o.demote = ladder ? KVGC_DEMOTE_LADDER : KVGC_DEMOTE_OFF;
+    Heap H(o, model(2, 2, 32));
+    const uint32_t P = 203;  // 25 whole pages and 3 tokens
+    const auto ids = prompt_ids(P);
+    kvgc_seq keeper;
+    REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+    append_prompt(H, keeper, 0, P);
+    keep(H, keeper, ids);
+    REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+    constexpr int N = 4;
+    kvgc_seq s[N];
+    for (int i = 0; i < N; ++i) {
+      REQUIRE(kvgc_seq_create(H.h, 0, &s[i]) == KVGC_OK);
+      CHECK(attach(H, s[i], ids) == P);
+    }
+    int64_t len = P;
+    for (int round = 0; round < 60; ++round) {
+      const uint32_t n = round == 0 ? 40 : 2;
+      for (int i = 0; i < N; ++i) {
+        for (uint32_t l = 0; l < 2; ++l) {
+          const auto k = gaussian(H.m, 9 + i, l, len, n, false), v = gaussian(H.m, 9 + i, l, len, n, true);
+          REQUIRE(kvgc_append(H.h, s[i], l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+          attend(H, s[i], l, 9 + i, len, n);
+        }
+        const kvgc_status st = H.step(s[i]);
+        CHECK((st == KVGC_OK || st == KVGC_EBUDGET));
+      }
+      len += n;
+      if (round % 10 == 0) H.check();
+    }
+    const kvgc_stats st = H.stats();
+    CHECK(st.tokens_evicted + st.tokens_demoted > 0);  // each pruned its own tokens
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < 2; ++l) {
+        const Image im = image(H, s[i], l);
+        // The whole pages of the prompt, every token, fp16, in every view.
+        std::vector<bool> seen(len, false);
+        for (size_t j = 0; j < im.pos.size(); ++j) {
+          seen[size_t(im.pos[j])] = true;
+          if (im.pos[j] < 200) CHECK(im.cls[j] == KVGC_CLASS_FP16);
+        }
+        for (int32_t p = 0; p < 200; ++p) CHECK(seen[size_t(p)]);
+        // Its own tokens: pruned to about 30% of what it holds itself (pages included).
+        const size_t own = size_t(std::count_if(im.pos.begin(), im.pos.end(), [](int32_t p) { return p >= 200; }));
+        CHECK(own < size_t(len - 200));
+      }
+    // The prompt's pages are held once: 2 layers x 25 whole pages shared, plus the
+    // partly filled 26th (copied by each holder's first append).
+    CHECK(st.shared_pages == 2 * 26);
+    CHECK(st.cow_copies == 2 * N);
+    H.check();
+  }
+}

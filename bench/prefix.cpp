@@ -36,7 +36,7 @@ struct Workload {
 };
 
 uint64_t serve_bytes(const kvgc_model_desc& m, uint32_t pt, const Workload& w, bool share,
-                     double byte_fraction, bool ladder, uint64_t* demoted) {
+                     double byte_fraction, bool ladder, bool view, uint64_t* demoted) {
   kvgc_heap_options o;
   kvgc_heap_options_init(&o);
   o.flags |= KVGC_OPT_IGNORE_ENV;
@@ -46,6 +46,7 @@ uint64_t serve_bytes(const kvgc_model_desc& m, uint32_t pt, const Workload& w, b
   o.policy = byte_fraction > 0 ? KVGC_POLICY_GENERATIONAL : KVGC_POLICY_FULL;
   o.byte_budget_fraction = byte_fraction;
   if (!ladder) o.demote = KVGC_DEMOTE_OFF;  // else the default ladder decides the rungs
+  if (view) o.prefix_charge = KVGC_PREFIX_CHARGE_VIEW;  // each holder pays for what it keeps
   kvgc_heap* h = nullptr;
   if (!ok(kvgc_heap_create(&m, &o, &h), nullptr, "kvgc_heap_create")) return 0;
   const size_t row = size_t(m.n_kv_heads) * m.head_dim, qrow = size_t(m.n_q_heads) * m.head_dim;
@@ -190,15 +191,16 @@ int main(int argc, char** argv) {
   std::printf("\n%u requests: a shared %u-token prefix, %u tokens of their own, %u decode steps; "
               "arena bytes once all are in\n",
               w.requests, w.prefix, w.own, w.decode);
-  std::printf("%-26s %14s %14s %12s\n", "configuration", "bytes", "per request", "demoted");
-  double bytes[6] = {};
-  const char* names[6] = {"full cache", "full cache + sharing", "ladder 20%", "ladder 20% + sharing",
-                          "eviction 20%", "eviction 20% + sharing"};
-  for (int c = 0; c < 6; ++c) {
+  std::printf("%-30s %14s %14s %12s\n", "configuration", "bytes", "per request", "demoted");
+  double bytes[7] = {};
+  const char* names[7] = {"full cache", "full cache + sharing", "ladder 20%", "ladder 20% + sharing",
+                          "eviction 20%", "eviction 20% + sharing", "ladder 20% + sharing, view"};
+  for (int c = 0; c < 7; ++c) {
     uint64_t demoted = 0;
-    bytes[c] = double(serve_bytes(m, pt, w, c & 1, c >= 2 ? 0.2 : 0.0, c < 4, &demoted));
+    const bool share = c == 6 || (c & 1);
+    bytes[c] = double(serve_bytes(m, pt, w, share, c >= 2 ? 0.2 : 0.0, c < 4 || c == 6, c == 6, &demoted));
     if (bytes[c] == 0) return 1;
-    std::printf("%-26s %14.0f %14.0f %12llu\n", names[c], bytes[c], bytes[c] / w.requests,
+    std::printf("%-30s %14.0f %14.0f %12llu\n", names[c], bytes[c], bytes[c] / w.requests,
                 (unsigned long long)demoted);
   }
   const double best_alone = std::min(bytes[1], bytes[2]);
@@ -211,6 +213,7 @@ int main(int argc, char** argv) {
               per_page.back() / per_page.front(), last.c_str(), copy_last / attach_last);
   result.add("share_ladder_vs_best_alone", ratio(best_alone, bytes[3]));
   result.add("share_evict_vs_best_alone", ratio(best_evict_alone, bytes[5]));
+  result.add("share_ladder_view_vs_ladder", ratio(bytes[2], bytes[6]));
   result.add("share_vs_full", ratio(bytes[0], bytes[1]));
   result.add("prune_vs_full", ratio(bytes[0], bytes[2]));
   result.add("copy_vs_attach_" + last, ratio(copy_last, attach_last), 1);

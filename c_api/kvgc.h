@@ -155,8 +155,8 @@ typedef enum kvgc_harvest {
  * and its GC prunes the attached tokens like its own (a demoted shared token becomes a
  * private copy at the cheaper rung), so an attached sequence makes exactly the decisions
  * of one that appended the prompt itself.
- * Pages shared by kvgc_seq_fork are always charged as VIEW: a fork decides as the copy
- * it replaces. */
+ * kvgc_seq_fork pins nothing new: the copy is charged exactly as its source, so it decides
+ * as the copy it replaces. */
 typedef enum kvgc_prefix_charge {
   KVGC_PREFIX_CHARGE_CACHE = 0,
   KVGC_PREFIX_CHARGE_VIEW = 1

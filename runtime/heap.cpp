@@ -544,9 +544,9 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->slabs_total = a.slabs();
   o->slabs_free = a.free_slabs();
   o->free_bytes = uint64_t(a.free_slabs()) * a.slab_bytes();
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+  for (int c = 0; c < kNumClasses; ++c) {  // the storage classes, then header pages
     const ClassCounts& n = pool_.counts(c);
-    kvgc_class_stats& cs = c == KVGC_CLASS_INT8 ? o->cls_int8 : o->cls[c];
+    kvgc_class_stats& cs = c == kHeaderClass ? o->cls_header : c == KVGC_CLASS_INT8 ? o->cls_int8 : o->cls[c];
     cs.page_bytes = pool_.page_bytes(c);
     cs.slabs = n.slabs;
     cs.reserved_bytes = n.slabs * a.slab_bytes();
@@ -593,18 +593,6 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->attends = counters_.attends;
   o->scratch_bytes = scratch_bytes_ + batch_region_bytes_;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) o->tokens_demoted_to[c] = counters_.demoted_to[c];
-  {
-    const ClassCounts& n = pool_.counts(kHeaderClass);
-    kvgc_class_stats& cs = o->cls_header;
-    cs.page_bytes = pool_.page_bytes(kHeaderClass);
-    cs.slabs = n.slabs;
-    cs.reserved_bytes = n.slabs * a.slab_bytes();
-    cs.used_bytes = n.pages_used * cs.page_bytes;
-    cs.free_bytes = cs.reserved_bytes - cs.used_bytes;
-    cs.pages_used = n.pages_used;
-    cs.pages_free = n.pages_free;
-    o->free_bytes += cs.free_bytes;
-  }
   o->shared_pages = shared_.size();
   for (const auto& [p, sp] : shared_) {
     o->shared_bytes += pool_.page_bytes(pool_.class_of(p));

@@ -56,6 +56,31 @@ struct Heap {
     REQUIRE(kvgc_observe(h, s, layer, w.data(), w.size(), nullptr) == KVGC_OK);
   }
   kvgc_status step(kvgc_seq s) { return kvgc_step(h, s, nullptr); }
+
+  // Everything a segment holds, in read order: K/V, positions, scores, generations and
+  // storage classes (what fork and prefix tests compare between sequences).
+  struct Image {
+    std::vector<uint8_t> k, v;
+    std::vector<int32_t> pos;
+    std::vector<float> score;
+    std::vector<uint8_t> gen, cls;
+    bool operator==(const Image&) const = default;
+  };
+  Image image(kvgc_seq s, uint32_t layer) {
+    Image im;
+    uint64_t n = 0;
+    REQUIRE(kvgc_read(h, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
+    im.k.resize(n * token_bytes(m));
+    im.v.resize(im.k.size());
+    im.pos.resize(n);
+    im.score.resize(n);
+    im.gen.resize(n);
+    im.cls.resize(n);
+    REQUIRE(kvgc_read(h, s, layer, im.k.data(), im.v.data(), im.pos.data(), n, &n, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_read_scores(h, s, layer, im.score.data(), im.gen.data(), n, &n, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_read_classes(h, s, layer, im.cls.data(), n, &n, nullptr) == KVGC_OK);
+    return im;
+  }
 };
 
 inline kvgc_heap_options gc_options(kvgc_policy policy, uint64_t budget_tokens, uint32_t sinks = 4,

@@ -15,27 +15,8 @@ using namespace kvgc_test;
 namespace {
 
 // Everything a segment holds, in read order.
-struct Image {
-  std::vector<uint8_t> k, v;
-  std::vector<int32_t> pos;
-  std::vector<float> score;
-  std::vector<uint8_t> gen;
-  bool operator==(const Image&) const = default;
-};
-
-Image image(Heap& H, kvgc_seq s, uint32_t layer) {
-  Image im;
-  uint64_t n = 0;
-  REQUIRE(kvgc_read(H.h, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
-  im.k.resize(n * token_bytes(H.m));
-  im.v.resize(im.k.size());
-  im.pos.resize(n);
-  im.score.resize(n);
-  im.gen.resize(n);
-  REQUIRE(kvgc_read(H.h, s, layer, im.k.data(), im.v.data(), im.pos.data(), n, &n, nullptr) == KVGC_OK);
-  REQUIRE(kvgc_read_scores(H.h, s, layer, im.score.data(), im.gen.data(), n, &n, nullptr) == KVGC_OK);
-  return im;
-}
+using Image = Heap::Image;
+Image image(Heap& H, kvgc_seq s, uint32_t layer) { return H.image(s, layer); }
 
 }  // namespace
 

@@ -18,14 +18,18 @@ the middle as int8/int4 and evicts the rest, under token or byte budgets.
 Arrays (numpy, torch, DLPack) cross without a copy and are checked first: dtype, shape,
 C-contiguity and device; errors are kvgc.Error subclasses carrying kvgc_errmsg().
 
+Prompt caching (0.7): heap.keep_prefix(seq, token_ids) right after a sequence appended a
+prompt, then heap.attach_prefix(new_seq, token_ids) shares its pages with later requests
+(no K/V copy) and returns how many tokens to skip; heap.fork() shares pages too.
+
 Submodules: kvgc.transformers (a transformers Cache whose K/V live in kvgc pages, with
 kvgc's attention as attn_implementation="kvgc") and kvgc.kvpress (kvgc inside kvpress's
 pipeline and evaluation harness). Both need torch and transformers; this module needs
 only numpy for its own arrays.
 """
 from . import _kvgc
-from ._enums import (DType, Demote, Device, Generation, Harvest, LayerBudget, Policy, Status,
-                     StorageClass)
+from ._enums import (DType, Demote, Device, Generation, Harvest, LayerBudget, Policy,
+                     PrefixCharge, Status, StorageClass)
 from ._errors import (BudgetExceeded, DeviceError, Error, InternalError, InvalidArgument,
                       NotFound, OutOfMemory, Unsupported, BY_STATUS as _BY_STATUS)
 from ._heap import Batch, Heap, Stats, kv_bytes
@@ -36,7 +40,7 @@ _kvgc._set_error_types(dict(_BY_STATUS))
 # help() and tracebacks name the public classes by where users import them from.
 for _cls in (Heap, Batch, Stats, Error, InvalidArgument, OutOfMemory, BudgetExceeded, NotFound,
              DeviceError, Unsupported, InternalError, DType, Device, StorageClass, Policy,
-             Demote, Harvest, Generation, LayerBudget, Status):
+             Demote, Harvest, PrefixCharge, Generation, LayerBudget, Status):
     _cls.__module__ = "kvgc"
 del _cls
 
@@ -53,5 +57,5 @@ def version():
 __all__ = ["Heap", "Batch", "Stats", "kv_bytes", "version", "OPTION_NAMES",
            "Error", "InvalidArgument", "OutOfMemory", "BudgetExceeded", "NotFound",
            "DeviceError", "Unsupported", "InternalError",
-           "DType", "Device", "StorageClass", "Policy", "Demote", "Harvest", "Generation",
-           "LayerBudget", "Status", "PAGE_LAYOUT_VERSION", "STATS_VERSION"]
+           "DType", "Device", "StorageClass", "Policy", "Demote", "Harvest", "PrefixCharge",
+           "Generation", "LayerBudget", "Status", "PAGE_LAYOUT_VERSION", "STATS_VERSION"]

@@ -2,7 +2,7 @@
 import enum
 
 __all__ = ["Status", "DType", "Device", "StorageClass", "Policy", "Demote", "Harvest",
-           "Generation", "LayerBudget", "dtype_of"]
+           "PrefixCharge", "Generation", "LayerBudget", "dtype_of"]
 
 
 class Status(enum.IntEnum):
@@ -54,6 +54,12 @@ class Demote(enum.IntEnum):
 class Harvest(enum.IntEnum):
     DEFERRED = 0
     IMMEDIATE = 1
+
+
+class PrefixCharge(enum.IntEnum):
+    """Who pays for tokens attached from the prefix cache (KVGC_PREFIX_CHARGE, 0.7)."""
+    CACHE = 0  # kept whole in every holder's view, never pruned there, held and charged once
+    VIEW = 1   # each holder, as if it had appended them: its budgets count them, its GC prunes
 
 
 class Generation(enum.IntEnum):

@@ -46,7 +46,7 @@ class BudgetExceeded(Error):
 
 
 class NotFound(Error, LookupError):
-    """KVGC_ENOTFOUND: an unknown or destroyed sequence."""
+    """KVGC_ENOTFOUND: an unknown or destroyed sequence, or an unknown cached prefix."""
     status = 4
 
 

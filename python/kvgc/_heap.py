@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple, Union
 
-from ._enums import Device, DType, Policy, StorageClass, dtype_of
+from ._enums import Device, DType, Policy, PrefixCharge, StorageClass, dtype_of
 from ._errors import InvalidArgument
 from ._options import heap_options
 from . import _kvgc
@@ -17,6 +17,7 @@ from . import _kvgc
 __all__ = ["Heap", "Batch", "Stats", "kv_bytes"]
 
 Array = Any   # a numpy array, a torch tensor, or any DLPack tensor
+TokenIds = Union[Sequence[int], Array]  # a 1-D int32 host array, or a sequence of ints
 Stream = Union[None, int, Any]  # None, a cudaStream_t as an int, or an object with .cuda_stream
 
 _NO_SCORES = 0x1  # KVGC_ATTEND_NO_SCORES
@@ -38,6 +39,14 @@ def _stream(stream):
                           "object with .cuda_stream (torch.cuda.Stream)")
 
 
+def _salt(salt):
+    """A prefix's salt: an int in [0, 2**64); 0 means visible to the keeper's tenant only."""
+    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < 1 << 64:
+        raise InvalidArgument(f"salt={salt!r}: expected an int in [0, 2**64) (0: the tenant's "
+                              "own prefixes)")
+    return salt
+
+
 def _is_torch(a):
     return type(a).__module__.startswith("torch")
 
@@ -52,11 +61,22 @@ def _empty_like(a, shape):
 
 
 class Stats:
-    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 3): every field as an attribute.
+    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 4): every field as an attribute.
 
     The ones most users want: ``live_tokens``, ``used_bytes`` (bytes of pages in use, every
-    class), ``arena_bytes``, ``tokens_evicted``, ``tokens_demoted``, ``compactions``,
-    ``fragmentation``; ``classes["fp16"|"int8"|"int4"]`` holds each storage class's pages.
+    class and the header pages), ``arena_bytes``, ``tokens_evicted``, ``tokens_demoted``,
+    ``compactions``, ``fragmentation``; ``classes["fp16"|"int8"|"int4"]`` holds each storage
+    class's pages.
+
+    Shared pages and the prefix cache (version 4, 0.7): ``cls_header`` (the header pages:
+    each holder's own metadata of a shared page; the same keys as a ``classes`` entry),
+    ``shared_pages`` (pages held through header pages or cached prefixes), ``shared_bytes``
+    (their bytes, each counted once, in ``classes`` too), ``shared_refs`` (header pages plus
+    cached prefixes' references to them), ``prefixes`` and ``prefixes_pinned`` (cached
+    prefixes now), ``prefix_lookups`` (attach_prefix calls), ``prefix_hits`` (those that
+    attached a token), ``prefix_tokens_attached``, ``prefix_evictions`` (cached prefixes
+    evicted for room), ``pages_shared`` (pages made shared by keep or fork), ``cow_copies``
+    (shared partly filled pages copied on a first write).
     """
 
     def __init__(self, fields):
@@ -89,11 +109,19 @@ class Heap(_kvgc.Heap):
         demote           "off", "int4", "int8", "int8,int4" (the ladder, default)
         layer_budget     "uniform", "pyramid", "entropy" (with layer_weights=[...])
         harvest          "deferred" (default) or "immediate"
+        prefix_charge    "cache" (default) or "view": who pays for tokens attached from the
+                         prefix cache (attach_prefix): the cache (kept whole in every
+                         holder's view, never pruned there, held once) or each holder (its
+                         budgets count them and its GC prunes them like its own)
         cpu_threads      int or "auto" (KVGC_THREADS)
         verbose          bool: print the effective configuration to stderr
         first_layer, total_layers   a pipeline rank's range of the model's layers
         budget_bytes, budget_fraction, cuda_device, slab_bytes: the raw C fields
         ignore_env       True: the KVGC_* environment is not read (it overrides otherwise)
+
+    Prompt caching (the prefix cache, 0.7): keep_prefix() a prompt a sequence has just
+    appended, attach_prefix() it to later sequences (shared pages, no K/V copy),
+    pin_prefix(), drop_prefix().
 
     Use it as a context manager, or call close(); a closed heap raises InvalidArgument.
     """
@@ -131,11 +159,71 @@ class Heap(_kvgc.Heap):
         o = self._options()
         o["device"] = Device(o["device"])
         o["policy"] = Policy(o["policy"])
+        o["prefix_charge"] = PrefixCharge(o["prefix_charge"])
         return o
 
     def fork(self, seq: int, tenant: int = 0, stream: Stream = None) -> int:
-        """A new sequence of `tenant` holding a copy of seq's whole cache and GC state."""
+        """A new sequence of `tenant` holding a copy of seq's whole cache and GC state; the
+        two continue independently. Since 0.7 the copy shares seq's pages (no K/V byte is
+        copied, stats().shared_pages counts them): each sequence gets a small header page
+        per shared page, and the first to write into a shared partly filled page copies
+        it. The shared pages stay charged to seq's tenant, the header pages to `tenant`.
+        All or nothing: OutOfMemory, or BudgetExceeded past a tenant's quota."""
         return self._fork(seq, tenant, _stream(stream))
+
+    # ---- the prefix cache (0.7) --------------------------------------------------------
+    def keep_prefix(self, seq: int, token_ids: TokenIds, *, salt: int = 0, pin: bool = False,
+                    stream: Stream = None) -> int:
+        """Keeps seq's cache of a prompt as a cached prefix; returns its handle (an int).
+
+        token_ids: the ids the engine appended (a 1-D int32 host array, or a sequence of
+        ints); every layer of seq must hold exactly len(token_ids) tokens, and no step()
+        may have ranked them yet: keep a prompt right after appending it (InvalidArgument
+        otherwise). seq's pages become shared (no K/V byte is copied) and stay in the heap,
+        indexed page by page by a chain of hashes of the ids; seq continues unchanged.
+
+        Visibility: with salt=0 the prefix is found only by sequences of seq's tenant;
+        with a salt, by any sequence passing the same salt, whatever its tenant (vLLM's
+        cache_salt). Keeping ids already cached with the same visibility returns that
+        prefix's handle (pin still applies) and changes nothing else.
+
+        Room: when the arena is short, cached prefixes that are not pinned are evicted in
+        least-recently-used order before anything raises OutOfMemory; pin=True (or
+        pin_prefix) exempts this one. OutOfMemory when the header pages do not fit,
+        BudgetExceeded past seq's tenant quota; either way nothing changed.
+        """
+        flags = _kvgc.PREFIX_PIN if pin else 0
+        return self._prefix_keep(seq, token_ids, _salt(salt), flags, _stream(stream))
+
+    def attach_prefix(self, seq: int, token_ids: TokenIds, *, salt: int = 0,
+                      stream: Stream = None) -> int:
+        """Attaches to seq the longest cached prefix of token_ids visible to seq's tenant
+        and `salt` (see keep_prefix); returns the tokens attached (0: nothing matched, seq
+        unchanged).
+
+        seq must hold no token yet (InvalidArgument otherwise). A prefix matches by whole
+        pages, plus a cached prefix's partly filled last page when all of its tokens match;
+        attaching copies no K/V byte (it reads no page of a prefix that does not match).
+        seq then holds what appending those tokens' K/V would have given it (positions,
+        sinks, generations, no score); append token_ids[n:] yourself and go on as with
+        any sequence (its first write into a shared partly filled page copies that page).
+        Who pays for the attached tokens is the heap's prefix_charge option: "cache" (the
+        default) keeps the attached whole pages whole in seq's view, never pruned by its
+        GC nor counted by its budgets; "view" prunes them as seq's own tokens. Attaching
+        makes the prefix the most recently used. OutOfMemory / BudgetExceeded (seq's
+        tenant pays its header pages) change nothing.
+        """
+        return self._prefix_attach(seq, token_ids, _salt(salt), _stream(stream))
+
+    def pin_prefix(self, prefix: int, pinned: bool = True) -> None:
+        """Pins (or, pinned=False, unpins) a cached prefix: a pinned one is never evicted
+        for room. NotFound for an unknown handle (never kept, dropped or evicted)."""
+        self._prefix_pin(prefix, bool(pinned))
+
+    def drop_prefix(self, prefix: int) -> None:
+        """Drops a cached prefix now: the pages no sequence holds go back to the pool
+        (sequences attached to it keep theirs). NotFound for an unknown handle."""
+        self._prefix_drop(prefix)
 
     def append(self, seq: int, layer: int, k: Array, v: Array, stream: Stream = None) -> None:
         """Appends k and v ([n, n_kv_heads, head_dim]) to segment (seq, layer); all or
@@ -310,7 +398,14 @@ class Batch(_kvgc.Batch):
     def export(self, layer: int) -> dict:
         """The planned batch's page tables for `layer` (kvgc_batch_view) as a dict: numpy
         copies on the CPU, device addresses (ints) on CUDA; with heap.page_layout() an
-        engine's own kernel reads the pages."""
+        engine's own kernel reads the pages.
+
+        Keys: n_seqs, n_pages, n_rows, page_tokens, arena_base, page_indptr, page_offset,
+        page_class, q_indptr, q_pos0, kv_offset. Page layout version 2 (0.7): a page may
+        be shared (fork, the prefix cache); its header (live bits, positions, scores,
+        generations: the sequence's own view) is at arena_base + page_offset[p], its K, V
+        and scales at arena_base + kv_offset[p] (read only). A private page has
+        kv_offset[p] == page_offset[p]."""
         return self._export(layer)
 
 

@@ -10,13 +10,15 @@ def version() -> str:
 
 def version_number() -> int: ...
 
-HEADER_VERSION: str = '0.6.0'
+HEADER_VERSION: str = '0.7.0'
 
-PAGE_LAYOUT_VERSION: int = 1
+PAGE_LAYOUT_VERSION: int = 2
 
-STATS_VERSION: int = 3
+STATS_VERSION: int = 4
 
 BATCH_SEQ_DEFER_STEP: int = 1
+
+PREFIX_PIN: int = 1
 
 def status_str(arg: int, /) -> str: ...
 

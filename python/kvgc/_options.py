@@ -6,7 +6,7 @@ the default. As in C, the environment overrides these unless ignore_env=True.
 """
 import os
 
-from ._enums import Demote, Device, Harvest, LayerBudget, Policy
+from ._enums import Demote, Device, Harvest, LayerBudget, Policy, PrefixCharge
 from ._errors import InvalidArgument
 
 __all__ = ["heap_options", "OPTION_NAMES"]
@@ -20,9 +20,10 @@ _CHOICES = {
     "layer_budget": {"uniform": LayerBudget.UNIFORM, "pyramid": LayerBudget.PYRAMID,
                      "entropy": LayerBudget.ENTROPY},
     "harvest": {"deferred": Harvest.DEFERRED, "immediate": Harvest.IMMEDIATE},
+    "prefix_charge": {"cache": PrefixCharge.CACHE, "view": PrefixCharge.VIEW},
 }
 _ENUMS = {"device": Device, "policy": Policy, "demote": Demote, "layer_budget": LayerBudget,
-          "harvest": Harvest}
+          "harvest": Harvest, "prefix_charge": PrefixCharge}
 _COUNTS = ("sinks", "window", "page_tokens", "seed", "slab_bytes", "first_layer",
            "total_layers", "cuda_device", "budget_bytes")
 _REALS = ("compact_threshold", "score_noise", "recent_decay", "budget_fraction")

@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -261,6 +263,68 @@ uint32_t to_u32(uint64_t v, const char* name) {
   return uint32_t(v);
 }
 
+// Token ids (the prefix cache): a 1-D int32 array on the host (numpy, a CPU torch tensor,
+// any DLPack or buffer-protocol array; C-contiguous; read in place, held while the object
+// lives), or a Python sequence of ints (each an int32; copied into storage_). data() is
+// never NULL, so that kvgc, not the binding, judges an empty list (n_tokens 0).
+class TokenIds {
+ public:
+  TokenIds(nb::handle obj, const char* name) {
+    PyObject* o = obj.ptr();
+    const bool array = !PyList_Check(o) && !PyTuple_Check(o) &&
+                       (PyObject_CheckBuffer(o) || PyObject_HasAttrString(o, "__dlpack__"));
+    if (array) {
+      const View& a = view_.emplace(obj, name, false);  // held: the ids are read in place
+      if (a.device_type() != nb::device::cpu::value) {
+        invalid(std::string(name) + " is on " +
+                (a.device_type() == nb::device::cuda::value
+                     ? "cuda:" + std::to_string(a.device_id())
+                     : "device type " + std::to_string(a.device_type())) +
+                "; token ids are read on the host: pass a CPU array or a sequence of ints");
+      }
+      data_ = static_cast<const int32_t*>(
+          checked(a, name, kI32, {-1}, Where{nb::device::cpu::value, 0}, &n_));
+      if (!data_) data_ = &empty_;
+      return;
+    }
+    if (!PySequence_Check(o) || PyUnicode_Check(o) || PyDict_Check(o)) {
+      throw nb::type_error((std::string(name) + " must be a 1-D int32 array or a sequence of "
+                            "ints, not " + nb::inst_name(obj).c_str()).c_str());
+    }
+    nb::object seq = nb::steal(PySequence_Fast(o, name));
+    if (!seq.is_valid()) throw nb::python_error();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+    storage_.resize(size_t(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const std::string at = std::string(name) + "[" + std::to_string(i) + "]";
+      nb::object index = nb::steal(PyNumber_Index(items[i]));
+      if (!index.is_valid()) {
+        PyErr_Clear();
+        throw nb::type_error(
+            (at + " must be an int, not " + nb::inst_name(items[i]).c_str()).c_str());
+      }
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+      if (overflow || v < INT32_MIN || v > INT32_MAX) {
+        invalid(at + " = " + nb::repr(index).c_str() + " is not an int32 token id");
+      }
+      storage_[size_t(i)] = int32_t(v);
+    }
+    n_ = uint64_t(n);
+    data_ = storage_.empty() ? &empty_ : storage_.data();
+  }
+  const int32_t* data() const { return data_; }
+  uint64_t size() const { return n_; }
+
+ private:
+  std::optional<View> view_;
+  std::vector<int32_t> storage_;
+  const int32_t* data_ = nullptr;
+  uint64_t n_ = 0;
+  int32_t empty_ = 0;
+};
+
 // Runs one kvgc call with the GIL released (the heap has its own lock), so other Python
 // threads run while kvgc works.
 template <class F>
@@ -326,6 +390,38 @@ class Heap {
     kvgc_status st = without_gil([&] { return kvgc_seq_fork(h, seq, tenant, &out, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_seq_fork");
     return out;
+  }
+  // The prefix cache (0.7).
+  uint64_t prefix_keep(uint64_t seq, nb::handle ids_obj, uint64_t salt, uint32_t flags,
+                       uintptr_t stream) {
+    const TokenIds ids(ids_obj, "token_ids");
+    kvgc_heap* h = get();
+    kvgc_prefix out = 0;
+    kvgc_status st = without_gil([&] {
+      return kvgc_prefix_keep(h, seq, ids.data(), ids.size(), salt, flags, &out,
+                              reinterpret_cast<void*>(stream));
+    });
+    check_status(st, h, "kvgc_prefix_keep");
+    return out;
+  }
+  uint64_t prefix_attach(uint64_t seq, nb::handle ids_obj, uint64_t salt, uintptr_t stream) {
+    const TokenIds ids(ids_obj, "token_ids");
+    kvgc_heap* h = get();
+    uint64_t n = 0;
+    kvgc_status st = without_gil([&] {
+      return kvgc_prefix_attach(h, seq, ids.data(), ids.size(), salt, &n,
+                                reinterpret_cast<void*>(stream));
+    });
+    check_status(st, h, "kvgc_prefix_attach");
+    return n;
+  }
+  void prefix_pin(uint64_t prefix, bool pinned) {
+    check_status(kvgc_prefix_pin(get(), prefix, pinned ? 1 : 0), heap_, "kvgc_prefix_pin");
+  }
+  void prefix_drop(uint64_t prefix) {
+    kvgc_heap* h = get();
+    kvgc_status st = without_gil([&] { return kvgc_prefix_drop(h, prefix); });
+    check_status(st, h, "kvgc_prefix_drop");
   }
   std::tuple<uint64_t, uint64_t> tokens(uint64_t seq, uint32_t layer) {
     uint64_t live = 0, length = 0;
@@ -669,6 +765,7 @@ nb::dict Batch::export_view(uint32_t layer) {
     d["page_class"] = numpy_copy(v.page_class, v.n_pages, empty, "uint8");
     d["q_indptr"] = numpy_copy(v.q_indptr, v.n_seqs + 1, empty, "uint32");
     d["q_pos0"] = numpy_copy(v.q_pos0, v.n_seqs, empty, "int32");
+    d["kv_offset"] = numpy_copy(v.kv_offset, v.n_pages, empty, "uint64");
   } else {
     // Device arrays: their addresses, valid until the plan is spent or stale.
     d["page_indptr"] = reinterpret_cast<uintptr_t>(v.page_indptr);
@@ -676,6 +773,7 @@ nb::dict Batch::export_view(uint32_t layer) {
     d["page_class"] = reinterpret_cast<uintptr_t>(v.page_class);
     d["q_indptr"] = reinterpret_cast<uintptr_t>(v.q_indptr);
     d["q_pos0"] = reinterpret_cast<uintptr_t>(v.q_pos0);
+    d["kv_offset"] = reinterpret_cast<uintptr_t>(v.kv_offset);
   }
   return d;
 }
@@ -692,7 +790,7 @@ nb::dict Batch::export_view(uint32_t layer) {
   X(layer_budget, kvgc_layer_budget) X(score_noise, double) X(seed, uint64_t)              \
   X(slab_bytes, uint32_t) X(verbose, int) X(harvest, kvgc_harvest) X(cpu_threads, uint32_t) \
   X(byte_budget, uint64_t) X(byte_budget_fraction, double) X(recent_decay, double)         \
-  X(first_layer, uint32_t) X(total_layers, uint32_t)
+  X(first_layer, uint32_t) X(total_layers, uint32_t) X(prefix_charge, kvgc_prefix_charge)
 
 template <typename T>
 T option_from(nb::handle value, const char* name) {
@@ -782,8 +880,16 @@ nb::dict Heap::stats() {
   cls["int4"] = class_stats(s.cls[KVGC_CLASS_INT4]);
   cls["int8"] = class_stats(s.cls_int8);
   d["classes"] = cls;
+  d["cls_header"] = class_stats(s.cls_header);
+  // Pages in use, header pages included: arena_bytes - scratch_bytes - free_bytes.
   d["used_bytes"] = s.cls[KVGC_CLASS_FP16].used_bytes + s.cls[KVGC_CLASS_INT4].used_bytes +
-                    s.cls_int8.used_bytes;
+                    s.cls_int8.used_bytes + s.cls_header.used_bytes;
+#define KVGC_STAT(f) d[#f] = s.f
+  KVGC_STAT(shared_pages); KVGC_STAT(shared_bytes); KVGC_STAT(shared_refs); KVGC_STAT(prefixes);
+  KVGC_STAT(prefixes_pinned); KVGC_STAT(prefix_lookups); KVGC_STAT(prefix_hits);
+  KVGC_STAT(prefix_tokens_attached); KVGC_STAT(prefix_evictions); KVGC_STAT(pages_shared);
+  KVGC_STAT(cow_copies);
+#undef KVGC_STAT
   return d;
 }
 
@@ -851,6 +957,7 @@ NB_MODULE(_kvgc, m) {
   m.attr("PAGE_LAYOUT_VERSION") = KVGC_PAGE_LAYOUT_VERSION;
   m.attr("STATS_VERSION") = KVGC_STATS_VERSION;
   m.attr("BATCH_SEQ_DEFER_STEP") = KVGC_BATCH_SEQ_DEFER_STEP;
+  m.attr("PREFIX_PIN") = KVGC_PREFIX_PIN;
   m.def("status_str", [](int s) { return std::string(kvgc_status_str(s)); });
   m.def("errmsg", [] { return std::string(kvgc_errmsg(nullptr)); },
         "The calling thread's last kvgc error message.");
@@ -871,6 +978,11 @@ NB_MODULE(_kvgc, m) {
       .def("free_sequence", &Heap::free_sequence, "seq"_a,
            "Frees the sequence's pages at once (NotFound for an unknown id).")
       .def("_fork", &Heap::fork, "seq"_a, "tenant"_a, "stream"_a)
+      .def("_prefix_keep", &Heap::prefix_keep, "seq"_a, "token_ids"_a, "salt"_a, "flags"_a,
+           "stream"_a)
+      .def("_prefix_attach", &Heap::prefix_attach, "seq"_a, "token_ids"_a, "salt"_a, "stream"_a)
+      .def("_prefix_pin", &Heap::prefix_pin, "prefix"_a, "pinned"_a)
+      .def("_prefix_drop", &Heap::prefix_drop, "prefix"_a)
       .def("tokens", &Heap::tokens, "seq"_a, "layer"_a,
            "(live, length) of segment (seq, layer): live tokens, and tokens ever appended\n"
            "(the logical length positions continue from).")

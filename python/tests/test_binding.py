@@ -153,6 +153,7 @@ def test_bad_arguments_name_themselves():
     (dict(windw=3), "unknown heap option 'windw'"),
     (dict(page_tokens=0), "page_tokens"),
     (dict(recent_decay=2.0), "recent_decay"),
+    (dict(prefix_charge="heap"), "prefix_charge='heap'"),
 ])
 def test_bad_options(kw, what):
     with pytest.raises(kvgc.InvalidArgument, match=what.replace("(", r"\(")):
@@ -163,15 +164,17 @@ def test_every_option_reaches_the_heap():
     heap = make_heap(policy="h2o", token_budget=0.5, sinks=2, window=8, page_tokens=8,
                      compact_threshold=0.5, demote="int4", layer_budget="pyramid",
                      score_noise=0.25, seed=42, harvest="immediate", cpu_threads=2,
-                     recent_decay=0.9, verbose=False)
+                     recent_decay=0.9, verbose=False, prefix_charge="view")
     o = heap.options
     assert o["policy"] == kvgc.Policy.H2O and o["token_budget_fraction"] == 0.5
     assert (o["sinks"], o["window"], o["page_tokens"], o["seed"]) == (2, 8, 8, 42)
     assert o["demote"] == kvgc.Demote.INT4 and o["layer_budget"] == kvgc.LayerBudget.PYRAMID
     assert o["harvest"] == kvgc.Harvest.IMMEDIATE and o["cpu_threads"] == 2
     assert o["compact_threshold"] == 0.5 and o["score_noise"] == 0.25 and o["recent_decay"] == 0.9
-    assert o["budget_bytes"] == 16 << 20
+    assert o["budget_bytes"] == 16 << 20 and o["prefix_charge"] == kvgc.PrefixCharge.VIEW
     heap.close()
+    with make_heap() as heap:
+        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.CACHE  # the default
     heap = make_heap(byte_budget="10%", token_budget=100, budget=0.01,
                      layer_budget="entropy", layer_weights=[1.0, 3.0])
     o = heap.options
@@ -345,6 +348,27 @@ def test_batch_plan_names_the_sequence_that_does_not_fit():
         assert heap.tokens(small, 0) == (0, 0)
 
 
+def page_bytes(view, lay, offsets, p):
+    base = view["arena_base"] + int(view[offsets][p])
+    return np.ctypeslib.as_array((ctypes.c_uint8 * lay["page_bytes"]).from_address(base))
+
+
+def decode_pages(view, lay, keys, positions, pages=None):
+    """Page layout version 2: each page's header (live bits, positions) at page_offset, its
+    K/V at kv_offset; fills keys[(pos, head)] and positions[pos] from every live slot."""
+    pt = view["page_tokens"]
+    for p in range(view["n_pages"]) if pages is None else pages:
+        hdr, kv = page_bytes(view, lay, "page_offset", p), page_bytes(view, lay, "kv_offset", p)
+        live = hdr[lay["live_offset"]:lay["live_offset"] + 4 * ((pt + 31) // 32)].view(np.uint32)
+        pos = hdr[lay["pos_offset"]:lay["pos_offset"] + 4 * pt].view(np.int32)
+        for s in range(pt):
+            if live[s // 32] >> (s % 32) & 1:
+                for h in range(KVH):
+                    at = lay["k_offset"] + h * lay["head_stride"] + s * lay["slot_stride"]
+                    keys[(int(pos[s]), h)] = kv[at:at + 4 * D].view(np.float32).copy()
+                positions[int(pos[s])] = True
+
+
 def test_pages_read_through_the_documented_layout_equal_read():
     with make_heap(policy="full", page_tokens=8) as heap:
         seq = heap.new_sequence()
@@ -358,17 +382,9 @@ def test_pages_read_through_the_documented_layout_equal_read():
         lay = heap.page_layout("fp16")
         assert lay["version"] == kvgc.PAGE_LAYOUT_VERSION and view["n_pages"] == 3
         keys, positions = {}, {}
-        for p in range(view["n_pages"]):
-            base = view["arena_base"] + int(view["page_offset"][p])
-            raw = np.ctypeslib.as_array((ctypes.c_uint8 * lay["page_bytes"]).from_address(base))
-            live = raw[lay["live_offset"]:lay["live_offset"] + 4].view(np.uint32)[0]
-            pos = raw[lay["pos_offset"]:lay["pos_offset"] + 4 * 8].view(np.int32)
-            for s in range(8):
-                if live >> s & 1:
-                    for h in range(KVH):
-                        at = lay["k_offset"] + h * lay["head_stride"] + s * lay["slot_stride"]
-                        keys[(int(pos[s]), h)] = raw[at:at + 4 * D].view(np.float32)
-                    positions[int(pos[s])] = True
+        # A private page: its K/V where its header is.
+        np.testing.assert_array_equal(view["kv_offset"], view["page_offset"])
+        decode_pages(view, lay, keys, positions)
         batch.step()
         k, _, pos = heap.read(seq, 0)
         assert sorted(positions) == sorted(pos.tolist()) == list(range(21))
@@ -448,3 +464,331 @@ def test_observe_prefill_inside_the_plan_equals_the_per_sequence_calls():
         seq = heap.new_sequence()
         with pytest.raises(kvgc.InvalidArgument, match="scored_rows has 2 entries"):
             heap.batch().plan([seq], [1], scored_rows=[1, 1])
+
+
+# ---- the prefix cache and shared pages (0.7) ------------------------------------------
+
+PT = 8  # page_tokens of the prefix tests: 30 prompt tokens are 3 full pages and a partial one
+
+
+def prefix_heap(**kw):
+    kw.setdefault("policy", "full")
+    kw.setdefault("page_tokens", PT)
+    return make_heap(**kw)
+
+
+def pages(n):
+    return (n + PT - 1) // PT
+
+
+def prefix_state(heap):
+    """What a failed prefix call must leave as it was."""
+    s = heap.stats()
+    return (s.prefixes, s.prefixes_pinned, s.shared_pages, s.shared_refs, s.pages_shared,
+            s.live_tokens, s.classes["fp16"]["pages_used"], s.cls_header["pages_used"],
+            s.prefix_lookups, s.prefix_hits, s.prefix_tokens_attached)
+
+
+def keeper_with_prompt(heap, n=30, tenant=0, seed=1):
+    seq = heap.new_sequence(tenant)
+    k, v = fill(heap, seq, n, seed=seed)
+    return seq, k, v, list(range(100, 100 + n))
+
+
+def test_prefix_stats_fields_and_constants():
+    assert kvgc.STATS_VERSION == 4 and kvgc.PAGE_LAYOUT_VERSION == 2
+    assert kvgc._kvgc.PREFIX_PIN == 1
+    with prefix_heap() as heap:
+        s = heap.stats()
+        assert s.version == 4
+        for f in ("shared_pages", "shared_bytes", "shared_refs", "prefixes", "prefixes_pinned",
+                  "prefix_lookups", "prefix_hits", "prefix_tokens_attached",
+                  "prefix_evictions", "pages_shared", "cow_copies"):
+            assert getattr(s, f) == 0, f
+        assert set(s.cls_header) == set(s.classes["fp16"]) and s.cls_header["page_bytes"] > 0
+        assert s.cls_header["page_bytes"] < s.classes["fp16"]["page_bytes"]
+    for name in ("keep_prefix", "attach_prefix", "pin_prefix", "drop_prefix"):
+        assert getattr(kvgc.Heap, name).__doc__
+    doc = kvgc.Heap.keep_prefix.__doc__
+    assert "salt" in doc and "tenant" in doc and "least-recently-used" in doc and "step" in doc
+
+
+def test_prefix_keep_attach_round_trip():
+    with prefix_heap() as heap:
+        keeper, k, v, ids = keeper_with_prompt(heap)
+        before = heap.stats()
+        p = heap.keep_prefix(keeper, ids)
+        assert isinstance(p, int) and p != 0
+        s = heap.stats()
+        assert (s.prefixes, s.prefixes_pinned) == (1, 0)
+        assert s.shared_pages == L * pages(30) and s.pages_shared == L * pages(30)
+        assert s.shared_refs == 2 * L * pages(30)  # the keeper's header pages and the prefix
+        assert s.classes["fp16"]["pages_used"] == before.classes["fp16"]["pages_used"]  # no copy
+        # The same ids again (an array this time): the same prefix, nothing else changes.
+        assert heap.keep_prefix(keeper, np.array(ids, np.int32)) == p
+        assert heap.stats().prefixes == 1
+
+        seq = heap.new_sequence()
+        pre = heap.stats()
+        assert heap.attach_prefix(seq, np.array(ids, np.int32)) == 30
+        post = heap.stats()
+        # No K/V page allocated by the attach: a header page per shared page, that is all.
+        assert post.classes["fp16"]["pages_used"] == pre.classes["fp16"]["pages_used"]
+        assert post.cls_header["pages_used"] == pre.cls_header["pages_used"] + L * pages(30)
+        assert post.shared_pages == pre.shared_pages
+        assert (post.prefix_lookups, post.prefix_hits, post.prefix_tokens_attached) == (1, 1, 30)
+        assert post.used_bytes == post.arena_bytes - post.scratch_bytes - post.free_bytes
+        for layer in range(L):
+            assert heap.tokens(seq, layer) == (30, 30)
+            ka, va, pa = heap.read(seq, layer)
+            kk, vk, pk = heap.read(keeper, layer)
+            np.testing.assert_array_equal(ka, kk)
+            np.testing.assert_array_equal(va, vk)
+            np.testing.assert_array_equal(ka, k)
+            np.testing.assert_array_equal(va, v)
+            np.testing.assert_array_equal(pa, np.arange(30))
+            scores, gens = heap.read_scores(seq, layer)
+            np.testing.assert_array_equal(scores, np.zeros(30, np.float32))
+            assert (gens[:4] == kvgc.Generation.SINK).all()
+        heap.check()
+        # The attached sequence goes on as any: its first write copies the shared tail page.
+        k2, v2 = rand(5, KVH, D, seed=9), rand(5, KVH, D, seed=10)
+        for layer in range(L):
+            heap.append(seq, layer, k2, v2)
+        assert heap.stats().cow_copies == L
+        out = heap.attend(seq, 0, rand(1, QH, D, seed=11))
+        ref, _ = reference_attention(rand(1, QH, D, seed=11), np.concatenate([k, k2]),
+                                     np.concatenate([v, v2]))
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(heap.read(keeper, 0)[0], k)  # the prefix is untouched
+        heap.check()
+
+
+def test_prefix_partial_match():
+    with prefix_heap() as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap)
+        heap.keep_prefix(keeper, ids)
+        differs = list(ids)
+        differs[13] = -5          # page 1: only page 0 matches
+        tail_differs = list(ids)
+        tail_differs[29] = -1     # the partly filled page must match whole
+        cases = [(ids + [1, 2, 3], 30),   # longer: the whole prefix, the rest is the engine's
+                 (ids[:20], 16),          # shorter: whole pages only
+                 (differs, 8), (tail_differs, 24), (ids[:7], 0),
+                 ([i + 1 for i in ids], 0), ([], 0)]
+        for want_ids, want in cases:
+            seq = heap.new_sequence()
+            got = heap.attach_prefix(seq, want_ids)
+            assert got == want, (want_ids[:3], got)
+            for layer in range(L):
+                assert heap.tokens(seq, layer) == (want, want)
+            if want:
+                np.testing.assert_array_equal(heap.read(seq, 0)[0], k[:want])
+            heap.free_sequence(seq)
+        s = heap.stats()
+        assert (s.prefix_lookups, s.prefix_hits) == (len(cases), 4)
+        assert s.prefix_tokens_attached == 30 + 16 + 8 + 24
+        heap.check()
+
+
+def test_prefix_tenant_isolation_and_salt():
+    with prefix_heap() as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap, tenant=1)
+        own = heap.keep_prefix(keeper, ids)                   # tenant 1 only
+        salted = heap.keep_prefix(keeper, ids, salt=0xabc)    # anyone with the salt
+        assert own != salted and heap.stats().prefixes == 2
+        other = heap.new_sequence(tenant=2)
+        assert heap.attach_prefix(other, ids) == 0             # another tenant gets 0
+        assert heap.attach_prefix(other, ids, salt=0xabd) == 0  # a wrong salt too
+        assert heap.tokens(other, 0) == (0, 0) and heap.stats().prefix_hits == 0
+        assert heap.attach_prefix(other, ids, salt=0xabc) == 30  # the same salt hits
+        np.testing.assert_array_equal(heap.read(other, 0)[0], k)
+        # The shared pages stay charged to tenant 1; tenant 2 pays its header pages only.
+        s = heap.stats()
+        assert heap.tenant_usage(2)[0] == L * pages(30) * s.cls_header["page_bytes"]
+        same = heap.new_sequence(tenant=1)
+        assert heap.attach_prefix(same, ids) == 30            # the keeper's tenant, salt 0
+        salted_same = heap.new_sequence(tenant=1)
+        assert heap.attach_prefix(salted_same, ids, salt=0xabd) == 0
+        assert heap.stats().prefix_hits == 2
+        heap.check()
+
+
+def test_prefix_bad_arguments_raise_and_change_nothing():
+    # A small window, so that a step ranks (and evicts) the prompt's tokens.
+    with prefix_heap(policy="h2o", token_budget=24, window=4, sinks=2) as heap:
+        keeper, _, _, ids = keeper_with_prompt(heap)
+        arr = np.array(ids, np.int32)
+        state = prefix_state(heap)
+        bad_keeps = [
+            (lambda: heap.keep_prefix(keeper, np.array(ids, np.int64)), kvgc.InvalidArgument,
+             "token_ids has dtype int64"),
+            (lambda: heap.keep_prefix(keeper, np.repeat(arr, 2)[::2]), kvgc.InvalidArgument,
+             "C-contiguous"),
+            (lambda: heap.keep_prefix(keeper, arr.reshape(5, 6)), kvgc.InvalidArgument, "shape"),
+            (lambda: heap.keep_prefix(keeper, ids[:29]), kvgc.InvalidArgument, "length"),
+            (lambda: heap.keep_prefix(keeper, []), kvgc.InvalidArgument, "n_tokens"),
+            (lambda: heap.keep_prefix(keeper, ids[:-1] + [2 ** 40]), kvgc.InvalidArgument,
+             r"token_ids\[29\]"),
+            (lambda: heap.keep_prefix(keeper, ids, salt=-1), kvgc.InvalidArgument, "salt=-1"),
+            (lambda: heap.keep_prefix(keeper, ids, salt=1 << 64), kvgc.InvalidArgument, "salt"),
+            (lambda: heap.keep_prefix(keeper, ids, stream="default"), kvgc.InvalidArgument,
+             "stream"),
+            (lambda: heap.keep_prefix(keeper + 1000, ids), kvgc.NotFound,
+             "not a live sequence"),
+            (lambda: heap.keep_prefix(keeper, ids[:-1] + [1.5]), TypeError, r"token_ids\[29\]"),
+            (lambda: heap.keep_prefix(keeper, "abc"), TypeError, "token_ids"),
+            (lambda: heap.keep_prefix(keeper, 30), TypeError, "token_ids"),
+        ]
+        for call, exc, what in bad_keeps:
+            with pytest.raises(exc, match=what):
+                call()
+            assert prefix_state(heap) == state, what
+        heap.check()
+        # Attach: to a sequence that already holds tokens, an unknown one, bad ids.
+        fresh = heap.new_sequence()
+        state = prefix_state(heap)
+        for call, exc, what in [
+                (lambda: heap.attach_prefix(keeper, ids), kvgc.InvalidArgument, "already holds"),
+                (lambda: heap.attach_prefix(fresh + 1000, ids), kvgc.NotFound,
+                 "not a live sequence"),
+                (lambda: heap.attach_prefix(fresh, arr.astype(np.uint32)), kvgc.InvalidArgument,
+                 "dtype uint32"),
+                (lambda: heap.attach_prefix(fresh, ids, salt=2.0), kvgc.InvalidArgument, "salt"),
+                (lambda: heap.attach_prefix(fresh, [None]), TypeError, "token_ids")]:
+            with pytest.raises(exc, match=what):
+                call()
+            assert prefix_state(heap) == state, what
+        assert heap.tokens(fresh, 0) == (0, 0)
+        # Ranked by a step: too late to keep.
+        heap.step(keeper)
+        with pytest.raises(kvgc.InvalidArgument, match="step"):
+            heap.keep_prefix(keeper, ids)
+        assert heap.stats().prefixes == 0
+        # An unknown handle: NotFound naming it, for pin and drop alike.
+        with pytest.raises(kvgc.NotFound, match="12345"):
+            heap.pin_prefix(12345)
+        with pytest.raises(kvgc.NotFound, match="12345"):
+            heap.drop_prefix(12345)
+        heap.check()
+
+
+def test_prefix_pin_and_drop():
+    with prefix_heap() as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap)
+        p = heap.keep_prefix(keeper, ids, pin=True)
+        assert heap.stats().prefixes_pinned == 1
+        heap.pin_prefix(p, False)
+        assert heap.stats().prefixes_pinned == 0
+        heap.pin_prefix(p)
+        assert heap.stats().prefixes_pinned == 1
+        # keep again with the same ids: the same handle, pin still applies
+        assert heap.keep_prefix(keeper, ids, pin=False) == p
+        # Sequences attached keep their pages after the drop; the rest go back.
+        seq = heap.new_sequence()
+        assert heap.attach_prefix(seq, ids) == 30
+        heap.drop_prefix(p)
+        s = heap.stats()
+        assert (s.prefixes, s.prefixes_pinned) == (0, 0)
+        assert s.shared_pages == L * pages(30)
+        np.testing.assert_array_equal(heap.read(seq, 1)[0], k)
+        with pytest.raises(kvgc.NotFound):
+            heap.pin_prefix(p)
+        with pytest.raises(kvgc.NotFound):
+            heap.drop_prefix(p)
+        assert heap.attach_prefix(heap.new_sequence(), ids) == 0  # gone from the cache
+        heap.free_sequence(keeper)
+        heap.free_sequence(seq)
+        s = heap.stats()
+        assert s.shared_pages == 0 and s.classes["fp16"]["pages_used"] == 0
+        assert s.cls_header["pages_used"] == 0
+        heap.check()
+
+
+def test_prefix_lru_eviction_spares_the_pinned():
+    # A small arena: cached prompts that no sequence holds fill it, and the append that
+    # finds no room evicts the least recently used unpinned ones first.
+    with prefix_heap(budget=512 << 10, slab_bytes=64 << 10) as heap:
+        kept, prompts = [], []
+        for i in range(10000):
+            seq = heap.new_sequence()
+            fill(heap, seq, 32, seed=i)
+            prompts.append(list(range(1000 * i, 1000 * i + 32)))
+            kept.append(heap.keep_prefix(seq, prompts[-1], pin=(i == 0)))
+            heap.free_sequence(seq)
+            if heap.stats().prefix_evictions:
+                break
+        assert len(kept) >= 4
+        assert heap.attach_prefix(heap.new_sequence(), prompts[0]) == 32   # pinned: kept
+        assert heap.attach_prefix(heap.new_sequence(), prompts[1]) == 0    # the oldest: gone
+        assert heap.attach_prefix(heap.new_sequence(), prompts[-1]) == 32  # the newest: kept
+        with pytest.raises(kvgc.NotFound):
+            heap.pin_prefix(kept[1])
+        heap.check()
+
+
+def test_fork_shares_pages():
+    with prefix_heap(policy="h2o") as heap:
+        a = heap.new_sequence()
+        fill(heap, a, 20)
+        before = heap.stats()
+        b = heap.fork(a, tenant=1)
+        s = heap.stats()
+        n = L * pages(20)
+        assert s.shared_pages == n and s.shared_refs == 2 * n and s.pages_shared == n
+        assert s.shared_bytes == n * s.classes["fp16"]["page_bytes"]
+        assert s.classes["fp16"]["pages_used"] == before.classes["fp16"]["pages_used"]  # no copy
+        assert s.cls_header["pages_used"] == 2 * n
+        for layer in range(L):
+            for x, y in zip(heap.read(a, layer), heap.read(b, layer)):
+                np.testing.assert_array_equal(x, y)
+        # The first write into the shared partly filled tail copies that page, for b only.
+        kb = rand(1, KVH, D, seed=3)
+        for layer in range(L):
+            heap.append(b, layer, kb, kb)
+        assert heap.stats().cow_copies == L
+        assert heap.tokens(a, 0) == (20, 20) and heap.tokens(b, 0) == (21, 21)
+        heap.free_sequence(a)
+        heap.free_sequence(b)
+        s = heap.stats()
+        assert s.shared_pages == 0 and s.cls_header["pages_used"] == 0
+        heap.check()
+
+
+def test_attached_pages_exported_with_kv_offset():
+    with prefix_heap(policy="full") as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap)
+        heap.keep_prefix(keeper, ids)
+        seqs = [heap.new_sequence(), heap.new_sequence()]
+        for s in seqs:
+            assert heap.attach_prefix(s, ids) == 30
+        with heap.batch() as batch:
+            batch.plan(seqs, [3, 3])
+            k1, v1 = rand(6, KVH, D, seed=5), rand(6, KVH, D, seed=6)
+            for layer in range(L):
+                batch.append(layer, k1, v1)
+            view = batch.export(0)
+            lay = heap.page_layout("fp16")
+            assert view["n_pages"] == 2 * pages(33)
+            assert view["kv_offset"].dtype == np.uint64
+            assert len(view["kv_offset"]) == view["n_pages"]
+            shared = view["kv_offset"] != view["page_offset"]
+            assert shared.sum() == 2 * 3   # the three full prompt pages of each
+            assert view["kv_offset"][0] == view["kv_offset"][5]      # one page, two headers
+            assert view["page_offset"][0] != view["page_offset"][5]
+            decoded = []
+            for i in range(2):
+                keys, positions = {}, {}
+                lo, hi = view["page_indptr"][i], view["page_indptr"][i + 1]
+                decode_pages(view, lay, keys, positions, range(lo, hi))
+                decoded.append((keys, positions))
+            batch.step()
+        for i, s in enumerate(seqs):
+            keys, positions = decoded[i]
+            kr, _, pos = heap.read(s, 0)
+            assert sorted(positions) == sorted(pos.tolist()) == list(range(33))
+            np.testing.assert_array_equal(kr[:30], k)
+            for j, p in enumerate(pos):
+                for h in range(KVH):
+                    np.testing.assert_array_equal(keys[(int(p), h)], kr[j, h])
+        heap.check()

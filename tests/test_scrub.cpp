@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -287,4 +288,98 @@ TEST_CASE("scrubbing: no byte of a destroyed tenant survives in the deferred har
   // The window was really scanned, with reserved pages in it.
   CHECK(scans > grid.size());
   CHECK(empty > 0);
+}
+
+// Shared pages (0.7): a header page is written whole when it is taken (a copy of its
+// source's, or composed by an attach), a copy-on-write copy is whole, and a shared page
+// was scrubbed when its creator took it fresh. Tenant A fills the arena with a marker
+// and leaves; tenant B keeps a prompt, attaches it twice (one of them writes on, copying
+// the shared partly filled tail), forks the keeper and steps under a budget; every page of
+// every B sequence, as it sees it (its header, then the shared K/V), and every header
+// page's own bytes are scanned.
+TEST_CASE("scrubbing: header pages, shared pages and copy-on-write copies never show a previous owner's bytes") {
+  const Geometry grid[] = {{16, 2, 32, KVGC_DTYPE_F16}, {3, 5, 64, KVGC_DTYPE_F16},
+                           {7, 1, 40, KVGC_DTYPE_BF16}, {100, 1, 40, KVGC_DTYPE_F16},
+                           {33, 3, 24, KVGC_DTYPE_F32}};
+  for (const Geometry& g : grid) {
+    CAPTURE(g.page_tokens);
+    CAPTURE(g.heads);
+    const kvgc_model_desc m = model(1, g.heads, g.head_dim, g.dtype);
+    const kvgc::PageLayout fp16 =
+        kvgc::PageLayout::make(g.page_tokens, g.heads, g.head_dim, g.dtype, KVGC_CLASS_FP16);
+    const size_t slab = std::max<size_t>(64 << 10, fp16.bytes);
+    kvgc_heap_options o = cpu_options(8 * slab, g.page_tokens);
+    o.policy = KVGC_POLICY_H2O;
+    o.sinks = 1;
+    o.window = 1;
+    o.token_budget_fraction = 0.5;
+    o.harvest = KVGC_HARVEST_IMMEDIATE;
+    kvgc_heap* h = nullptr;
+    REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+    kvgc::ManagedHeap* impl = kvgc::internal_heap(h);
+    const size_t tb = token_bytes(m);
+    const uint32_t chunk = uint32_t(slab / fp16.bytes) * g.page_tokens + 1;
+    std::vector<uint8_t> secret(size_t(chunk) * tb);
+    for (size_t i = 0; i < secret.size(); ++i) secret[i] = uint8_t(kMarker[i % 8]);
+    kvgc_seq a;
+    REQUIRE(kvgc_seq_create(h, 7, &a) == KVGC_OK);
+    fill(h, a, secret, chunk);
+    REQUIRE(kvgc_seq_destroy(h, a) == KVGC_OK);
+    const uint32_t P = 3 * g.page_tokens + 2;  // whole pages and a partly filled one
+    std::vector<uint8_t> mine(size_t(P + 8) * tb);
+    const size_t eb = elem_bytes(m);
+    for (size_t i = 0; i < mine.size() / eb; ++i)
+      kvgc::cpu::store(&mine[i * eb], m.dtype, float(int(i % 13) - 6) * 0.25f);
+    std::vector<int32_t> ids(P);
+    for (uint32_t i = 0; i < P; ++i) ids[i] = int32_t(i + 1);
+    kvgc_seq keeper, x, y, f;
+    REQUIRE(kvgc_seq_create(h, 8, &keeper) == KVGC_OK);
+    REQUIRE(append_rows(h, keeper, mine, P));
+    REQUIRE(kvgc_prefix_keep(h, keeper, ids.data(), P, 0, 0, nullptr, nullptr) == KVGC_OK);
+    uint64_t got = 0;
+    REQUIRE(kvgc_seq_create(h, 8, &x) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(h, 8, &y) == KVGC_OK);
+    REQUIRE(kvgc_prefix_attach(h, x, ids.data(), P, 0, &got, nullptr) == KVGC_OK);
+    CHECK(got == P);
+    REQUIRE(kvgc_prefix_attach(h, y, ids.data(), P, 0, &got, nullptr) == KVGC_OK);
+    REQUIRE(append_rows(h, y, mine, 5));  // copies the shared tail, then writes on
+    REQUIRE(kvgc_seq_fork(h, keeper, 8, &f, nullptr) == KVGC_OK);
+    REQUIRE(append_rows(h, f, mine, 2));
+    for (kvgc_seq s : {y, f}) REQUIRE(kvgc_step(h, s, nullptr) != KVGC_EINTERNAL);
+    size_t pages = 0, dirty = 0, markers = 0;
+    std::string first;
+    auto scan = [&](const uint8_t* page, size_t bytes, const kvgc::PageLayout* L, uint32_t used) {
+      ++pages;
+      if (L) {
+        const std::string bad = scan_page(*L, page, used);
+        if (!bad.empty()) {
+          ++dirty;
+          if (first.empty()) first = bad;
+        }
+      }
+      for (size_t i = 0; i + 8 <= bytes; ++i)
+        if (std::memcmp(page + i, kMarker, 8) == 0) {
+          ++markers;
+          if (first.empty()) (first = "marker at byte ") += std::to_string(i);
+        }
+    };
+    {
+      std::lock_guard<std::mutex> lock(impl->mutex());
+      for (kvgc_seq s : {keeper, x, y, f})
+        REQUIRE(impl->for_each_page(s, [&](const uint8_t* page, size_t bytes, int cls, uint32_t used) {
+          scan(page, bytes, &impl->layout(cls), used);
+        }).ok());
+    }
+    kvgc_stats st;
+    kvgc_stats_init(&st);
+    REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+    INFO(first);
+    CHECK(dirty == 0);
+    CHECK(markers == 0);
+    CHECK(pages > 0);
+    CHECK(st.cow_copies >= 2);
+    CHECK(st.cls_header.pages_used > 0);
+    CHECK(kvgc_heap_check(h) == KVGC_OK);
+    kvgc_heap_destroy(h);
+  }
 }

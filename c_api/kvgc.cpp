@@ -299,8 +299,11 @@ kvgc_status kvgc_prefix_attach(kvgc_heap* heap, kvgc_seq seq, const int32_t* tok
   return with_heap(heap, "kvgc_prefix_attach", [&](kvgc::ManagedHeap& h) -> Status {
     if (!n_attached_out) return fail(KVGC_EINVAL, "kvgc_prefix_attach: n_attached_out is NULL");
     if (n_tokens && !token_ids) return fail(KVGC_EINVAL, "kvgc_prefix_attach: token_ids is NULL");
-    return h.prefix_attach(seq, token_ids, n_tokens, salt, n_attached_out, stream);
-  }, Mutates::Yes);
+    const Status st = h.prefix_attach(seq, token_ids, n_tokens, salt, n_attached_out, stream);
+    // The walker only after a hit: a miss changes no page and must read none (tenants).
+    if (st.ok() && *n_attached_out) debug_check(h, "kvgc_prefix_attach");
+    return st;
+  });
 }
 
 kvgc_status kvgc_prefix_pin(kvgc_heap* heap, kvgc_prefix prefix, int pinned) {

@@ -5,6 +5,10 @@
 // Reported per configuration: max and mean concurrent sequences, tokens/s, queueing delay
 // (mean, p95), passkey accuracy, preemptions. Ends with RESULT (ratios to the full cache
 // first). Needs the downloaded model (tools/fetch-model.sh).
+// --shared-prefix N: every request is one common N-token prefix (filler with passkey A)
+// plus its own part (filler with its own passkey B) and asks for A (even requests) or B
+// (odd); each configuration also runs as NAME+share (ServeOptions::prefix_cache: attach
+// the cached prefix, prefill the rest), and RESULT leads with what pruning adds to sharing.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -41,6 +45,9 @@ struct Args {
   uint32_t step_tokens = 256, chunk = 64, max_running = 256;
   uint64_t seed = 1;
   bool observe = true;          // --prefill observe (default) or stream
+  uint32_t shared_prefix = 0;   // tokens of the common prefix (0: the mixed stream)
+  uint32_t private_min = 128, private_max = 512;
+  bool configs_given = false;
 };
 
 void usage(FILE* out) {
@@ -49,7 +56,8 @@ void usage(FILE* out) {
       "                        [--output-min N] [--output-max N] [--rate R] [--passkey-every K]\n"
       "                        [--arena BYTES] [--fraction F] [--configs LIST] [--threads N]\n"
       "                        [--step-tokens N] [--chunk N] [--max-running N] [--seed S]\n"
-      "                        [--prefill observe|stream]\n"
+      "                        [--prefill observe|stream] [--shared-prefix N]\n"
+      "                        [--private-min N] [--private-max N]\n"
       "  --requests N       requests in the stream (default 64)\n"
       "  --prompt-min/max   prompt tokens, drawn uniformly (default 256..4096)\n"
       "  --output-min/max   generated tokens, drawn uniformly (default 64..512)\n"
@@ -58,14 +66,21 @@ void usage(FILE* out) {
       "  --arena BYTES      the KV arena of every configuration (K/M/G suffixes; default 1G)\n"
       "  --fraction F       byte budget of the bounded configurations, of the full cache's f16\n"
       "                     payload for the sequence's length, in (0, 1] (default 0.15)\n"
-      "  --configs LIST     of full, default, h2o, streaming, generational (default: the first four)\n"
+      "  --configs LIST     of full, default, h2o, streaming, generational, each optionally\n"
+      "                     NAME+share (the prefix cache on) (default: the first four; with\n"
+      "                     --shared-prefix: full, full+share, default, default+share)\n"
       "  --threads N        matmul threads (and kvgc attention threads) (default 2)\n"
       "  --step-tokens N    rows per engine step (default 256); --chunk N prompt tokens a\n"
       "                     sequence brings per step (default 64); --max-running N (default 256)\n"
       "  --seed S           the stream's seed (default 1)\n"
       "  --prefill MODE     observe (default): prompt chunks unscored but their last 32 tokens,\n"
       "                     no GC until the prompt's end, then pooled scores and one step (as\n"
-      "                     kvgc-run); stream: prompt chunks are scored batch rows, GC every step\n");
+      "                     kvgc-run); stream: prompt chunks are scored batch rows, GC every step\n"
+      "  --shared-prefix N  every request = one common prefix of about N tokens (filler, pass\n"
+      "                     key A inside) + its own part (filler, its own pass key B), asking\n"
+      "                     for A (even requests) or B (odd); outputs of the drawn length.\n"
+      "                     Passkey accuracy is reported for A and B apart (+share needs observe)\n"
+      "  --private-min/max  tokens of each request's own part (default 128..512)\n");
 }
 
 bool fail_flag(const std::string& flag, const std::string& value, const char* want) {
@@ -154,22 +169,28 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (f == "--step-tokens") ok = parse_u32(f, v, 1, &a->step_tokens);
     else if (f == "--chunk") ok = parse_u32(f, v, 1, &a->chunk);
     else if (f == "--max-running") ok = parse_u32(f, v, 1, &a->max_running);
+    else if (f == "--shared-prefix") ok = parse_u32(f, v, 64, &a->shared_prefix);
+    else if (f == "--private-min") ok = parse_u32(f, v, 32, &a->private_min);
+    else if (f == "--private-max") ok = parse_u32(f, v, 32, &a->private_max);
     else if (f == "--prefill") {
       if (v != "observe" && v != "stream") return fail_flag(f, v, "expected observe or stream");
       a->observe = v == "observe";
     } else if (f == "--seed") ok = parse_u64(v, &a->seed) || fail_flag(f, v, "expected an integer >= 0");
     else if (f == "--configs") {
       a->configs.clear();
+      a->configs_given = true;
       size_t at = 0;
       while (at <= v.size()) {
         size_t end = v.find(',', at);
         if (end == std::string::npos) end = v.size();
-        const std::string name = v.substr(at, end - at);
+        const std::string entry = v.substr(at, end - at);
+        const bool share = entry.size() > 6 && entry.compare(entry.size() - 6, 6, "+share") == 0;
+        const std::string name = share ? entry.substr(0, entry.size() - 6) : entry;
         if (name != "full" && name != "default" && name != "h2o" && name != "streaming" &&
             name != "generational")
           return fail_flag(f, v, ("unknown configuration '" + name +
                                   "' (known: full, default, h2o, streaming, generational)").c_str());
-        a->configs.push_back(name);
+        a->configs.push_back(entry);
         at = end + 1;
       }
     } else {
@@ -182,6 +203,13 @@ bool parse_args(int argc, char** argv, Args* a) {
     return fail_flag("--prompt-min", std::to_string(a->prompt_min), "is above --prompt-max");
   if (a->output_min > a->output_max)
     return fail_flag("--output-min", std::to_string(a->output_min), "is above --output-max");
+  if (a->private_min > a->private_max)
+    return fail_flag("--private-min", std::to_string(a->private_min), "is above --private-max");
+  if (a->shared_prefix && !a->configs_given)
+    a->configs = {"full", "full+share", "default", "default+share"};
+  for (const std::string& c : a->configs)
+    if (!a->observe && c.find("+share") != std::string::npos)
+      return fail_flag("--configs", c, "+share (the prefix cache) needs --prefill observe");
   if (a->prompt_min < 64)
     return fail_flag("--prompt-min", std::to_string(a->prompt_min),
                      "a passkey prompt needs at least 64 tokens");
@@ -189,7 +217,15 @@ bool parse_args(int argc, char** argv, Args* a) {
 }
 
 // One configuration's heap options at the arena's bytes.
-kvgc_heap_options heap_options(const std::string& name, const Args& a) {
+bool is_share(const std::string& config) {
+  return config.size() > 6 && config.compare(config.size() - 6, 6, "+share") == 0;
+}
+std::string base_name(const std::string& config) {
+  return is_share(config) ? config.substr(0, config.size() - 6) : config;
+}
+
+kvgc_heap_options heap_options(const std::string& config, const Args& a) {
+  const std::string name = base_name(config);
   kvgc_heap_options o;
   kvgc_heap_options_init(&o);  // "default": what a user gets, plus the byte budget
   o.flags = KVGC_OPT_IGNORE_ENV;
@@ -212,7 +248,74 @@ kvgc_heap_options heap_options(const std::string& name, const Args& a) {
 struct Stream {
   std::vector<engine::ServeRequest> requests;
   std::vector<std::string> expect;  // per request: the passkey, or "" for prose
+  std::vector<int> key_kind;        // --shared-prefix: 0 the prefix's key, 1 the request's own
 };
+
+// The passkey filler of quality_tasks.cpp (Landmark Attention's), and its labelled keys.
+constexpr const char* kIntro =
+    "There is an important info hidden inside a lot of irrelevant text. Find it and "
+    "memorize it. I will quiz you about the important information there.\n";
+constexpr const char* kFiller =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+    "again. ";
+constexpr const char* kPrefixKey = "38514";  // the red pass key, in the shared prefix
+
+std::string key_sentence(const char* colour, const std::string& key) {
+  return std::string("The ") + colour + " pass key is " + key + ". Remember it. " + key +
+         " is the " + colour + " pass key. ";
+}
+
+// About `target` tokens (whole fillers) of filler with `sentence` at `depth`.
+std::string filler_text(const engine::Tokenizer& tok, uint32_t target, const std::string& head,
+                        const std::string& sentence, double depth) {
+  const size_t fixed = tok.encode(head + sentence, false).size();
+  const size_t per = tok.encode(kFiller, false).size();
+  const size_t n = target > fixed ? std::max<size_t>(1, (target - fixed) / per) : 1;
+  const size_t at = size_t(std::lround(depth * double(n)));
+  std::string text = head;
+  for (size_t i = 0; i <= n; ++i) {
+    if (i == at) text += sentence;
+    if (i < n) text += kFiller;
+  }
+  return text;
+}
+
+// --shared-prefix: one common prefix (the red key A inside), then per request its own
+// filler with its own blue key B, and the question for A (even) or B (odd).
+Stream make_shared_stream(const Args& a, const engine::Tokenizer& tok) {
+  Stream s;
+  std::mt19937_64 rng(a.seed);
+  auto draw = [&](uint32_t lo, uint32_t hi) {
+    return lo + uint32_t(rng() % (uint64_t(hi) - lo + 1));
+  };
+  const double prefix_depth = 0.2 + 0.6 * double(rng() % 1001) / 1000.0;
+  const std::vector<int32_t> prefix = tok.encode(
+      filler_text(tok, a.shared_prefix, kIntro, key_sentence("red", kPrefixKey), prefix_depth));
+  for (uint32_t i = 0; i < a.requests; ++i) {
+    engine::ServeRequest r;
+    r.id = i;
+    r.arrival = double(i) / a.rate;
+    const uint32_t length = draw(a.private_min, a.private_max);
+    const uint32_t output = draw(a.output_min, a.output_max);
+    std::string key;
+    do key = std::to_string(draw(10000, 99999)); while (key == kPrefixKey);
+    const double depth = 0.1 + 0.8 * double(rng() % 1001) / 1000.0;
+    const bool ask_prefix = i % 2 == 0;
+    const char* colour = ask_prefix ? "red" : "blue";
+    const std::string question = std::string("\nWhat is the ") + colour + " pass key? The " +
+                                 colour + " pass key is";
+    r.prompt = prefix;
+    const std::vector<int32_t> own =
+        tok.encode(filler_text(tok, length, "", key_sentence("blue", key), depth) + question, false);
+    r.prompt.insert(r.prompt.end(), own.begin(), own.end());
+    r.max_new = output;
+    r.stop_at_eos = false;  // outputs of the drawn length; the key is looked for in them
+    s.requests.push_back(std::move(r));
+    s.expect.push_back(ask_prefix ? std::string(kPrefixKey) : key);
+    s.key_kind.push_back(ask_prefix ? 0 : 1);
+  }
+  return s;
+}
 
 // The seeded request stream: the same for every configuration.
 Stream make_stream(const Args& a, const engine::Tokenizer& tok, const std::vector<int32_t>& prose) {
@@ -259,13 +362,18 @@ struct Row {
   double held_sum = 0, used_max = 0;  // bytes per running sequence (summed), peak bytes used
   uint64_t held_samples = 0;
   double footprint_sum = 0;           // admission's estimate for each request's prompt
+  int kind_correct[2] = {0, 0}, kind_total[2] = {0, 0};  // --shared-prefix: A, B
+  uint64_t prefix_hits = 0, prefix_tokens = 0, prefix_keeps = 0, prefix_keep_failed = 0;
+  uint64_t prompt_rows = 0;
   double passkey() const { return passkey_total ? double(passkey_correct) / passkey_total : 0; }
+  double kind(int k) const { return kind_total[k] ? double(kind_correct[k]) / kind_total[k] : 0; }
 };
 
-bool run_config(const std::string& name, const Args& a, const engine::Model& model,
+bool run_config(const std::string& config, const Args& a, const engine::Model& model,
                 const engine::Tokenizer& tok, const std::vector<int32_t>& prose, Row* row,
                 std::string* err) {
-  const kvgc_heap_options o = heap_options(name, a);
+  const std::string name = base_name(config);
+  const kvgc_heap_options o = heap_options(config, a);
   engine::BatchEngine eng;
   engine::EngineOptions eo;
   eo.threads = a.threads;
@@ -279,6 +387,7 @@ bool run_config(const std::string& name, const Args& a, const engine::Model& mod
   so.max_step_tokens = a.step_tokens;
   so.max_running = a.max_running;
   so.stop = quality::stop_tokens(tok);
+  so.prefix_cache = is_share(config);
   // What a sequence of n tokens holds: the full cache every page; a byte budget its share
   // of the f16 payload (or the tokens no GC removes, sinks and young window, if more),
   // plus a step's chunk appended before the GC runs, in whole f16 pages.
@@ -295,7 +404,7 @@ bool run_config(const std::string& name, const Args& a, const engine::Model& mod
     kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, eff.page_tokens, &chunk);
     return std::min(full, std::max(uint64_t(a.fraction * double(raw)), kept) + chunk);
   };
-  Stream stream = make_stream(a, tok, prose);
+  Stream stream = a.shared_prefix ? make_shared_stream(a, tok) : make_stream(a, tok, prose);
   engine::Server server(&eng, so);
   for (engine::ServeRequest& r : stream.requests)
     if (!server.submit(&r, err)) return false;
@@ -325,26 +434,36 @@ bool run_config(const std::string& name, const Args& a, const engine::Model& mod
   }
   row->seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const engine::ServeStats& st = server.stats();
-  row->name = name;
+  row->name = config;
   row->max_running = st.max_running;
   row->mean_running = st.mean_running();
   row->tokens_per_s = double(st.generated_tokens) / row->seconds;
   row->rows_per_s = double(st.generated_tokens + st.prompt_tokens) / row->seconds;
   row->preemptions = st.preemptions;
+  row->prefix_hits = st.prefix_hits;
+  row->prefix_tokens = st.prefix_tokens_attached;
+  row->prefix_keeps = st.prefix_keeps;
+  row->prefix_keep_failed = st.prefix_keep_failed;
+  row->prompt_rows = st.prompt_tokens;
   std::vector<double> delays;
   for (size_t i = 0; i < stream.requests.size(); ++i) {
     const engine::ServeRequest& r = stream.requests[i];
     row->footprint_sum += double(so.footprint(r.prompt.size() + 1, false));
     if (!r.error.empty()) {
       ++row->rejected;
-      std::fprintf(stderr, "  %s: request %zu refused: %s\n", name.c_str(), i, r.error.c_str());
+      std::fprintf(stderr, "  %s: request %zu refused: %s\n", config.c_str(), i, r.error.c_str());
       continue;
     }
     delays.push_back(r.admitted - r.arrival);
     if (!stream.expect[i].empty()) {
       ++row->passkey_total;
       const std::string answer = quality::lower(tok.decode(r.output));
-      row->passkey_correct += answer.find(stream.expect[i]) != std::string::npos;
+      const bool correct = answer.find(stream.expect[i]) != std::string::npos;
+      row->passkey_correct += correct;
+      if (!stream.key_kind.empty()) {
+        ++row->kind_total[stream.key_kind[i]];
+        row->kind_correct[stream.key_kind[i]] += correct;
+      }
     }
   }
   std::sort(delays.begin(), delays.end());
@@ -389,6 +508,10 @@ int main(int argc, char** argv) {
               a.requests, a.prompt_min, a.prompt_max, a.output_min, a.output_max, a.rate,
               a.passkey_every, double(a.arena) / (1 << 20), a.fraction, a.threads,
               a.step_tokens, a.chunk, (unsigned long long)a.seed, a.observe ? "observe" : "stream");
+  if (a.shared_prefix)
+    std::printf("  shared prefix of %u tokens (pass key A inside), own parts %u..%u tokens (pass "
+                "key B), A asked by even requests, B by odd; outputs %u..%u\n",
+                a.shared_prefix, a.private_min, a.private_max, a.output_min, a.output_max);
   std::vector<Row> rows;
   for (const std::string& name : a.configs) {
     Row row;
@@ -417,12 +540,66 @@ int main(int argc, char** argv) {
   // RESULT: ratios of "default" to "full" first, then every row's figures.
   const Row* full = nullptr;
   const Row* def = nullptr;
+  const Row* full_share = nullptr;
+  const Row* def_share = nullptr;
   for (const Row& r : rows) {
     if (r.name == "full") full = &r;
     if (r.name == "default") def = &r;
+    if (r.name == "full+share") full_share = &r;
+    if (r.name == "default+share") def_share = &r;
   }
   std::string result = "RESULT";
-  char buf[256];
+  char buf[512];
+  if (a.shared_prefix) {
+    std::printf("\n%-16s %8s %9s %9s %11s %11s %6s %10s %10s\n", "config", "max_seq",
+                "mean_seq", "gen_tok/s", "prompt_rows", "attached", "keeps", "passkey_A",
+                "passkey_B");
+    for (const Row& r : rows)
+      std::printf("%-16s %8u %9.2f %9.1f %11llu %11llu %6llu %6d/%-3d %6d/%-3d\n", r.name.c_str(),
+                  r.max_running, r.mean_running, r.tokens_per_s,
+                  (unsigned long long)r.prompt_rows, (unsigned long long)r.prefix_tokens,
+                  (unsigned long long)r.prefix_keeps, r.kind_correct[0], r.kind_total[0],
+                  r.kind_correct[1], r.kind_total[1]);
+    std::printf("(prompt_rows: prompt rows prefilled, recomputation included; attached: prompt "
+                "tokens attached from the prefix cache instead; passkey_A: the shared prefix's "
+                "key, passkey_B: each request's own)\n");
+    auto ratio = [](double x, double y, char* out, size_t n) {
+      if (y > 0) std::snprintf(out, n, "%.3f", x / y);
+      else std::snprintf(out, n, "na");
+    };
+    if (def_share && (full_share || def)) {
+      // What pruning adds to sharing: default+share against the better of the two alone.
+      const double best_mean = std::max(full_share ? full_share->mean_running : 0.0,
+                                        def ? def->mean_running : 0.0);
+      const double best_max = std::max(full_share ? double(full_share->max_running) : 0.0,
+                                       def ? double(def->max_running) : 0.0);
+      char mean_r[32], max_r[32];
+      ratio(def_share->mean_running, best_mean, mean_r, sizeof mean_r);
+      ratio(double(def_share->max_running), best_max, max_r, sizeof max_r);
+      std::snprintf(buf, sizeof buf, " share_prune_vs_best_alone=%s share_prune_max_vs_best_alone=%s",
+                    mean_r, max_r);
+      result += buf;
+    }
+    if (full) {  // passkey accuracy per key kind, against the full cache
+      for (const Row& r : rows) {
+        if (&r == full) continue;
+        char ra[32], rb[32];
+        ratio(r.kind(0), full->kind(0), ra, sizeof ra);
+        ratio(r.kind(1), full->kind(1), rb, sizeof rb);
+        const std::string k = quality::key_name(r.name);
+        std::snprintf(buf, sizeof buf, " %s_prefix_key_ratio=%s %s_private_key_ratio=%s",
+                      k.c_str(), ra, k.c_str(), rb);
+        result += buf;
+      }
+    }
+    for (const Row& r : rows) {
+      const std::string k = quality::key_name(r.name);
+      std::snprintf(buf, sizeof buf, " %s_passkey_a=%d/%d %s_passkey_b=%d/%d %s_attached=%llu",
+                    k.c_str(), r.kind_correct[0], r.kind_total[0], k.c_str(), r.kind_correct[1],
+                    r.kind_total[1], k.c_str(), (unsigned long long)r.prefix_tokens);
+      result += buf;
+    }
+  }
   if (full && def) {
     char passkey_ratio[32] = "na";  // when the full cache got none right (or none ran)
     if (full->passkey() > 0)

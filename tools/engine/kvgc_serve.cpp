@@ -25,7 +25,7 @@ void usage(FILE* out) {
   std::fprintf(out,
       "usage: kvgc-serve FILE [--model PATH] [--chat] [--max-tokens N] [--ignore-eos]\n"
       "                  [--threads N] [--step-tokens N] [--chunk N] [--max-running N]\n"
-      "                  [--prefill observe|stream]\n"
+      "                  [--prefill observe|stream] [--prefix-cache]\n"
       "  FILE            prompts, one a line (empty lines skipped); at most 64 MiB\n"
       "  --model PATH    GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
       "  --chat          wrap each prompt in the model's ChatML template\n"
@@ -38,6 +38,9 @@ void usage(FILE* out) {
       "  --prefill MODE  observe (default, as kvgc-run): a prompt's chunks unscored but its\n"
       "                  last 32 tokens, one GC at its end; stream: chunks are scored batch\n"
       "                  rows, GC every step\n"
+      "  --prefix-cache  the prefix cache (observe prefill only): a prompt attaches the longest\n"
+      "                  cached prefix of an earlier one and prefills the rest; every prompt is\n"
+      "                  kept once in (who pays: KVGC_PREFIX_CHARGE, default cache)\n"
       "Greedy decoding. The KV cache policy and arena come from KVGC_* variables.\n",
       engine::kDefaultModelFile);
 }
@@ -76,6 +79,9 @@ int main(int argc, char** argv) {
     } else if (a == "--ignore-eos") {
       ignore_eos = true;
       continue;
+    } else if (a == "--prefix-cache") {
+      so.prefix_cache = true;
+      continue;
     } else if (a == "--prefill" && v && (std::string(v) == "observe" || std::string(v) == "stream")) {
       so.prefill = std::string(v) == "observe" ? engine::Engine::PrefillMode::Observe
                                                : engine::Engine::PrefillMode::Stream;
@@ -105,6 +111,11 @@ int main(int argc, char** argv) {
     }
     if (!ok) return 2;
     ++i;
+  }
+  if (so.prefix_cache && so.prefill != engine::Engine::PrefillMode::Observe) {
+    std::fprintf(stderr, "kvgc-serve: --prefix-cache needs --prefill observe (a stream "
+                         "prefill's GC ranks a prompt before it is in, so it cannot be kept)\n");
+    return 2;
   }
   if (file_path.empty()) {
     std::fprintf(stderr, "kvgc-serve: FILE (prompts, one a line) is missing\n");
@@ -194,5 +205,12 @@ int main(int argc, char** argv) {
                st.mean_running(), (unsigned long long)st.prompt_tokens,
                (unsigned long long)st.generated_tokens, double(st.generated_tokens) / seconds,
                (unsigned long long)st.preemptions, refused);
+  if (so.prefix_cache)
+    std::fprintf(stderr,
+                 "kvgc-serve: prefix cache: %llu of %llu admissions attached (%llu prompt rows "
+                 "skipped), %llu prompts kept, %llu keeps refused\n",
+                 (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_lookups,
+                 (unsigned long long)st.prefix_tokens_attached,
+                 (unsigned long long)st.prefix_keeps, (unsigned long long)st.prefix_keep_failed);
   return refused ? 1 : 0;
 }

@@ -12,6 +12,16 @@ Server::Server(BatchEngine* engine, ServeOptions options)
   options_.chunk_tokens = std::max(1u, options_.chunk_tokens);
   options_.max_step_tokens = std::max(1u, options_.max_step_tokens);
   options_.max_running = std::max(1u, options_.max_running);
+  kvgc_heap_options o;
+  kvgc_heap_options_init(&o);
+  kvgc_heap_get_options(engine_->heap(), &o);
+  page_tokens_ = std::max(1u, o.page_tokens);
+  whole_kept_ = o.policy == KVGC_POLICY_FULL;
+  whole_attached_ = whole_kept_ || o.prefix_charge == KVGC_PREFIX_CHARGE_CACHE;
+  if (options_.prefix_cache && options_.prefill != Engine::PrefillMode::Observe)
+    config_error_ = "Server: ServeOptions::prefix_cache needs the observe prefill "
+                    "(prefill = Observe): a stream prefill's GC ranks the prompt before it is "
+                    "in, so kvgc_prefix_keep could never keep it";
 }
 
 Server::~Server() {
@@ -28,7 +38,49 @@ uint64_t Server::footprint(uint64_t tokens, bool prefilling) const {
   return bytes;
 }
 
+uint64_t Server::own_footprint(const Running& r, bool prefilling) const {
+  const size_t paid = std::max(whole_attached_ ? r.attached : 0, whole_kept_ ? r.kept_whole : 0);
+  return footprint(r.context.size() + 1 - paid, prefilling);
+}
+
+uint64_t Server::cache_held(const Running* extra, uint64_t shared_bytes) const {
+  if (!options_.prefix_cache) return 0;
+  // Attached prefixes share pages when their ids match (one cached copy is found for
+  // them): their union as a trie, sorted, each adding what it does not share with the
+  // one before it. A kept prompt's pages beyond what it attached are its own copy (two
+  // sequences that prefilled the same prompt at once keep two), counted apart.
+  std::vector<const Running*> held;
+  uint64_t tokens = 0;
+  auto add = [&](const Running& r) {
+    if (r.attached > 0) held.push_back(&r);
+    if (r.kept_whole > r.attached) tokens += r.kept_whole - r.attached;
+  };
+  for (const Running& r : running_) add(r);
+  if (extra) add(*extra);
+  std::sort(held.begin(), held.end(), [](const Running* a, const Running* b) {
+    return std::lexicographical_compare(a->context.begin(), a->context.begin() + a->attached,
+                                        b->context.begin(), b->context.begin() + b->attached);
+  });
+  for (size_t i = 0; i < held.size(); ++i) {
+    size_t common = 0;
+    if (i > 0) {
+      const size_t n = std::min(held[i]->attached, held[i - 1]->attached);
+      while (common < n && held[i]->context[common] == held[i - 1]->context[common]) ++common;
+      common = common / page_tokens_ * page_tokens_;  // pages are shared whole
+    }
+    tokens += held[i]->attached - common;
+  }
+  if (tokens == 0) return 0;
+  uint64_t bytes = 0;
+  kvgc_kv_bytes(&engine_->kv_model(), tokens, KVGC_CLASS_FP16, page_tokens_, &bytes);
+  return std::min(bytes, shared_bytes);
+}
+
 bool Server::submit(ServeRequest* request, std::string* err) {
+  if (!config_error_.empty()) {
+    if (err) *err = config_error_;
+    return false;
+  }
   if (request == nullptr || request->prompt.empty() || request->max_new == 0) {
     if (err) *err = "Server::submit: a request needs a non-empty prompt and max_new >= 1";
     return false;
@@ -40,6 +92,12 @@ bool Server::submit(ServeRequest* request, std::string* err) {
 
 // FIFO, as vLLM: the queue's head waits until it fits, and nothing overtakes it.
 bool Server::admit(double now, std::string* err) {
+  uint64_t shared_bytes = 0;  // what the prefix cache holds, read once per pass
+  if (options_.prefix_cache && !waiting_.empty()) {
+    kvgc_stats s;
+    kvgc_stats_init(&s);
+    if (kvgc_get_stats(engine_->heap(), &s) == KVGC_OK) shared_bytes = s.shared_bytes;
+  }
   while (!waiting_.empty() && waiting_.front()->arrival <= now &&
          running_.size() < options_.max_running) {
     ServeRequest* r = waiting_.front();
@@ -55,13 +113,37 @@ bool Server::admit(double now, std::string* err) {
       r->finished = now;
       continue;
     }
-    if (!running_.empty() && projected_ + run.footprint > arena_bytes_) break;
+    if (!options_.prefix_cache && !running_.empty() && projected_ + run.footprint > arena_bytes_)
+      break;
     const kvgc_status s = kvgc_seq_create(engine_->heap(), 0, &run.seq);
     if (s == KVGC_ENOMEM) break;  // host memory: try again next step
     if (s != KVGC_OK) {
       if (err) *err = std::string("kvgc_seq_create: ") + kvgc_status_str(s) + ": " +
                       kvgc_errmsg(engine_->heap());
       return false;
+    }
+    if (options_.prefix_cache) {
+      // The longest cached prefix, all but the last token (it runs for the logits).
+      uint64_t attached = 0;
+      const kvgc_status a = kvgc_prefix_attach(engine_->heap(), run.seq, run.context.data(),
+                                               run.context.size() - 1, options_.prefix_salt,
+                                               &attached, nullptr);
+      if (a != KVGC_OK && a != KVGC_ENOMEM && a != KVGC_EBUDGET) {  // those change nothing
+        if (err) *err = std::string("kvgc_prefix_attach: ") + kvgc_status_str(a) + ": " +
+                        kvgc_errmsg(engine_->heap());
+        kvgc_seq_destroy(engine_->heap(), run.seq);
+        return false;
+      }
+      run.attached = run.done = size_t(attached);
+      run.footprint = own_footprint(run, true);
+      if (!running_.empty() &&
+          projected_ + run.footprint + cache_held(&run, shared_bytes) > arena_bytes_) {
+        kvgc_seq_destroy(engine_->heap(), run.seq);  // undoes the attach
+        break;
+      }
+      ++stats_.prefix_lookups;
+      stats_.prefix_hits += attached > 0;
+      stats_.prefix_tokens_attached += attached;
     }
     waiting_.pop_front();
     if (r->admitted < 0) r->admitted = now;
@@ -161,8 +243,25 @@ bool Server::step(double now, std::string* err) {
       else stats_.prompt_tokens += items_[j].n;
       r.done += items_[j].n;
       if (items_[j].observe && r.done == r.prompt_end) {  // the prompt is in: evict to budget
+        if (options_.prefix_cache) {  // keep it first: no kvgc_step has ranked it yet
+          const kvgc_status k = kvgc_prefix_keep(engine_->heap(), r.seq, r.context.data(),
+                                                 r.prompt_end, options_.prefix_salt, 0,
+                                                 nullptr, nullptr);
+          if (k == KVGC_OK) {
+            ++stats_.prefix_keeps;
+            // Under the full policy no GC touches them: the cache alone holds those pages.
+            // Otherwise its GC prunes its view (demoted copies are its own): it still pays.
+            if (whole_kept_) r.kept_whole = r.prompt_end / page_tokens_ * page_tokens_;
+          } else if (k == KVGC_EINVAL || k == KVGC_ENOMEM || k == KVGC_EBUDGET) {
+            ++stats_.prefix_keep_failed;  // served as without the cache
+          } else {
+            if (err) *err = std::string("kvgc_prefix_keep: ") + kvgc_status_str(k) + ": " +
+                            kvgc_errmsg(engine_->heap());
+            return false;
+          }
+        }
         if (!engine_->end_observe(r.seq, err)) return false;
-        const uint64_t after = footprint(r.context.size() + 1, false);
+        const uint64_t after = own_footprint(r, false);
         projected_ = projected_ - r.footprint + after;
         r.footprint = after;
       }

@@ -4,8 +4,12 @@
 // (kvgc_seq_destroy), and when kvgc_batch_plan finds no room the most recently admitted
 // sequence of the batch is preempted: destroyed and queued again at the front, to be
 // recomputed (prompt and the tokens generated so far) when it is admitted again.
+// With ServeOptions::prefix_cache (observe prefill), a sequence first attaches the longest
+// cached prefix of its context (kvgc_prefix_attach) and prefills only the rest, and keeps
+// its prompt for later requests (kvgc_prefix_keep) once the prompt is in.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -45,8 +49,23 @@ struct ServeOptions {
   // The bytes a sequence of `tokens` tokens is expected to hold under the heap's policy
   // (`prefilling`: while its prompt enters the cache): a request is admitted only while
   // the running sequences' and its own fit the arena. Default: every page (the full cache).
+  // With prefix_cache, `tokens` are those the sequence holds itself (below).
   std::function<uint64_t(uint64_t tokens, bool prefilling)> footprint;
   std::vector<int32_t> stop;       // token ids that end an answer
+  // The prefix cache (kvgc 0.7; observe prefill only: submit refuses it with a stream
+  // prefill, whose GC ranks the prompt before it is in). On admission a sequence attaches
+  // the longest cached prefix of its context (at most all but its last token, which runs
+  // for the logits) and prefills the rest; when its prompt is in (before end_observe's
+  // GC), it keeps it (kvgc_prefix_keep; KVGC_EINVAL / KVGC_ENOMEM / KVGC_EBUDGET are
+  // counted and ignored). Admission then counts, per sequence, footprint() of the tokens
+  // it holds itself (its context less the pages the cache pays for: attached whole pages
+  // under KVGC_PREFIX_CHARGE=cache or the full policy; its own kept pages under the full
+  // policy), plus once the cached pages the running sequences hold (the union of their
+  // attached prefixes, and each kept prompt's own pages), at most kvgc_stats.shared_bytes,
+  // read once per admission pass. Cached pages no running sequence holds count as free: the heap evicts them,
+  // least recently used first, before an append or a plan runs short (vLLM's rule).
+  bool prefix_cache = false;
+  uint64_t prefix_salt = 0;        // kvgc_prefix_keep/attach's salt (0: the tenant's own)
 };
 
 // What the server did so far.
@@ -58,6 +77,12 @@ struct ServeStats {
   uint64_t preemptions = 0;
   uint32_t max_running = 0;       // sequences in one step at most
   double running_sum = 0;         // sum over steps of the sequences in the step
+  // The prefix cache (ServeOptions::prefix_cache), counted at admission.
+  uint64_t prefix_lookups = 0;    // admissions that looked the context up
+  uint64_t prefix_hits = 0;       // ... that attached at least one token
+  uint64_t prefix_tokens_attached = 0;  // = prompt rows skipped (not prefilled)
+  uint64_t prefix_keeps = 0;      // prompts kept (kvgc_prefix_keep KVGC_OK)
+  uint64_t prefix_keep_failed = 0;  // keeps refused (KVGC_EINVAL, _ENOMEM, _EBUDGET): ignored
   double mean_running() const { return steps ? running_sum / double(steps) : 0.0; }
 };
 
@@ -70,7 +95,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   // Queues a request (FIFO). The request must stay alive until it is done. False with
-  // *err when it is malformed (an empty prompt, max_new 0).
+  // *err when it is malformed (an empty prompt, max_new 0), or when the options are
+  // (prefix_cache with a stream prefill).
   bool submit(ServeRequest* request, std::string* err);
   // One engine step at time `now`: admit, plan (preempting until it fits), run, sample
   // greedily, retire the finished. False with *err when the engine fails.
@@ -87,16 +113,25 @@ class Server {
     std::vector<int32_t> context;  // prompt, then what was generated before a preemption
     size_t done = 0;               // context tokens in the cache
     size_t prompt_end = 0;         // context.size() at admission: what prefill runs
-    uint64_t footprint = 0;        // projected bytes now
+    uint64_t footprint = 0;        // projected bytes now (of the tokens it holds itself)
+    size_t attached = 0;           // context tokens attached from the prefix cache
+    size_t kept_whole = 0;         // its kept prompt's whole-page tokens the cache pays for
   };
   bool admit(double now, std::string* err);
   void preempt(size_t index);      // running_[index] back to the front of the queue
   void finish(size_t index, double now);
   uint64_t footprint(uint64_t tokens, bool prefilling) const;
+  uint64_t own_footprint(const Running& r, bool prefilling) const;
+  // Bytes of the cached prefixes the running sequences (and `extra`) hold, each page once.
+  uint64_t cache_held(const Running* extra, uint64_t shared_bytes) const;
 
   BatchEngine* engine_;
   ServeOptions options_;
   uint64_t arena_bytes_ = 0;
+  std::string config_error_;       // options submit refuses
+  uint32_t page_tokens_ = 0;
+  bool whole_attached_ = false;    // attached whole pages are never the sequence's bytes
+  bool whole_kept_ = false;        // nor its own kept pages (the full policy: no GC)
   uint64_t projected_ = 0;         // footprints of the running sequences
   std::deque<ServeRequest*> waiting_;
   std::vector<Running> running_;   // in admission order

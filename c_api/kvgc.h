@@ -147,8 +147,9 @@ typedef enum kvgc_harvest {
 /* Who pays for the tokens a sequence attached from the prefix cache (0.7;
  * KVGC_PREFIX_CHARGE=cache|view).
  * CACHE: the cache. The whole pages a sequence attaches stay whole in its view for its
- * life: its GC never ranks, evicts or demotes them, and its budgets (and a byte budget's
- * fraction of its length) cover only the tokens it holds itself. The prefix's bytes are
+ * life: its GC never ranks, evicts or demotes them, and its budgets are spent only on the
+ * tokens it holds itself (a budget fraction is still of its whole length, so a sequence
+ * never keeps fewer of its own tokens than it would unshared). The prefix's bytes are
  * held once, whatever the number of sequences, which is what makes pruning pay beside
  * sharing.
  * VIEW: the sequence, as if it had appended them: its budgets count every token it keeps

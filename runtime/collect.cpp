@@ -39,8 +39,10 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   // every rank gives a layer the budget one heap over all layers would.
   const uint32_t n = total_layers_, local = uint32_t(s.layers.size()), first = first_layer_;
   host::vector<LayerBudget> out(local);
-  uint64_t length = 0;  // what the sequence holds itself (tokens the prefix cache pays for aside)
-  for (const Segment& seg : s.layers) length = std::max(length, seg.length - seg.pinned_live);
+  // A fraction is of the whole length, pinned tokens included (what the sequence would
+  // cost unshared), so that sharing never leaves a sequence fewer bytes for its own tokens.
+  uint64_t length = 0;
+  for (const Segment& seg : s.layers) length = std::max(length, seg.length);
   // The split keeps each layer at least its protected tokens where the mean allows.
   const uint64_t floor = uint64_t(opts_.sinks) + opts_.window;
   auto split = [&](uint64_t mean) {

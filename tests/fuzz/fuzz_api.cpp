@@ -3,11 +3,21 @@
 // and destroyed sequences, NULL and foreign handles, out-of-range layers and counts,
 // misaligned pointers, NaN/Inf data and mass. After every call the invariant walker must
 // pass; any status is acceptable, a crash or a broken invariant is not.
+// The prefix cache (0.7): op bytes 0xC0 and up keep a sequence's cache as a prefix (its
+// token ids are the harness's record of what it appended: sequences of one tenant that
+// appended as much hold the same ids), attach one to a new or a used sequence (the kept
+// ids whole, cut, extended or changed, another salt, another tenant), pin and drop them,
+// and plan one sequence's many tokens so that the arena runs short (cached prefixes are
+// evicted for room); kvgc_seq_fork shares pages (op 0 with the tenant byte's high bit). A keep that succeeds
+// is looked up at once by a new sequence of its tenant: all of it must attach (or the
+// header pages not fit), and an attached sequence must hold what it attached, positions
+// 0 .. n-1.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "../../kernels/cpu/attend_internal.hpp"  // the split minimum, lowered below
@@ -34,6 +44,56 @@ void check(kvgc_heap* h) {
     std::fprintf(stderr, "invariant broken: %s\n", kvgc_errmsg(h));
     std::abort();
   }
+}
+
+[[noreturn]] void broken(const char* what, kvgc_heap* h) {
+  std::fprintf(stderr, "contract broken: %s (last error: %s)\n", what, kvgc_errmsg(h));
+  std::abort();
+}
+
+// The token ids a sequence holds, as the engine would know them: the ids of the prefix it
+// attached (head), then ids made from the position and the tenant that created it (sel),
+// so that sequences of one tenant that appended as much hold the same ids.
+struct Ids {
+  std::vector<int32_t> head;
+  uint32_t sel = 0;
+  std::vector<int32_t> first(uint64_t n) const {
+    std::vector<int32_t> ids(n + 1);  // + 1: never empty (data() is not NULL)
+    for (uint64_t i = 0; i < n; ++i) ids[i] = i < head.size() ? head[i] : int32_t(i) ^ int32_t(sel << 16);
+    return ids;
+  }
+};
+
+struct Kept {
+  kvgc_prefix p;
+  std::vector<int32_t> ids;
+  uint64_t salt;
+  uint32_t tenant;
+};
+
+// kvgc_prefix_attach of ids under salt to s; on KVGC_OK, checks that s holds exactly what
+// it attached in every layer, at positions 0 .. n-1. Returns the tokens attached.
+uint64_t attach_checked(kvgc_heap* h, uint32_t n_layers, kvgc_seq s, const int32_t* ids, uint64_t n,
+                        uint64_t salt, kvgc_status* st_out) {
+  uint64_t got = UINT64_MAX;
+  const kvgc_status st = kvgc_prefix_attach(h, s, ids, n, salt, &got, nullptr);
+  if (st_out) *st_out = st;
+  if (st != KVGC_OK) return 0;
+  if (got > n) broken("kvgc_prefix_attach attached more tokens than it was given", h);
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    uint64_t live = 0, len = 0;
+    if (kvgc_seq_tokens(h, s, l, &live, &len) != KVGC_OK || live != got || len != got)
+      broken("a sequence after kvgc_prefix_attach does not hold what it attached", h);
+  }
+  if (got) {
+    std::vector<int32_t> pos(got + 1);
+    uint64_t rows = 0;
+    if (kvgc_read(h, s, 0, nullptr, nullptr, pos.data(), got, &rows, nullptr) != KVGC_OK || rows != got)
+      broken("kvgc_read of an attached sequence failed", h);
+    for (uint64_t i = 0; i < got; ++i)
+      if (pos[i] != int32_t(i)) broken("an attached sequence's positions are not 0 .. n-1", h);
+  }
+  return got;
 }
 
 }  // namespace
@@ -65,13 +125,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.sinks = in.byte() % 6;
   o.window = in.byte() % 12;
   // Bytes keep their places (the corpus keeps its meaning): high values of the token
-  // budget's byte ask for a byte budget instead, the demote byte's bit 6 for recent scores.
+  // budget's byte ask for a byte budget instead, the demote byte's bit 6 for recent scores,
+  // its bit 7 for attached tokens charged to their sequences (the prefix cache, 0.7).
   const uint8_t budget = in.byte();
   o.token_budget = budget < 200 ? budget % 40 : 0;
   o.byte_budget_fraction = budget < 200 ? 0.0 : 0.1 + (budget - 200) / 100.0;
   const uint8_t demote = in.byte();
   o.demote = kvgc_demote(demote % 4);  // off, int4, int8, the ladder
   o.recent_decay = demote & 0x40 ? 0.9 : 1.0;
+  o.prefix_charge = demote & 0x80 ? KVGC_PREFIX_CHARGE_VIEW : KVGC_PREFIX_CHARGE_CACHE;
   o.compact_threshold = 0.05 + (in.byte() % 20) / 20.0;
   const uint8_t noise_harvest = in.byte();  // one byte for both: the corpus keeps its layout
   o.score_noise = noise_harvest % 4 == 0 ? 0.1 : 0.0;
@@ -88,6 +150,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvgc_batch_create(h, &batch);
   uint32_t batch_rows = 0;  // the rows of the batch's last successful plan
   alignas(16) static unsigned char foreign[128];
+  std::map<kvgc_seq, Ids> ids_of;  // live sequences (the harness's view)
+  std::map<kvgc_seq, uint32_t> tenant_of;
+  std::vector<Kept> kept;  // prefixes kept (evicted ones stay listed: their handles go stale)
+  auto made = [&](kvgc_seq s, uint32_t tenant, const Ids& ids) {
+    seqs.push_back(s);
+    ids_of[s] = ids;
+    tenant_of[s] = tenant;
+  };
   for (int calls = 0; calls < 64 && !in.done(); ++calls) {
     const uint8_t op = in.byte();
     // A sequence id: usually a live one, sometimes destroyed or made up.
@@ -97,16 +167,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return seqs[b % seqs.size()];
     };
     const uint32_t layer = in.byte() % 8 == 7 ? in.u32() : in.byte() % m.n_layers;
-    switch (op % 12) {
+    // Op bytes below 0xC0 keep their meaning from before the prefix cache (the corpus).
+    switch (op < 0xC0 ? op % 12 : 12 + (op - 0xC0) % 5) {
       case 0: {  // a new sequence, or (the tenant byte's high bit) a copy of one
-        kvgc_seq s;
+        kvgc_seq s = 0;
         const uint8_t t = in.byte();
-        const kvgc_status st = t & 0x80 ? kvgc_seq_fork(h, pick(), t % 4, &s, nullptr)
-                                        : kvgc_seq_create(h, t % 4, &s);
-        if (st == KVGC_OK) seqs.push_back(s);
+        if (t & 0x80) {
+          const kvgc_seq from = pick();
+          const kvgc_status st = kvgc_seq_fork(h, from, t % 4, &s, nullptr);
+          if (st == KVGC_OK) made(s, t % 4, ids_of[from]);
+          else if (s != 0) broken("a failed kvgc_seq_fork wrote *seq_out", h);
+        } else if (kvgc_seq_create(h, t % 4, &s) == KVGC_OK) {
+          made(s, t % 4, Ids{{}, t % 4u});
+        }
         break;
       }
-      case 1: kvgc_seq_destroy(h, pick()); break;
+      case 1: {
+        const kvgc_seq s = pick();
+        if (kvgc_seq_destroy(h, s) == KVGC_OK) {
+          ids_of.erase(s);
+          tenant_of.erase(s);
+        }
+        break;
+      }
       case 2: {
         const kvgc_seq s = pick();
         const uint32_t n = in.byte() % 48;
@@ -174,6 +257,117 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         kvgc_seq_create(bad, 0, &s);
         kvgc_step(bad, 1, nullptr);
         kvgc_heap_check(bad);
+        break;
+      }
+      case 12: {  // kvgc_prefix_keep: the ids it holds, sometimes a wrong count or a bad argument
+        const kvgc_seq s = pick();
+        uint64_t len = 0;
+        kvgc_seq_tokens(h, s, 0, nullptr, &len);
+        const uint8_t mode = in.byte(), f = in.byte();
+        const uint64_t n = mode % 8 == 0 ? len + 1 : mode % 8 == 1 ? (len ? len - 1 : 0) : mode % 8 == 2 ? in.byte() : len;
+        const uint64_t salt = (mode >> 3) % 4;  // 0: the tenant's
+        const uint32_t flags = f % 8 == 6 ? 0x12u : f & 1 ? KVGC_PREFIX_PIN : 0u;
+        const auto it = ids_of.find(s);
+        const std::vector<int32_t> ids = it != ids_of.end() ? it->second.first(n) : Ids{}.first(n);
+        kvgc_prefix p = 0;
+        const kvgc_status st = kvgc_prefix_keep(h, s, f % 16 == 15 ? nullptr : ids.data(), n, salt, flags,
+                                                f % 8 == 5 ? nullptr : &p, nullptr);
+        if (st != KVGC_OK) {
+          if (p != 0) broken("a failed kvgc_prefix_keep wrote *prefix_out", h);
+          break;
+        }
+        if (f % 8 != 5 && p == 0) broken("kvgc_prefix_keep returned KVGC_OK and prefix 0", h);
+        const uint32_t tenant = tenant_of.count(s) ? tenant_of[s] : 0;
+        if (p) {
+          bool known = false;
+          for (const Kept& k : kept) known |= k.p == p;
+          if (!known) kept.push_back({p, std::vector<int32_t>(ids.begin(), ids.begin() + n), salt, tenant});
+        }
+        check(h);
+        // Looked up at once by a new sequence of its tenant: every token attaches.
+        kvgc_seq probe = 0;
+        if (kvgc_seq_create(h, tenant, &probe) != KVGC_OK) break;
+        kvgc_status ast = KVGC_OK;
+        const uint64_t got = attach_checked(h, m.n_layers, probe, ids.data(), n, salt, &ast);
+        if (ast == KVGC_OK && got != n) {
+          std::fprintf(stderr, "kept %llu tokens (salt %llu), attached %llu\n", (unsigned long long)n,
+                       (unsigned long long)salt, (unsigned long long)got);
+          broken("a prefix just kept does not attach whole", h);
+        }
+        if (ast != KVGC_OK && ast != KVGC_ENOMEM && ast != KVGC_EBUDGET)
+          broken("kvgc_prefix_attach of a prefix just kept failed", h);
+        check(h);
+        if (kvgc_seq_destroy(h, probe) != KVGC_OK) broken("kvgc_seq_destroy of a probe failed", h);
+        break;
+      }
+      case 13: {  // kvgc_prefix_attach: to a new sequence (any tenant) or a used one
+        const uint8_t sub = in.byte();
+        kvgc_seq s = 0;
+        if (sub & 1) {
+          const uint32_t t = (sub >> 1) % 4;
+          if (kvgc_seq_create(h, t, &s) != KVGC_OK) break;
+          made(s, t, Ids{{}, t});
+        } else {
+          s = pick();
+        }
+        std::vector<int32_t> ids;
+        uint64_t salt = 0;
+        if (!kept.empty() && (sub >> 3) % 4 != 3) {
+          const Kept& k = kept[in.byte() % kept.size()];
+          ids = k.ids;
+          salt = k.salt;
+          switch (sub >> 5) {
+            case 2: ids.resize(in.byte() % (ids.size() + 1)); break;  // a shorter request
+            case 3:  // a longer one
+              for (uint32_t i = 0, extra = in.byte() % 20; i < extra; ++i) ids.push_back(int32_t(in.byte()) - 300);
+              break;
+            case 4:  // one id differs
+              if (!ids.empty()) ids[in.byte() % ids.size()] ^= 0x5555;
+              break;
+            case 5: salt = salt ? salt + 1 : 1; break;  // another salt (or none for a salted one)
+            case 6: salt = 0; break;
+            case 7:
+              ids.resize(in.byte() % (ids.size() + 1));
+              salt = (salt + 1) % 4;
+              break;
+            default: break;  // the kept ids whole
+          }
+        } else {  // another sequence's ids
+          const kvgc_seq from = pick();
+          const auto it = ids_of.find(from);
+          ids = (it != ids_of.end() ? it->second : Ids{}).first(in.byte());
+          ids.pop_back();
+          salt = in.byte() % 4;
+        }
+        const uint64_t n = ids.size();
+        ids.push_back(0);  // data() never NULL
+        kvgc_status st = KVGC_OK;
+        const uint64_t got = attach_checked(h, m.n_layers, s, ids.data(), n, salt, &st);
+        if (st == KVGC_OK && got) {
+          ids_of[s].head.assign(ids.begin(), ids.begin() + got);
+        }
+        break;
+      }
+      case 14: {  // kvgc_prefix_pin
+        const uint8_t b = in.byte();
+        const kvgc_prefix p = kept.empty() || b >= 240 ? kvgc_prefix(b) * 131u : kept[b % kept.size()].p;
+        kvgc_prefix_pin(h, p, in.byte() % 2);
+        break;
+      }
+      case 15: {  // kvgc_prefix_drop; a dropped prefix is gone
+        const uint8_t b = in.byte();
+        const kvgc_prefix p = kept.empty() || b >= 240 ? kvgc_prefix(b) * 131u : kept[b % kept.size()].p;
+        if (kvgc_prefix_drop(h, p) == KVGC_OK && kvgc_prefix_pin(h, p, 1) != KVGC_ENOTFOUND)
+          broken("a dropped prefix can still be pinned", h);
+        break;
+      }
+      case 16: {  // room: a plan of many tokens for one sequence (it needs no data): the arena
+                  // runs short, so cached prefixes go (least recently used first, pinned ones
+                  // stay) or the plan fails; its pages come back at the next plan or step
+        const kvgc_seq s = pick();
+        const uint32_t n_new = 32u * (1 + in.byte() % 16);
+        uint32_t failed = 0;
+        if (batch && kvgc_batch_plan(batch, &s, &n_new, 1, &failed, nullptr) == KVGC_OK) batch_rows = n_new;
         break;
       }
       default: {  // the batch API (0.5), or a token count

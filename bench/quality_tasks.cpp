@@ -49,12 +49,8 @@ std::string prompt_id(const std::string& task, uint32_t context, double depth) {
 
 // ---- passkey-style: keys in synthetic filler ----------------------------------------
 
-constexpr const char* kIntro =
-    "There is an important info hidden inside a lot of irrelevant text. Find it and "
-    "memorize it. I will quiz you about the important information there.\n";
-constexpr const char* kFiller =
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
-    "again. ";
+constexpr const char* kIntro = kPasskeyIntro;
+constexpr const char* kFiller = kPasskeyFiller;
 
 // Sentences inserted into the filler, each at its depth, then the question.
 struct Inserted {

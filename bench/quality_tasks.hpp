@@ -10,6 +10,15 @@
 
 namespace quality {
 
+// The passkey task's text (Landmark Attention's): the intro, and the filler sentence
+// repeated around the keys (kvgc-bench-serve builds its shared-prefix prompts from them).
+inline constexpr const char* kPasskeyIntro =
+    "There is an important info hidden inside a lot of irrelevant text. Find it and "
+    "memorize it. I will quiz you about the important information there.\n";
+inline constexpr const char* kPasskeyFiller =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+    "again. ";
+
 struct Prompt {
   std::string id;               // "passkey/1024/0.10": task, context asked for, depth
   std::vector<int32_t> tokens;

@@ -251,13 +251,9 @@ struct Stream {
   std::vector<int> key_kind;        // --shared-prefix: 0 the prefix's key, 1 the request's own
 };
 
-// The passkey filler of quality_tasks.cpp (Landmark Attention's), and its labelled keys.
-constexpr const char* kIntro =
-    "There is an important info hidden inside a lot of irrelevant text. Find it and "
-    "memorize it. I will quiz you about the important information there.\n";
-constexpr const char* kFiller =
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
-    "again. ";
+// The passkey filler of quality_tasks (Landmark Attention's), and its labelled keys.
+constexpr const char* kIntro = quality::kPasskeyIntro;
+constexpr const char* kFiller = quality::kPasskeyFiller;
 constexpr const char* kPrefixKey = "38514";  // the red pass key, in the shared prefix
 
 std::string key_sentence(const char* colour, const std::string& key) {

@@ -167,7 +167,7 @@ bool verify_keyed(Shared& sh, kvgc_seq s, uint32_t layer, const std::map<int32_t
   uint64_t n = 0;
   if (kvgc_read(sh.heap, s, layer, nullptr, nullptr, nullptr, 0, &n, nullptr) != KVGC_OK)
     return fail(s, layer, std::string("kvgc_read: ") + kvgc_errmsg(sh.heap));
-  const size_t tb = token_bytes(m), eb = elem_bytes(m), row = m.head_dim * eb;
+  const size_t tb = token_bytes(m);
   std::vector<uint8_t> k(n * tb + 1), v(n * tb + 1);
   std::vector<int32_t> pos(n + 1);
   if (kvgc_read(sh.heap, s, layer, k.data(), v.data(), pos.data(), n, &n, nullptr) != KVGC_OK)
@@ -177,23 +177,9 @@ bool verify_keyed(Shared& sh, kvgc_seq s, uint32_t layer, const std::map<int32_t
     if (it == keys.begin()) return fail(s, layer, "position " + std::to_string(pos[r]) + " was never written");
     const uint64_t key = std::prev(it)->second;
     for (int is_v = 0; is_v < 2; ++is_v) {
-      const auto expect = gaussian(m, key, layer, pos[r], 1, is_v);
       const uint8_t* got = (is_v ? v.data() : k.data()) + r * tb;
-      for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
-        if (std::memcmp(got + h * row, expect.data() + h * row, row) == 0) continue;
-        double err = 0, ref = 0;
-        for (uint32_t d = 0; d < m.head_dim; ++d) {
-          const double x = kvgc::cpu::load(&expect[h * row + d * eb], m.dtype);
-          const double y = kvgc::cpu::load(got + h * row + d * eb, m.dtype);
-          err += (x - y) * (x - y);
-          ref += x * x;
-        }
-        const double rel = std::sqrt(err / ref);
-        if (!(rel <= int4_tol))
-          return fail(s, layer, std::string(is_v ? "V" : "K") + " of position " + std::to_string(pos[r]) +
-                                    " (key " + std::to_string(key) + ") head " + std::to_string(h) +
-                                    " differs (relative RMSE " + std::to_string(rel) + ")");
-      }
+      if (std::string bad = compare_gaussian_row(m, key, layer, pos[r], got, is_v, int4_tol); !bad.empty())
+        return fail(s, layer, bad + " (key " + std::to_string(key) + ")");
     }
   }
   return true;

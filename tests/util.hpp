@@ -121,6 +121,11 @@ std::vector<uint8_t> gaussian(const kvgc_model_desc& m, uint64_t seq, uint32_t l
 // only). Empty string if all rows pass, else what failed.
 std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
                             uint32_t layer, double int4_tol);
+// One token's K (is_v false) or V rows, read back at `got`, against gaussian(m, tag, layer,
+// pos): "" when every head is bit-identical or within relative RMSE int4_tol, else which
+// head differs and by how much.
+std::string compare_gaussian_row(const kvgc_model_desc& m, uint64_t tag, uint32_t layer, int32_t pos,
+                                 const uint8_t* got, bool is_v, double int4_tol);
 // The same for a sequence whose tokens were made for sequence `tag` (a fork's source).
 std::string verify_gaussian(kvgc_heap* heap, const kvgc_model_desc& m, uint64_t seq,
                             uint64_t tag, uint32_t layer, double int4_tol);

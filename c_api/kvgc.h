@@ -56,8 +56,8 @@ extern "C" {
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
 #define KVGC_VERSION_MINOR 7
-#define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.7.0"
+#define KVGC_VERSION_PATCH 1
+#define KVGC_VERSION_STRING "0.7.1"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -378,10 +378,14 @@ typedef uint64_t kvgc_prefix; /* never 0; never reused within a heap */
 
 /* Keeps seq's cache of token_ids[0, n_tokens) (host int32, the ids the engine appended)
  * as a cached prefix visible per `salt` (above), and writes its handle to *prefix_out
- * (may be NULL). seq continues unchanged (its header pages are written on `stream`). If the same ids are already cached with the
- * same visibility, that prefix's handle is returned (flags still apply) and nothing
- * else changes. KVGC_EINVAL when n_tokens is 0 or differs from a layer's length, or when
- * a kvgc_step already ranked seq's tokens (keep a prompt right after appending it);
+ * (may be NULL). n_tokens is seq's length, or (0.7.1) a multiple of page_tokens below
+ * it: the first whole pages only, e.g. the part of a prompt that other prompts share, so
+ * that the rest stays seq's own to prune. seq continues unchanged (its header pages are
+ * written on `stream`). If the same ids are already cached with the same visibility,
+ * that prefix's handle is returned (flags still apply) and nothing else changes.
+ * KVGC_EINVAL when n_tokens is 0, above a layer's length or below it and not a multiple
+ * of page_tokens, or when a kvgc_step already ranked seq's tokens (keep a prompt right
+ * after appending it);
  * KVGC_ENOMEM when the header pages do not fit; KVGC_EBUDGET past seq's tenant quota. */
 KVGC_API kvgc_status kvgc_prefix_keep(kvgc_heap* heap, kvgc_seq seq, const int32_t* token_ids,
                                       uint64_t n_tokens, uint64_t salt, uint32_t flags,

@@ -41,6 +41,8 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   host::vector<LayerBudget> out(local);
   // A fraction is of the whole length, pinned tokens included (what the sequence would
   // cost unshared), so that sharing never leaves a sequence fewer bytes for its own tokens.
+  // (Own tokens at the rate the whole length's budget gives them lost the private keys
+  // beside a whole prefix: docs/PERF.md, "Serving with the prefix cache".)
   uint64_t length = 0;
   for (const Segment& seg : s.layers) length = std::max(length, seg.length);
   // The split keeps each layer at least its protected tokens where the mean allows.
@@ -140,7 +142,13 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   if (!g.run) return Status::Ok();
   // Known before the op runs: once every candidate is gone, the protected tokens (sinks
   // and the young window, all fp16) are what is left.
-  const uint64_t protect = protected_tokens(policy_, v);
+  // (Less those the prefix cache pins: sinks, and window tokens still in the prefix.)
+  uint64_t protect = protected_tokens(policy_, v);
+  if (seg.pinned_live) {
+    const uint64_t start = std::max<uint64_t>(seg.length > opts_.window ? seg.length - opts_.window : 0, opts_.sinks);
+    protect -= std::min<uint64_t>(protect, std::min<uint64_t>(seg.pinned_live, opts_.sinks) +
+                                               (seg.pinned_live > start ? seg.pinned_live - start : 0));
+  }
   *short_of_budget =
       (g.reclaim > 0 && budget.units != kNoBudget &&
        protect * policy_.unit_cost[KVGC_CLASS_FP16] > budget.units) ||

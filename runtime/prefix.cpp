@@ -79,13 +79,16 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
   for (uint32_t l = 0; l < L; ++l) {
     Segment& seg = s->layers[l];
     KVGC_TRY(settle(s->tenant, seg));
-    if (seg.length != n)
-      return fail(KVGC_EINVAL, "kvgc_prefix_keep: n_tokens " + std::to_string(n) + " differs from seq " +
+    // All of it, or its first whole pages (those others can match: a shared prefix of
+    // prompts), never part of a page the sequence goes on filling.
+    if (seg.length != n && (n > seg.length || n % pt))
+      return fail(KVGC_EINVAL, "kvgc_prefix_keep: n_tokens " + std::to_string(n) + " is neither seq " +
                                    std::to_string(seq) + "'s length " + std::to_string(seg.length) +
-                                   " at layer " + std::to_string(l) +
-                                   " (keep a prompt right after appending exactly its tokens)");
+                                   " at layer " + std::to_string(l) + " nor a multiple of page_tokens (" +
+                                   std::to_string(pt) + ") below it (keep a prompt, or its first "
+                                   "whole pages, right after appending it)");
     // Untouched by the GC: every token live, fp16, in append order, none ranked.
-    if (seg.table[KVGC_CLASS_FP16].live != n || !seg.table[KVGC_CLASS_INT8].pages.empty() ||
+    if (seg.table[KVGC_CLASS_FP16].live != seg.length || !seg.table[KVGC_CLASS_INT8].pages.empty() ||
         !seg.table[KVGC_CLASS_INT4].pages.empty() || seg.tier[kGenIntermediate] || seg.tier[kGenLongTerm])
       return fail(KVGC_EINVAL, "kvgc_prefix_keep: a kvgc_step already ranked seq " + std::to_string(seq) +
                                    "'s tokens at layer " + std::to_string(l) +
@@ -107,9 +110,9 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
       return Status::Ok();
     }
   }
-  uint64_t need = 0;  // header pages: one per page the sequence still holds privately
+  uint64_t need = 0;  // header pages: one per kept page the sequence still holds privately
   for (const Segment& seg : s->layers)
-    for (PageId p : seg.table[KVGC_CLASS_FP16].pages) need += !is_header(p);
+    for (uint32_t i = 0; i < n_pages; ++i) need += !is_header(seg.table[KVGC_CLASS_FP16].pages[i]);
   auto room = [&] { return pool_.can_alloc(kHeaderClass, need); };
   if (!room()) {
     KVGC_TRY(settle_all());

@@ -506,3 +506,90 @@ TEST_CASE("prefix cache, charged to the cache: attached pages stay whole and out
     H.check();
   }
 }
+
+TEST_CASE("prefix cache: keeping a prompt's first whole pages leaves the rest the keeper's own") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 40), model(2, 2, 32));  // 8 tokens a page
+  const auto ids = prompt_ids(50);
+  kvgc_seq keeper;
+  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+  append_prompt(H, keeper, 0, 50);
+  kvgc_prefix p = 0;
+  // Not a page boundary, or past the length: refused, nothing kept.
+  CHECK(kvgc_prefix_keep(H.h, keeper, ids.data(), 36, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(std::string(kvgc_errmsg(H.h)).find("page_tokens") != std::string::npos);
+  const auto longer = prompt_ids(56);
+  CHECK(kvgc_prefix_keep(H.h, keeper, longer.data(), 56, 0, 0, &p, nullptr) == KVGC_EINVAL);
+  CHECK(H.stats().shared_pages == 0);
+  // The first 4 pages: shared; the keeper's other 3 pages (2 full, 1 partly) stay private.
+  const std::vector<int32_t> head(ids.begin(), ids.begin() + 32);
+  const kvgc_prefix first = keep(H, keeper, head);
+  CHECK(H.stats().shared_pages == 2 * 4);
+  CHECK(H.stats().cls_header.pages_used == 2 * 4);
+  // Another prompt with the same first 32 ids attaches them, and nothing after.
+  std::vector<int32_t> other = prompt_ids(45);
+  other[40] = -1;
+  kvgc_seq t;
+  REQUIRE(kvgc_seq_create(H.h, 0, &t) == KVGC_OK);
+  CHECK(attach(H, t, other) == 32);
+  // The keeper may still keep its whole prompt: the kept pages are reused, not copied.
+  const kvgc_prefix whole = keep(H, keeper, ids);
+  CHECK(whole != first);
+  CHECK(H.stats().shared_pages == 2 * 7);
+  CHECK(H.stats().prefixes == 2);
+  H.check();
+  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+  const Image im = image(H, t, 1);
+  REQUIRE(im.pos.size() == 32);
+  for (int32_t i = 0; i < 32; ++i) CHECK(im.pos[size_t(i)] == i);
+  H.check();
+}
+
+TEST_CASE("prefix cache, charged to the cache: a holder spends its whole length's budget on its own tokens") {
+  // A budget fraction is of the holder's whole length, as unshared, and its own tokens
+  // (after the P pinned ones) are what it is spent on: they keep that many tokens once
+  // more than that many are their own. The unshared sequence of the same length keeps
+  // the same number of tokens over its whole length.
+  kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 0, 4, 32, 8);
+  o.budget_bytes = 32 << 20;
+  o.token_budget_fraction = 0.3;
+  o.demote = KVGC_DEMOTE_OFF;
+  o.layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
+  Heap H(o, model(2, 2, 32));
+  const uint32_t P = 200;  // 25 whole pages
+  const auto ids = prompt_ids(P);
+  kvgc_seq keeper, shared, alone;
+  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+  append_prompt(H, keeper, 0, P);
+  keep(H, keeper, ids);
+  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+  REQUIRE(kvgc_seq_create(H.h, 0, &shared) == KVGC_OK);
+  REQUIRE(kvgc_seq_create(H.h, 0, &alone) == KVGC_OK);
+  CHECK(attach(H, shared, ids) == P);
+  append_prompt(H, alone, 0, P);
+  int64_t len = P;
+  for (int round = 0; round < 150; ++round) {
+    const uint32_t n = 2;
+    for (kvgc_seq s : {shared, alone}) {
+      for (uint32_t l = 0; l < 2; ++l) {
+        const auto k = gaussian(H.m, 9, l, len, n, false), v = gaussian(H.m, 9, l, len, n, true);
+        REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+        attend(H, s, l, 9, len, n);
+      }
+      const kvgc_status st = H.step(s);
+      INFO(std::string(kvgc_errmsg(H.h)), " seq ", s, " len ", len);
+      REQUIRE(st == KVGC_OK);  // the protected tokens are the window's: never short
+    }
+    len += n;
+    const double B = std::ceil(0.3 * double(len)), own = double(len - P);
+    for (uint32_t l = 0; l < 2; ++l) {
+      CAPTURE(len);
+      const double alone_n = double(image(H, alone, l).pos.size());
+      CHECK(alone_n <= B);
+      CHECK(alone_n >= B - 2);
+      const double own_n = double(image(H, shared, l).pos.size()) - P;
+      CHECK(own_n <= std::max(B, 32.0 + n));  // a window's worth may stay before the GC runs
+      CHECK(own_n >= std::min(own, B) - 2);
+    }
+  }
+  H.check();
+}

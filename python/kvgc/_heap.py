@@ -177,9 +177,11 @@ class Heap(_kvgc.Heap):
         """Keeps seq's cache of a prompt as a cached prefix; returns its handle (an int).
 
         token_ids: the ids the engine appended (a 1-D int32 host array, or a sequence of
-        ints); every layer of seq must hold exactly len(token_ids) tokens, and no step()
-        may have ranked them yet: keep a prompt right after appending it (InvalidArgument
-        otherwise). seq's pages become shared (no K/V byte is copied) and stay in the heap,
+        ints): all of seq's tokens, or (0.7.1) its first whole pages (len(token_ids) a
+        multiple of page_tokens below seq's length), e.g. the part of a prompt that other
+        prompts share, so that the rest stays seq's own to prune. No step() may have
+        ranked them yet: keep a prompt right after appending it (InvalidArgument
+        otherwise). The kept pages become shared (no K/V byte is copied) and stay in the heap,
         indexed page by page by a chain of hashes of the ids; seq continues unchanged.
 
         Visibility: with salt=0 the prefix is found only by sequences of seq's tenant;

@@ -591,6 +591,20 @@ def test_prefix_partial_match():
         heap.check()
 
 
+def test_prefix_keep_first_whole_pages():
+    with prefix_heap() as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap)
+        with pytest.raises(kvgc.InvalidArgument, match="page_tokens"):
+            heap.keep_prefix(keeper, ids[:12])      # not a page boundary
+        assert heap.stats().shared_pages == 0
+        heap.keep_prefix(keeper, ids[:16])          # 2 whole pages; the rest stays its own
+        assert heap.stats().shared_pages == L * 2
+        seq = heap.new_sequence()
+        assert heap.attach_prefix(seq, ids) == 16
+        np.testing.assert_array_equal(heap.read(seq, 0)[0], k[:16])
+        heap.check()
+
+
 def test_prefix_tenant_isolation_and_salt():
     with prefix_heap() as heap:
         keeper, k, _, ids = keeper_with_prompt(heap, tenant=1)

@@ -259,12 +259,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         kvgc_heap_check(bad);
         break;
       }
-      case 12: {  // kvgc_prefix_keep: the ids it holds, sometimes a wrong count or a bad argument
+      case 12: {  // kvgc_prefix_keep: the ids it holds (or their first whole pages), sometimes a wrong count or a bad argument
         const kvgc_seq s = pick();
         uint64_t len = 0;
         kvgc_seq_tokens(h, s, 0, nullptr, &len);
         const uint8_t mode = in.byte(), f = in.byte();
-        const uint64_t n = mode % 8 == 0 ? len + 1 : mode % 8 == 1 ? (len ? len - 1 : 0) : mode % 8 == 2 ? in.byte() : len;
+        kvgc_heap_options ho;
+        kvgc_heap_options_init(&ho);
+        kvgc_heap_get_options(h, &ho);
+        const uint64_t pt = ho.page_tokens ? ho.page_tokens : 1;  // mode 3: its first whole pages
+        const uint64_t n = mode % 8 == 0 ? len + 1 : mode % 8 == 1 ? (len ? len - 1 : 0) : mode % 8 == 2 ? in.byte()
+                           : mode % 8 == 3 ? len / pt * pt : len;
         const uint64_t salt = (mode >> 3) % 4;  // 0: the tenant's
         const uint32_t flags = f % 8 == 6 ? 0x12u : f & 1 ? KVGC_PREFIX_PIN : 0u;
         const auto it = ids_of.find(s);

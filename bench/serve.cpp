@@ -384,20 +384,25 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
   so.max_running = a.max_running;
   so.stop = quality::stop_tokens(tok);
   so.prefix_cache = is_share(config);
-  // What a sequence of n tokens holds: the full cache every page; a byte budget its share
-  // of the f16 payload (or the tokens no GC removes, sinks and young window, if more),
-  // plus a step's chunk appended before the GC runs, in whole f16 pages.
+  // What a sequence of n tokens holds, the first `cached` paid by the prefix cache: the
+  // full cache every page of the rest; a byte budget its share of the f16 payload for its
+  // whole length (kvgc.h, kvgc_prefix_charge: spent on its own tokens), or the tokens no
+  // GC removes (sinks past the cached part, young window) if more, plus a step's chunk
+  // appended before the GC runs, in whole f16 pages; never more than every page of its own.
   const bool bounded = name != "full";
   so.prefill = a.observe ? engine::Engine::PrefillMode::Observe
                          : engine::Engine::PrefillMode::Stream;
   // An observe prefill holds the whole prompt until its end.
-  so.footprint = [&kv, &eff, bounded, &a](uint64_t n, bool prefilling) {
+  so.footprint = [&kv, &eff, bounded, &a](uint64_t n, uint64_t cached, bool prefilling) {
+    const uint64_t own = n - cached, pt = eff.page_tokens;
     uint64_t full = 0, raw = 0, kept = 0, chunk = 0;
-    kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, eff.page_tokens, &full);
+    kvgc_kv_bytes(&kv, own, KVGC_CLASS_FP16, pt, &full);
     if (!bounded || (prefilling && a.observe)) return full;
     kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, 0, &raw);
-    kvgc_kv_bytes(&kv, eff.sinks + eff.window, KVGC_CLASS_FP16, eff.page_tokens, &kept);
-    kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, eff.page_tokens, &chunk);
+    const uint64_t protect =
+        std::min<uint64_t>(own, eff.window + (eff.sinks > cached ? eff.sinks - cached : 0));
+    kvgc_kv_bytes(&kv, protect, KVGC_CLASS_FP16, pt, &kept);
+    kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, pt, &chunk);
     return std::min(full, std::max(uint64_t(a.fraction * double(raw)), kept) + chunk);
   };
   Stream stream = a.shared_prefix ? make_shared_stream(a, tok) : make_stream(a, tok, prose);
@@ -444,7 +449,7 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
   std::vector<double> delays;
   for (size_t i = 0; i < stream.requests.size(); ++i) {
     const engine::ServeRequest& r = stream.requests[i];
-    row->footprint_sum += double(so.footprint(r.prompt.size() + 1, false));
+    row->footprint_sum += double(so.footprint(r.prompt.size() + 1, 0, false));
     if (!r.error.empty()) {
       ++row->rejected;
       std::fprintf(stderr, "  %s: request %zu refused: %s\n", config.c_str(), i, r.error.c_str());

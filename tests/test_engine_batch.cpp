@@ -441,6 +441,44 @@ int main() {
       }
       check(agree, "requests that attached answer as without the cache");
     }
+    // Under a pruning policy a prompt keeps only the whole pages it shares with another
+    // prompt seen: the first keeps the common 100 tokens' whole pages (the others wait
+    // behind it), the later two attach them and keep nothing; no request's own part is
+    // cached, so its GC's pruning frees its pages.
+    {
+      engine::BatchEngine eng;
+      engine::EngineOptions eo;
+      eo.threads = 1;
+      kvgc_heap_options o = heap_options(64ull << 20);
+      o.token_budget = 0;
+      o.byte_budget_fraction = 0.3;
+      std::vector<engine::ServeRequest> reqs = make();
+      engine::ServeOptions so;
+      so.chunk_tokens = 32;
+      so.max_running = 1;
+      so.prefix_cache = true;
+      so.prefill = engine::Engine::PrefillMode::Observe;
+      bool ok = eng.init(model, &o, &err, eo);
+      kvgc_stats st;
+      kvgc_stats_init(&st);
+      engine::ServeStats ss;
+      if (ok) {
+        engine::Server server(&eng, so);
+        for (engine::ServeRequest& r : reqs) ok = ok && server.submit(&r, &err);
+        for (int steps = 0; ok && !server.idle(); ++steps) ok = steps <= 2000 && server.step(0.0, &err);
+        ss = server.stats();
+        ok = ok && kvgc_get_stats(eng.heap(), &st) == KVGC_OK;
+      }
+      check(ok, "served under a pruning policy with the prefix cache: " + err);
+      const uint64_t common_pages = 100 / o.page_tokens;
+      check(ss.prefix_keeps == 1 && ss.prefix_hits == 2 &&
+                ss.prefix_tokens_attached == 2 * common_pages * o.page_tokens &&
+                st.prefixes == 1 && st.shared_pages == uint64_t(eng.kv_model().n_layers) * common_pages,
+            "the shared whole pages are kept once, no own part (keeps " + std::to_string(ss.prefix_keeps) +
+                ", hits " + std::to_string(ss.prefix_hits) + ", attached " +
+                std::to_string(ss.prefix_tokens_attached) + ", prefixes " + std::to_string(st.prefixes) +
+                ", shared pages " + std::to_string(st.shared_pages) + ")");
+    }
   }
   if (g_failures) std::printf("%d check(s) failed\n", g_failures);
   return g_failures ? 1 : 0;

@@ -28,19 +28,34 @@ Server::~Server() {
   for (const Running& r : running_) kvgc_seq_destroy(engine_->heap(), r.seq);
 }
 
-uint64_t Server::footprint(uint64_t tokens, bool prefilling) const {
-  if (options_.footprint) return options_.footprint(tokens, prefilling);
-  uint64_t bytes = 0;  // the full cache: every token's pages
-  kvgc_heap_options o;
-  kvgc_heap_options_init(&o);
-  kvgc_heap_get_options(engine_->heap(), &o);
-  kvgc_kv_bytes(&engine_->kv_model(), tokens, KVGC_CLASS_FP16, o.page_tokens, &bytes);
+uint64_t Server::footprint(uint64_t tokens, uint64_t cached, bool prefilling) const {
+  if (options_.footprint) return options_.footprint(tokens, cached, prefilling);
+  uint64_t bytes = 0;  // the full cache: every page of the tokens it holds itself
+  kvgc_kv_bytes(&engine_->kv_model(), tokens - cached, KVGC_CLASS_FP16, page_tokens_, &bytes);
   return bytes;
 }
 
 uint64_t Server::own_footprint(const Running& r, bool prefilling) const {
-  const size_t paid = std::max(whole_attached_ ? r.attached : 0, whole_kept_ ? r.kept_whole : 0);
-  return footprint(r.context.size() + 1 - paid, prefilling);
+  const size_t paid = std::max(whole_attached_ ? r.attached / page_tokens_ * page_tokens_ : 0,
+                               whole_kept_ ? r.kept / page_tokens_ * page_tokens_ : 0);
+  return footprint(r.context.size() + 1, paid, prefilling);
+}
+
+size_t Server::tokens_to_keep(const Running& r) const {
+  const size_t n = r.prompt_end;
+  if (whole_kept_) return n;  // no GC: the cache's pages are the sequence's anyway
+  size_t common = 0;  // the longest run of ids it shares with another prompt
+  auto compare = [&](const ServeRequest* from, const std::vector<int32_t>& other) {
+    if (from == r.request) return;
+    const size_t m = std::min(n, other.size());
+    size_t i = 0;
+    while (i < m && other[i] == r.context[i]) ++i;
+    common = std::max(common, i);
+  };
+  for (size_t i = 0; i < waiting_.size() && i < kSeenPrompts; ++i) compare(waiting_[i], waiting_[i]->prompt);
+  for (const auto& [from, prompt] : seen_) compare(from, prompt);
+  const size_t keep = common >= n ? n : common / page_tokens_ * page_tokens_;
+  return keep > r.attached ? keep : 0;
 }
 
 uint64_t Server::cache_held(const Running* extra, uint64_t shared_bytes) const {
@@ -51,24 +66,24 @@ uint64_t Server::cache_held(const Running* extra, uint64_t shared_bytes) const {
   // sequences that prefilled the same prompt at once keep two), counted apart.
   std::vector<const Running*> held;
   uint64_t tokens = 0;
+  auto held_of = [](const Running* r) { return std::max(r->attached, r->kept); };
   auto add = [&](const Running& r) {
-    if (r.attached > 0) held.push_back(&r);
-    if (r.kept_whole > r.attached) tokens += r.kept_whole - r.attached;
+    if (held_of(&r) > 0) held.push_back(&r);
   };
   for (const Running& r : running_) add(r);
   if (extra) add(*extra);
-  std::sort(held.begin(), held.end(), [](const Running* a, const Running* b) {
-    return std::lexicographical_compare(a->context.begin(), a->context.begin() + a->attached,
-                                        b->context.begin(), b->context.begin() + b->attached);
+  std::sort(held.begin(), held.end(), [&](const Running* a, const Running* b) {
+    return std::lexicographical_compare(a->context.begin(), a->context.begin() + held_of(a),
+                                        b->context.begin(), b->context.begin() + held_of(b));
   });
   for (size_t i = 0; i < held.size(); ++i) {
     size_t common = 0;
     if (i > 0) {
-      const size_t n = std::min(held[i]->attached, held[i - 1]->attached);
+      const size_t n = std::min(held_of(held[i]), held_of(held[i - 1]));
       while (common < n && held[i]->context[common] == held[i - 1]->context[common]) ++common;
       common = common / page_tokens_ * page_tokens_;  // pages are shared whole
     }
-    tokens += held[i]->attached - common;
+    tokens += held_of(held[i]) - common;
   }
   if (tokens == 0) return 0;
   uint64_t bytes = 0;
@@ -104,7 +119,7 @@ bool Server::admit(double now, std::string* err) {
     Running run{r, 0, r->prompt, 0, 0, 0};
     run.context.insert(run.context.end(), r->output.begin(), r->output.end());
     run.prompt_end = run.context.size();
-    run.footprint = footprint(run.context.size() + 1, true);
+    run.footprint = footprint(run.context.size() + 1, 0, true);
     if (run.footprint > arena_bytes_) {  // could never run, even alone
       waiting_.pop_front();
       r->error = "needs " + std::to_string(run.footprint) + " bytes; the arena holds " +
@@ -146,6 +161,10 @@ bool Server::admit(double now, std::string* err) {
       stats_.prefix_tokens_attached += attached;
     }
     waiting_.pop_front();
+    if (options_.prefix_cache && r->admitted < 0) {  // for tokens_to_keep
+      if (seen_.size() == kSeenPrompts) seen_.pop_front();
+      seen_.emplace_back(r, r->prompt);
+    }
     if (r->admitted < 0) r->admitted = now;
     projected_ += run.footprint;
     running_.push_back(std::move(run));
@@ -243,15 +262,14 @@ bool Server::step(double now, std::string* err) {
       else stats_.prompt_tokens += items_[j].n;
       r.done += items_[j].n;
       if (items_[j].observe && r.done == r.prompt_end) {  // the prompt is in: evict to budget
-        if (options_.prefix_cache) {  // keep it first: no kvgc_step has ranked it yet
-          const kvgc_status k = kvgc_prefix_keep(engine_->heap(), r.seq, r.context.data(),
-                                                 r.prompt_end, options_.prefix_salt, 0,
-                                                 nullptr, nullptr);
+        // Keep it first: no kvgc_step has ranked it yet.
+        const size_t keep = options_.prefix_cache ? tokens_to_keep(r) : 0;
+        if (keep) {
+          const kvgc_status k = kvgc_prefix_keep(engine_->heap(), r.seq, r.context.data(), keep,
+                                                 options_.prefix_salt, 0, nullptr, nullptr);
           if (k == KVGC_OK) {
             ++stats_.prefix_keeps;
-            // Under the full policy no GC touches them: the cache alone holds those pages.
-            // Otherwise its GC prunes its view (demoted copies are its own): it still pays.
-            if (whole_kept_) r.kept_whole = r.prompt_end / page_tokens_ * page_tokens_;
+            r.kept = keep;  // under a pruning policy its GC still prunes its own view of them
           } else if (k == KVGC_EINVAL || k == KVGC_ENOMEM || k == KVGC_EBUDGET) {
             ++stats_.prefix_keep_failed;  // served as without the cache
           } else {

@@ -48,22 +48,29 @@ struct ServeOptions {
   Engine::PrefillMode prefill = Engine::PrefillMode::Stream;
   // The bytes a sequence of `tokens` tokens is expected to hold under the heap's policy
   // (`prefilling`: while its prompt enters the cache): a request is admitted only while
-  // the running sequences' and its own fit the arena. Default: every page (the full cache).
-  // With prefix_cache, `tokens` are those the sequence holds itself (below).
-  std::function<uint64_t(uint64_t tokens, bool prefilling)> footprint;
+  // the running sequences' and its own fit the arena. With prefix_cache, the first
+  // `cached` of them are pages the cache pays for (below): the sequence holds the rest.
+  // Default: every page of the rest (the full cache).
+  std::function<uint64_t(uint64_t tokens, uint64_t cached, bool prefilling)> footprint;
   std::vector<int32_t> stop;       // token ids that end an answer
   // The prefix cache (kvgc 0.7; observe prefill only: submit refuses it with a stream
   // prefill, whose GC ranks the prompt before it is in). On admission a sequence attaches
   // the longest cached prefix of its context (at most all but its last token, which runs
   // for the logits) and prefills the rest; when its prompt is in (before end_observe's
-  // GC), it keeps it (kvgc_prefix_keep; KVGC_EINVAL / KVGC_ENOMEM / KVGC_EBUDGET are
-  // counted and ignored). Admission then counts, per sequence, footprint() of the tokens
-  // it holds itself (its context less the pages the cache pays for: attached whole pages
-  // under KVGC_PREFIX_CHARGE=cache or the full policy; its own kept pages under the full
-  // policy), plus once the cached pages the running sequences hold (the union of their
-  // attached prefixes, and each kept prompt's own pages), at most kvgc_stats.shared_bytes,
-  // read once per admission pass. Cached pages no running sequence holds count as free: the heap evicts them,
-  // least recently used first, before an append or a plan runs short (vLLM's rule).
+  // GC), it keeps what others can use (kvgc_prefix_keep; KVGC_EINVAL / KVGC_ENOMEM /
+  // KVGC_EBUDGET are counted and ignored):
+  //  - under the full policy, its whole prompt (its pages are held whole anyway);
+  //  - under a pruning policy, the whole pages it shares with another prompt seen
+  //    (waiting, or among the last kSeenPrompts admitted), when more than it attached:
+  //    a prompt's own part stays its own, for its GC to prune and free (kept, the cache
+  //    would hold every page its GC prunes).
+  // Admission then counts, per sequence, footprint() of its context with the pages the
+  // cache pays for (attached whole pages under KVGC_PREFIX_CHARGE=cache or the full
+  // policy; its kept pages under the full policy), plus once the cached pages the running
+  // sequences hold (the union of what they attached or kept), at most
+  // kvgc_stats.shared_bytes, read once per admission pass. Cached pages no running
+  // sequence holds count as free: the heap evicts them, least recently used first, before
+  // an append or a plan runs short (vLLM's rule).
   bool prefix_cache = false;
   uint64_t prefix_salt = 0;        // kvgc_prefix_keep/attach's salt (0: the tenant's own)
 };
@@ -115,13 +122,16 @@ class Server {
     size_t prompt_end = 0;         // context.size() at admission: what prefill runs
     uint64_t footprint = 0;        // projected bytes now (of the tokens it holds itself)
     size_t attached = 0;           // context tokens attached from the prefix cache
-    size_t kept_whole = 0;         // its kept prompt's whole-page tokens the cache pays for
+    size_t kept = 0;               // tokens of its context it kept in the prefix cache
   };
+  static constexpr size_t kSeenPrompts = 64;
   bool admit(double now, std::string* err);
   void preempt(size_t index);      // running_[index] back to the front of the queue
   void finish(size_t index, double now);
-  uint64_t footprint(uint64_t tokens, bool prefilling) const;
+  uint64_t footprint(uint64_t tokens, uint64_t cached, bool prefilling) const;
   uint64_t own_footprint(const Running& r, bool prefilling) const;
+  // What a finished prompt keeps in the prefix cache (see ServeOptions::prefix_cache).
+  size_t tokens_to_keep(const Running& r) const;
   // Bytes of the cached prefixes the running sequences (and `extra`) hold, each page once.
   uint64_t cache_held(const Running* extra, uint64_t shared_bytes) const;
 
@@ -134,6 +144,8 @@ class Server {
   bool whole_kept_ = false;        // nor its own kept pages (the full policy: no GC)
   uint64_t projected_ = 0;         // footprints of the running sequences
   std::deque<ServeRequest*> waiting_;
+  // The last kSeenPrompts admitted prompts (the pointer only tells a prompt from itself).
+  std::deque<std::pair<const ServeRequest*, std::vector<int32_t>>> seen_;
   std::vector<Running> running_;   // in admission order
   ServeStats stats_;
   std::vector<BatchItem> items_;

@@ -1,10 +1,14 @@
 // kvgc-plan's building blocks: the GGUF reader (on files written here, valid and
-// hostile), the JSON reader, model shapes from config.json and GGUF, and the plan
-// arithmetic against kvgc_kv_bytes.
+// hostile), the JSON reader, model shapes from config.json and GGUF, the plan
+// arithmetic against kvgc_kv_bytes (sharing a prefix included), and kvgc-plan itself on
+// the command line.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -159,6 +163,28 @@ std::string samples_dir() {
                             fs::path("../tools/samples")})
     if (fs::is_directory(p)) return p.string();
   return "tools/samples";
+}
+
+// kvgc-plan: $KVGC_PLAN_EXE, else the one built beside this test (build/tools/), else "".
+std::string plan_exe() {
+  if (const char* env = std::getenv("KVGC_PLAN_EXE")) return env;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const fs::path exe = self.parent_path().parent_path() / "tools" / "kvgc-plan";
+  return fs::exists(exe, ec) ? exe.string() : "";
+}
+
+// kvgc-plan run with `args`: its exit status, its stdout and stderr in *output.
+int run_plan(const std::string& exe, const std::string& args, std::string* output) {
+  output->clear();
+  FILE* pipe = popen(("'" + exe + "' " + args + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  size_t got = 0;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, got);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 kvgc_tools::ModelShape load_sample(const std::string& file) {
@@ -679,6 +705,30 @@ TEST_CASE("plan: fits are consistent across modes and batches") {
   CHECK(kvgc_tools::int4_tokens(p, kvgc_tools::FitMode::kEvictInt4, 1000) == 125);
   CHECK(kvgc_tools::int4_tokens(p, kvgc_tools::FitMode::kEvict, 1000) == 0);
 
+  // sequence_bytes is kept_bytes of the kept and int4 counts; kept_bytes is whole pages
+  // of each class, by kvgc_kv_bytes.
+  const auto class_bytes = [&](uint64_t tokens, kvgc_storage_class cls) {
+    uint64_t b = 0;
+    REQUIRE(kvgc_kv_bytes(&p.model, tokens, cls, p.page_tokens, &b) == KVGC_OK);
+    return b;
+  };
+  for (kvgc_tools::FitMode mode : kvgc_tools::kFitModes)
+    for (uint64_t ctx : {1, 17, 1000, 4099}) {
+      CAPTURE(ctx);
+      CHECK(kvgc_tools::sequence_bytes(p, mode, ctx) ==
+            kvgc_tools::kept_bytes(p, kvgc_tools::kept_tokens(p, mode, ctx),
+                                   kvgc_tools::int4_tokens(p, mode, ctx)));
+    }
+  CHECK(kvgc_tools::kept_bytes(p, 0, 0) == 0);
+  CHECK(kvgc_tools::kept_bytes(p, 505, 0) == class_bytes(505, KVGC_CLASS_FP16));
+  CHECK(kvgc_tools::kept_bytes(p, 505, 252) ==
+        class_bytes(253, KVGC_CLASS_FP16) + class_bytes(252, KVGC_CLASS_INT4));
+  CHECK(kvgc_tools::kept_bytes(p, 505, 505) == class_bytes(505, KVGC_CLASS_INT4));
+  CHECK(kvgc_tools::kept_bytes(p, 505, 600) == class_bytes(505, KVGC_CLASS_INT4));
+  // Past kvgc_kv_bytes' 2^40 tokens: too big.
+  CHECK(kvgc_tools::kept_bytes(p, (uint64_t(1) << 40) + 1, 0) == UINT64_MAX);
+  CHECK(kvgc_tools::kept_bytes(p, UINT64_MAX, UINT64_MAX) == UINT64_MAX);
+
   // A budget below one page (in every layer) of either class fits nothing.
   p.budget_bytes = plan.cost.page_int4 - 1;
   REQUIRE(kvgc_tools::make_plan(p, &plan, &err));
@@ -715,6 +765,10 @@ TEST_CASE("plan: bad parameters are refused with a message") {
   bad.batches = {};
   CHECK_FALSE(kvgc_tools::make_plan(bad, &plan, &err));
   bad = p;
+  bad.page_tokens = 0;  // kvgc_kv_bytes' "raw" is no page size
+  CHECK_FALSE(kvgc_tools::make_plan(bad, &plan, &err));
+  CHECK(err.find("page_tokens") != std::string::npos);
+  bad = p;
   bad.model.head_dim = 3;
   CHECK_FALSE(kvgc_tools::make_plan(bad, &plan, &err));
   CHECK(err.find("head_dim") != std::string::npos);
@@ -749,4 +803,340 @@ TEST_CASE("plan: command-line value forms and formatting") {
   CHECK(kvgc_tools::format_count(0) == "0");
   CHECK(kvgc_tools::format_count(999) == "999");
   CHECK(kvgc_tools::format_count(3578480) == "3,578,480");
+}
+
+TEST_CASE("plan: a header page is the bytes of a page before its K/V") {
+  const kvgc_model_desc smol = load_sample("SmolLM2-135M-Instruct.json").desc;
+  std::string err;
+  // kvgc.h's layout: live uint32[ceil(pt/32)], then pos, score, recent (4 bytes a slot)
+  // and gen (1 byte a slot), each array on 16 bytes, K on 128.
+  CHECK(kvgc_tools::header_page_bytes(smol, 16, &err) == 256);   // 16+64+64+64+16 -> 256
+  CHECK(kvgc_tools::header_page_bytes(smol, 1, &err) == 128);    // 16+16+16+16+1 -> 128
+  CHECK(kvgc_tools::header_page_bytes(smol, 256, &err) == 3456); // 32+3*1024+256 -> 3456
+  CHECK(kvgc_tools::header_page_bytes(smol, 100, &err) == 1408); // 16+3*400+100 -> 1408
+
+  // The same as the page layout's K offset, for any class, and the model's shape does not
+  // matter (a page of 2 GiB per layer included).
+  kvgc_model_desc big = smol;
+  big.n_layers = 4096;
+  big.n_q_heads = big.n_kv_heads = 1024;
+  big.head_dim = 1024;
+  big.dtype = KVGC_DTYPE_F32;
+  CHECK(kvgc_tools::header_page_bytes(big, 256, &err) == 3456);
+  for (uint32_t pt : {1u, 16u, 33u, 256u}) {
+    CAPTURE(pt);
+    kvgc_heap_options opts;
+    kvgc_heap_options_init(&opts);
+    opts.flags |= KVGC_OPT_IGNORE_ENV;
+    opts.device = KVGC_DEVICE_CPU;
+    opts.page_tokens = pt;
+    opts.budget_bytes = 8u << 20;
+    kvgc_heap* heap = nullptr;
+    REQUIRE_MESSAGE(kvgc_heap_create(&smol, &opts, &heap) == KVGC_OK, kvgc_errmsg(nullptr));
+    for (kvgc_storage_class cls : {KVGC_CLASS_FP16, KVGC_CLASS_INT8, KVGC_CLASS_INT4}) {
+      kvgc_page_layout layout{};
+      layout.struct_size = sizeof layout;
+      REQUIRE(kvgc_page_layout_get(heap, cls, &layout) == KVGC_OK);
+      CHECK(kvgc_tools::header_page_bytes(smol, pt, &err) == layout.k_offset);
+    }
+    kvgc_heap_destroy(heap);
+  }
+  // A shape kvgc refuses has no header size.
+  kvgc_model_desc bad = smol;
+  bad.head_dim = 3;
+  CHECK(kvgc_tools::header_page_bytes(bad, 16, &err) == 0);
+  CHECK(err.find("head_dim") != std::string::npos);
+}
+
+TEST_CASE("plan: sharing a prefix, against kvgc_kv_bytes by hand") {
+  using kvgc_tools::FitMode;
+  kvgc_tools::PlanParams p;
+  p.model = load_sample("SmolLM2-135M-Instruct.json").desc;
+  p.budget_bytes = uint64_t(1) << 30;
+  uint64_t page = 0, page4 = 0;  // one page in each of the 30 layers
+  REQUIRE(kvgc_kv_bytes(&p.model, 16, KVGC_CLASS_FP16, 16, &page) == KVGC_OK);
+  REQUIRE(kvgc_kv_bytes(&p.model, 16, KVGC_CLASS_INT4, 16, &page4) == KVGC_OK);
+  CHECK(page == 30u * 12544);  // 256 B of header, K and V of 16 x 3 x 64 bf16: 6144 B each
+  CHECK(page4 == 30u * 4096);   // 256 + 1536 + 1536 + 2 x 384 (scale/zero pairs)
+  const auto kv = [&](uint64_t tokens) {
+    uint64_t b = 0;
+    REQUIRE(kvgc_kv_bytes(&p.model, tokens, KVGC_CLASS_FP16, 16, &b) == KVGC_OK);
+    return b;
+  };
+
+  // 8 requests on a prefix of 128 whole pages and 5 tokens, 500 tokens each of their own.
+  kvgc_tools::ShareParams s;
+  s.prefix_tokens = 2053;
+  s.own_tokens = 500;
+  s.requests = 8;
+  s.header_bytes = 256;
+  kvgc_tools::SharePlan sp;
+  std::string err;
+  REQUIRE_MESSAGE(kvgc_tools::make_share_plan(p, s, &sp, &err), err);
+  CHECK(sp.shared_pages == 128);
+  CHECK(sp.tail_tokens == 5);
+  REQUIRE(sp.rows.size() == 6);
+  const uint64_t headers = 128u * 30 * 256;  // a header page per shared page per layer
+  const uint64_t once = 128 * page;          // the prefix's whole pages
+  CHECK(once == kv(2048));
+
+  struct Want {
+    FitMode mode;
+    bool shared;
+    uint64_t tokens, kept, int4;  // held by each request, kept of those, int4 of the kept
+    uint64_t once, per_request;
+  };
+  // The rows of 8 requests: check them against `want`, the full cache unshared first.
+  const auto check_rows = [&](const Want(&want)[6]) {
+    for (size_t i = 0; i < 6; ++i) {
+      CAPTURE(i);
+      const kvgc_tools::ShareRow& r = sp.rows[i];
+      CHECK(r.mode == want[i].mode);
+      CHECK(r.shared == want[i].shared);
+      CHECK(r.tokens == want[i].tokens);
+      CHECK(r.kept == want[i].kept);
+      CHECK(r.int4 == want[i].int4);
+      CHECK(r.once_bytes == want[i].once);
+      CHECK(r.header_bytes == (r.shared ? headers : 0));
+      CHECK(r.per_request == want[i].per_request);
+      CHECK(r.total_bytes == want[i].once + 8 * want[i].per_request);
+      CHECK(r.requests_fit == (p.budget_bytes - want[i].once) / want[i].per_request);
+      const double unshared = double(8 * want[i & ~size_t(1)].per_request);
+      CHECK(r.vs_unshared == doctest::Approx(r.shared ? unshared / double(r.total_bytes) : 1));
+      CHECK(r.vs_full == doctest::Approx(double(8 * want[0].per_request) / double(r.total_bytes)));
+    }
+  };
+  // P + U = 2553; own = 5 + 500 = 505. keep 25% of the whole length: ceil(638.25) = 639
+  // tokens, more than its own 505, so a shared request keeps all of its own.
+  const Want short_own[] = {
+      // 2553 tokens: 160 pages.
+      {FitMode::kFull, false, 2553, 2553, 0, 0, 160 * page},
+      // 5 + 500 own tokens: 32 pages, and the headers.
+      {FitMode::kFull, true, 505, 505, 0, once, 32 * page + headers},
+      // 639 tokens kept: 40 pages.
+      {FitMode::kEvict, false, 2553, 639, 0, 0, 40 * page},
+      // min(505, 639) = 505 own tokens kept: 32 pages, as the full cache; the prefix
+      // stays whole.
+      {FitMode::kEvict, true, 505, 505, 0, once, 32 * page + headers},
+      // 639 kept, floor(319.5) = 319 int4: 320 + 319 tokens, 20 pages of each class.
+      {FitMode::kEvictInt4, false, 2553, 639, 319, 0, 20 * page + 20 * page4},
+      // 505 kept, floor(252.5) = 252 int4: 253 + 252 tokens, 16 pages of each class.
+      {FitMode::kEvictInt4, true, 505, 505, 252, once, 16 * page + 16 * page4 + headers},
+  };
+  check_rows(short_own);
+  CHECK(sp.rows[0].per_request == kv(2553));
+  CHECK(sp.rows[1].per_request == kv(505) + headers);
+  CHECK(sp.rows[3].per_request == sp.rows[1].per_request);
+  // By hand: 8 x 160 pages unshared, 128 + 8 x 32 pages and 8 x 960 KiB of headers
+  // shared (full cache and eviction alike); eviction unshared 8 x 40 pages; eviction +
+  // int4 shared: 128 + 8 x 16 pages of each class and the headers. Eviction shared holds
+  // more than eviction unshared here: the prefix, whole, outweighs the 134 tokens a
+  // request keeps fewer.
+  CHECK(sp.rows[1].vs_unshared == doctest::Approx(481689600.0 / 152371200).epsilon(1e-12));
+  CHECK(sp.rows[3].vs_unshared == doctest::Approx(120422400.0 / 152371200).epsilon(1e-12));
+  CHECK(sp.rows[3].vs_full == doctest::Approx(481689600.0 / 152371200).epsilon(1e-12));
+  CHECK(sp.rows[5].vs_full == doctest::Approx(481689600.0 / 119930880).epsilon(1e-12));
+
+  // 4000 tokens each of their own: P + U = 6053, own = 4005, more than keep 25% of the
+  // whole length, ceil(1513.25) = 1514: a shared request keeps 1514 of its own tokens,
+  // as many as it keeps unshared.
+  s.own_tokens = 4000;
+  REQUIRE_MESSAGE(kvgc_tools::make_share_plan(p, s, &sp, &err), err);
+  const Want long_own[] = {
+      // 6053 tokens: 379 pages (378 x 16 = 6048).
+      {FitMode::kFull, false, 6053, 6053, 0, 0, 379 * page},
+      // 4005 own tokens: 251 pages (250 x 16 = 4000), and the headers.
+      {FitMode::kFull, true, 4005, 4005, 0, once, 251 * page + headers},
+      // 1514 kept: 95 pages (94 x 16 = 1504).
+      {FitMode::kEvict, false, 6053, 1514, 0, 0, 95 * page},
+      // min(4005, 1514) = 1514 of its own: the same 95 pages, and the headers.
+      {FitMode::kEvict, true, 4005, 1514, 0, once, 95 * page + headers},
+      // 1514 kept, 757 int4: 757 + 757 tokens, 48 pages of each class (47 x 16 = 752).
+      {FitMode::kEvictInt4, false, 6053, 1514, 757, 0, 48 * page + 48 * page4},
+      {FitMode::kEvictInt4, true, 4005, 1514, 757, once, 48 * page + 48 * page4 + headers},
+  };
+  check_rows(long_own);
+  CHECK(sp.rows[0].per_request == kv(6053));
+  CHECK(sp.rows[1].per_request == kv(4005) + headers);
+  CHECK(sp.rows[3].per_request == kv(1514) + headers);
+  // By hand: eviction unshared 8 x 95 pages = 286003200 B; shared 128 pages once and
+  // 8 x (95 pages + 960 KiB of headers) = 48168960 + 293867520 B.
+  CHECK(sp.rows[3].vs_unshared == doctest::Approx(286003200.0 / 342036480).epsilon(1e-12));
+  s.own_tokens = 500;
+
+  // A prefix of whole pages: the requests hold none of it. Without a header size,
+  // headers count 0.
+  s.prefix_tokens = 2048;
+  s.header_bytes = 0;
+  REQUIRE(kvgc_tools::make_share_plan(p, s, &sp, &err));
+  CHECK(sp.tail_tokens == 0);
+  CHECK(sp.rows[1].once_bytes == 128 * page);
+  CHECK(sp.rows[1].per_request == kv(500));
+  CHECK(sp.rows[1].header_bytes == 0);
+
+  // A prefix shorter than a page shares nothing (pages are shared whole).
+  s.prefix_tokens = 5;
+  s.header_bytes = 256;
+  REQUIRE(kvgc_tools::make_share_plan(p, s, &sp, &err));
+  CHECK(sp.shared_pages == 0);
+  for (size_t i = 0; i < 6; i += 2) {
+    CHECK(sp.rows[i + 1].once_bytes == 0);
+    CHECK(sp.rows[i + 1].per_request == sp.rows[i].per_request);
+    CHECK(sp.rows[i + 1].total_bytes == sp.rows[i].total_bytes);
+    CHECK(sp.rows[i + 1].vs_unshared == 1);
+  }
+
+  // A budget below the prefix holds no shared request.
+  s.prefix_tokens = 2053;
+  p.budget_bytes = once - 1;
+  REQUIRE(kvgc_tools::make_share_plan(p, s, &sp, &err));
+  CHECK(sp.rows[0].requests_fit == (once - 1) / (160 * page));
+  for (size_t i = 1; i < 6; i += 2) CHECK(sp.rows[i].requests_fit == 0);
+
+  // The largest of everything: byte counts saturate, ratios are not numbers, nothing fits.
+  kvgc_tools::PlanParams big = p;
+  big.model.n_layers = 4096;
+  big.model.n_q_heads = big.model.n_kv_heads = 1024;
+  big.model.head_dim = 1024;
+  big.model.dtype = KVGC_DTYPE_F32;
+  big.page_tokens = 256;
+  big.budget_bytes = kvgc_tools::kMaxBudgetBytes;
+  s.prefix_tokens = s.own_tokens = kvgc_tools::kMaxContext;
+  s.requests = kvgc_tools::kMaxRequests;
+  s.header_bytes = 3456;
+  REQUIRE_MESSAGE(kvgc_tools::make_share_plan(big, s, &sp, &err), err);
+  for (const kvgc_tools::ShareRow& r : sp.rows) {
+    CHECK(r.total_bytes == UINT64_MAX);
+    CHECK(r.requests_fit == 0);
+    CHECK(std::isnan(r.vs_full));
+  }
+  CHECK(sp.rows[1].header_bytes == (uint64_t(1) << 24) * 4096 * 3456);
+}
+
+TEST_CASE("plan: bad sharing parameters are refused with a message") {
+  kvgc_tools::PlanParams p;
+  p.model = load_sample("Qwen2.5-7B.json").desc;
+  kvgc_tools::ShareParams s;
+  s.prefix_tokens = 1024;
+  s.requests = 4;
+  s.header_bytes = 256;
+  kvgc_tools::SharePlan sp;
+  std::string err;
+  REQUIRE(kvgc_tools::make_share_plan(p, s, &sp, &err));
+
+  const auto refused = [&](const kvgc_tools::PlanParams& bp, const kvgc_tools::ShareParams& bs,
+                           const char* word) {
+    err.clear();
+    CHECK_FALSE(kvgc_tools::make_share_plan(bp, bs, &sp, &err));
+    CAPTURE(err);
+    CHECK(err.find(word) != std::string::npos);
+  };
+  kvgc_tools::ShareParams bad = s;
+  bad.prefix_tokens = 0;
+  refused(p, bad, "shared prefix");
+  bad.prefix_tokens = kvgc_tools::kMaxContext + 1;
+  refused(p, bad, "shared prefix");
+  bad = s;
+  bad.own_tokens = 0;
+  refused(p, bad, "own tokens");
+  bad.own_tokens = kvgc_tools::kMaxContext + 1;
+  refused(p, bad, "own tokens");
+  bad = s;
+  bad.requests = 0;
+  refused(p, bad, "requests");
+  bad.requests = kvgc_tools::kMaxRequests + 1;
+  refused(p, bad, "requests");
+  bad = s;
+  bad.header_bytes = 1 << 20;
+  refused(p, bad, "header");
+  kvgc_tools::PlanParams bp = p;
+  bp.keep = 0;
+  refused(bp, s, "keep");
+  bp = p;
+  bp.budget_bytes = 0;
+  refused(bp, s, "budget");
+  bp = p;
+  bp.page_tokens = 0;
+  refused(bp, s, "page_tokens");
+}
+
+TEST_CASE("plan: kvgc-plan --shared-prefix prints the sharing table, refuses bad values") {
+  const std::string exe = plan_exe();
+  if (exe.empty()) {
+    MESSAGE("kvgc-plan not built beside this test and KVGC_PLAN_EXE not set: skipped");
+    return;
+  }
+  const std::string smol = "--config '" + samples_dir() + "/SmolLM2-135M-Instruct.json'";
+  std::string out;
+  REQUIRE(run_plan(exe, smol + " --budget 2G --shared-prefix 2053 --requests 8 --own 500",
+                   &out) == 0);
+  CAPTURE(out);
+  CHECK(out.find("Sharing a 2,053-token prefix over 8 requests, each with 500 tokens of its "
+                 "own") != std::string::npos);
+  CHECK(out.find("256 B header page") != std::string::npos);
+  CHECK(out.find("prefix's 128 pages once (45.94 MiB)") != std::string::npos);
+  // The note under the table, its line breaks undone (it is wrapped to the terminal).
+  const size_t note_at = out.find("  shared: the prefix cache");
+  REQUIRE(note_at != std::string::npos);
+  std::string note;
+  for (size_t i = note_at; i < out.size(); ++i) {
+    if (out.compare(i, 3, "\n  ") == 0) i += 2;
+    note.push_back(out[i] == '\n' ? ' ' : out[i]);
+  }
+  CHECK(note.find("the prefix's last 5 past its whole pages and its U (own = 505)") !=
+        std::string::npos);
+  CHECK(note.find("Under eviction a request's budget is --keep of its whole length, as "
+                  "unshared, spent on its own tokens: it keeps min(own, keep x (P+U)); sharing "
+                  "never leaves it fewer of its own tokens.") != std::string::npos);
+  CHECK(note.find("Here it keeps min(505, 639) = 505 (the int4 row: 252 of them int4).") !=
+        std::string::npos);
+  // The figures of make_share_plan (checked by hand above), printed.
+  kvgc_tools::PlanParams p;
+  p.model = load_sample("SmolLM2-135M-Instruct.json").desc;
+  p.budget_bytes = uint64_t(2) << 30;
+  kvgc_tools::ShareParams s;
+  s.prefix_tokens = 2053;
+  s.own_tokens = 500;
+  s.requests = 8;
+  s.header_bytes = 256;
+  kvgc_tools::SharePlan sp;
+  std::string err;
+  REQUIRE(kvgc_tools::make_share_plan(p, s, &sp, &err));
+  char tail[256];
+  std::snprintf(tail, sizeof tail,
+                " shared_prefix=2053 requests=8 own=500 full_shared_x=%.3f evict_shared_x=%.3f "
+                "evict_int4_shared_x=%.3f evict_int4_shared_vs_full_x=%.3f\n",
+                sp.rows[1].vs_unshared, sp.rows[3].vs_unshared, sp.rows[5].vs_unshared,
+                sp.rows[5].vs_full);
+  CHECK(out.size() > std::strlen(tail));
+  CHECK(out.substr(out.size() - std::strlen(tail)) == tail);
+  CHECK(out.find(kvgc_tools::format_count(sp.rows[1].requests_fit)) != std::string::npos);
+  CHECK(out.find(kvgc_tools::format_bytes(sp.rows[1].total_bytes)) != std::string::npos);
+
+  // --requests defaults to the largest batch; --own to 512. Without --shared-prefix
+  // there is no table and the RESULT line is as before.
+  REQUIRE(run_plan(exe, smol + " --batch 4,2 --shared-prefix 1k", &out) == 0);
+  CHECK(out.find(" shared_prefix=1024 requests=4 own=512 ") != std::string::npos);
+  REQUIRE(run_plan(exe, smol, &out) == 0);
+  CHECK(out.find("Sharing") == std::string::npos);
+  CHECK(out.find("shared_prefix=") == std::string::npos);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"--shared-prefix 0", "--shared-prefix: invalid value '0'"},
+      {"--shared-prefix 4194305k", "--shared-prefix: invalid value '4194305k'"},
+      {"--shared-prefix 1.5k", "--shared-prefix: invalid value '1.5k'"},
+      {"--shared-prefix", "--shared-prefix needs a value"},
+      {"--shared-prefix 2k --own 0", "--own: invalid value '0'"},
+      {"--shared-prefix 2k --own=4294967297", "--own: invalid value '4294967297'"},
+      {"--shared-prefix 2k --requests 0", "--requests: invalid value '0'"},
+      {"--shared-prefix 2k --requests 1048577", "--requests: invalid value '1048577'"},
+      {"--own 100", "--own describes the requests sharing a prefix: give --shared-prefix"},
+      {"--requests 8", "--requests describes the requests sharing a prefix"},
+  };
+  for (const auto& [args, message] : bad) {
+    CAPTURE(args);
+    CHECK(run_plan(exe, smol + " " + args, &out) == 2);
+    CAPTURE(out);
+    CHECK(out.rfind(std::string("kvgc-plan: ") + message, 0) == 0);
+  }
 }

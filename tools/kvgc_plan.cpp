@@ -1,7 +1,9 @@
-// kvgc-plan: how much KV-cache memory a model needs, and how many tokens a byte budget
-// holds with a full cache, with eviction, and with eviction plus int4 demotion.
+// kvgc-plan: how much KV-cache memory a model needs, how many tokens a byte budget
+// holds with a full cache, with eviction, and with eviction plus int4 demotion, and
+// (--shared-prefix) what sharing a prompt prefix over many requests saves.
 // Exit status: 0 ok, 1 unreadable or malformed model file, 2 bad command line.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -37,10 +39,19 @@ options:
   --page-tokens N        tokens per kvgc page, 1..256 (default: 16)
   --keep FRACTION        share of each sequence kept under eviction (default: 0.25)
   --demote FRACTION      share of the kept tokens stored int4 (default: 0.5)
+  --shared-prefix N      also show what sharing an N-token prompt prefix saves
+                         (kvgc's prefix cache); k = 1024
+  --requests N           requests sharing it (default: the largest --batch)
+  --own N                each request's own tokens after the prefix (the rest of its
+                         prompt and its output); k = 1024 (default: 512)
   --help                 print this help and exit
 
 The last output line is machine-readable:
   RESULT model=NAME kv_bytes_per_token=N full_ctx_fit=N evict_ctx_fit=N evict_int4_ctx_fit=N
+with --shared-prefix, followed by the savings of sharing (unshared bytes / shared bytes):
+  shared_prefix=N requests=N own=N full_shared_x=X evict_shared_x=X evict_int4_shared_x=X
+  evict_int4_shared_vs_full_x=X (the last: the full cache unshared against eviction + int4
+  shared)
 )";
 
 struct Options {
@@ -53,6 +64,7 @@ struct Options {
   uint32_t page_tokens = 16;
   double keep = 0.25;
   double demote = 0.5;
+  std::optional<uint64_t> shared_prefix, requests, own;
   bool help = false;
 };
 
@@ -127,6 +139,20 @@ std::vector<Flag> flags(Options* o) {
          const auto f = kvgc_tools::parse_fraction(v);
          if (f) o->demote = *f;
          return f.has_value();
+       }},
+      {"--shared-prefix", "a token count, e.g. 2048 or 2k (k = 1024), in 1..4294967296",
+       [o](const std::string& v) {
+         o->shared_prefix = kvgc_tools::parse_count(v, kvgc_tools::kMaxContext);
+         return o->shared_prefix.has_value();
+       }},
+      {"--requests", "a number of requests in 1..1048576", [o](const std::string& v) {
+         o->requests = kvgc_tools::parse_count(v, kvgc_tools::kMaxRequests);
+         return o->requests.has_value();
+       }},
+      {"--own", "a token count, e.g. 512 or 1k (k = 1024), in 1..4294967296",
+       [o](const std::string& v) {
+         o->own = kvgc_tools::parse_count(v, kvgc_tools::kMaxContext);
+         return o->own.has_value();
        }},
   };
 }
@@ -210,8 +236,95 @@ std::string mode_label(kvgc_tools::FitMode mode, const kvgc_tools::PlanParams& p
   return "";
 }
 
+// "1 request", "32 requests".
+std::string count_of(uint64_t n, const std::string& noun) {
+  return format_count(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+std::string ratio(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", x);
+  return buf;
+}
+
+// Prints `text` as lines of at most 89 columns, each indented by two spaces. A \x01 is a
+// space no line breaks at.
+void print_wrapped(const std::string& text) {
+  constexpr size_t kWidth = 87;  // after the indent
+  std::string line;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t space = text.find(' ', pos);
+    std::string word = text.substr(pos, space == std::string::npos ? space : space - pos);
+    pos = space == std::string::npos ? text.size() : space + 1;
+    if (word.empty()) continue;
+    std::replace(word.begin(), word.end(), '\x01', ' ');
+    if (!line.empty() && line.size() + 1 + word.size() > kWidth) {
+      std::printf("  %s\n", line.c_str());
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) std::printf("  %s\n", line.c_str());
+}
+
+// The sharing table (--shared-prefix). `header_err` says why header pages are not
+// counted, when s.header_bytes is 0.
+void print_sharing(const kvgc_tools::PlanParams& p, const kvgc_tools::ShareParams& s,
+                   const kvgc_tools::SharePlan& sp, const std::string& header_err) {
+  const std::string dtype = kvgc_tools::dtype_name(p.model.dtype);
+  std::printf("\nSharing a %s-token prefix over %s, each with %s of its own\n",
+              format_count(s.prefix_tokens).c_str(), count_of(s.requests, "request").c_str(),
+              count_of(s.own_tokens, "token").c_str());
+  std::vector<std::vector<std::string>> rows = {
+      {"mode", "prefix", "per request", count_of(s.requests, "request"), "saving", "vs full",
+       "requests in " + format_bytes(p.budget_bytes)}};
+  for (const kvgc_tools::ShareRow& r : sp.rows)
+    rows.push_back({mode_label(r.mode, p), r.shared ? "shared" : "unshared",
+                    format_bytes(r.per_request), format_bytes(r.total_bytes),
+                    r.shared ? ratio(r.vs_unshared) : "-", ratio(r.vs_full),
+                    format_count(r.requests_fit)});
+  print_table(rows, 2);
+  std::printf("  saving: the same mode unshared / shared; vs full: the full cache unshared / this\n"
+              "  row (bytes for the %s).\n",
+              count_of(s.requests, "request").c_str());
+  if (sp.shared_pages == 0) {
+    std::printf("  shared: the prefix is shorter than a page: nothing is shared (pages are shared\n"
+                "  whole), every request holds it.\n");
+    return;
+  }
+  // Rows: full, evict, evict + int4, each unshared then shared. The unshared eviction row
+  // keeps keep x (P+U) tokens (its budget); the shared one the lesser of that and its own.
+  const kvgc_tools::ShareRow &budget = sp.rows[2], &evict = sp.rows[3], &int4 = sp.rows[5];
+  std::string note = "shared: the prefix cache holds the prefix's " +
+                     count_of(sp.shared_pages, "page") + " once (" +
+                     format_bytes(sp.rows[1].once_bytes) + "), whole, in " + dtype +
+                     " (KVGC_PREFIX_CHARGE=cache). Each request holds ";
+  if (s.header_bytes)
+    note += "a " + format_bytes(s.header_bytes) +
+            " header page per shared page per layer (its live bits, positions and scores; " +
+            format_bytes(sp.rows[1].header_bytes) + " a request) and ";
+  note += "its own tokens";
+  if (sp.tail_tokens)
+    note += ": the prefix's last " + format_count(sp.tail_tokens) +
+            " past its whole pages and its U (own\x01=\x01" + format_count(evict.tokens) + ").";
+  else
+    note += " (own\x01=\x01U\x01=\x01" + format_count(evict.tokens) + ").";
+  if (!s.header_bytes)
+    note += " Not counted: its header page per shared page per layer, whose size kvgc did "
+            "not give (" + header_err + ").";
+  note += " Under eviction a request's budget is --keep of its whole length, as unshared, "
+          "spent on its own tokens: it keeps min(own,\x01keep\x01x\x01(P+U)); sharing never "
+          "leaves it fewer of its own tokens. Here it keeps min(" + format_count(evict.tokens) +
+          ",\x01" + format_count(budget.kept) + ")\x01=\x01" + format_count(evict.kept) +
+          " (the int4 row: " + format_count(int4.int4) + " of them int4).";
+  print_wrapped(note);
+}
+
 void print_report(const kvgc_tools::ModelShape& shape, const kvgc_tools::PlanParams& p,
-                  const kvgc_tools::Plan& plan) {
+                  const kvgc_tools::Plan& plan, const kvgc_tools::ShareParams* share,
+                  const kvgc_tools::SharePlan* share_plan, const std::string& header_err) {
   const kvgc_model_desc& m = shape.desc;
   const std::string dtype = kvgc_tools::dtype_name(m.dtype);
   const kvgc_tools::TokenCost& c = plan.cost;
@@ -278,14 +391,27 @@ void print_report(const kvgc_tools::ModelShape& shape, const kvgc_tools::PlanPar
                 "them.\n",
                 format_count(shape.context_length).c_str());
 
+  if (share) print_sharing(p, *share, *share_plan, header_err);
+
   std::string name = shape.name;
   std::replace_if(name.begin(), name.end(), [](char ch) { return ch == ' ' || ch == '\t'; }, '_');
   std::printf("\nRESULT model=%s kv_bytes_per_token=%llu full_ctx_fit=%llu evict_ctx_fit=%llu "
-              "evict_int4_ctx_fit=%llu\n",
+              "evict_int4_ctx_fit=%llu",
               name.c_str(), (unsigned long long)c.raw_model,
               (unsigned long long)plan.fits[0].max_context_batch1,
               (unsigned long long)plan.fits[1].max_context_batch1,
               (unsigned long long)plan.fits[2].max_context_batch1);
+  if (share) {
+    // Rows: full, evict, evict + int4, each unshared then shared.
+    const auto& rows = share_plan->rows;
+    const auto x = [](double v) { return v > 0 && std::isfinite(v) ? v : 0.0; };
+    std::printf(" shared_prefix=%llu requests=%llu own=%llu full_shared_x=%.3f "
+                "evict_shared_x=%.3f evict_int4_shared_x=%.3f evict_int4_shared_vs_full_x=%.3f",
+                (unsigned long long)share->prefix_tokens, (unsigned long long)share->requests,
+                (unsigned long long)share->own_tokens, x(rows[1].vs_unshared),
+                x(rows[3].vs_unshared), x(rows[5].vs_unshared), x(rows[5].vs_full));
+  }
+  std::printf("\n");
 }
 
 int run(int argc, char** argv) {
@@ -295,6 +421,10 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+
+  if ((o.requests || o.own) && !o.shared_prefix)
+    return usage_error(std::string(o.requests ? "--requests" : "--own") +
+                       " describes the requests sharing a prefix: give --shared-prefix too");
 
   const bool manual = o.layers || o.heads || o.kv_heads || o.head_dim;
   const int sources = !o.config.empty() + !o.gguf.empty() + manual;
@@ -339,7 +469,19 @@ int run(int argc, char** argv) {
 
   kvgc_tools::Plan plan;
   if (!kvgc_tools::make_plan(p, &plan, &err)) return usage_error(err);
-  print_report(shape, p, plan);
+
+  std::optional<kvgc_tools::ShareParams> share;
+  kvgc_tools::SharePlan share_plan;
+  std::string header_err;
+  if (o.shared_prefix) {
+    share.emplace();
+    share->prefix_tokens = *o.shared_prefix;
+    share->own_tokens = o.own.value_or(512);
+    share->requests = o.requests.value_or(p.batches.back());  // sorted: the largest
+    share->header_bytes = kvgc_tools::header_page_bytes(p.model, p.page_tokens, &header_err);
+    if (!kvgc_tools::make_share_plan(p, *share, &share_plan, &err)) return usage_error(err);
+  }
+  print_report(shape, p, plan, share ? &*share : nullptr, &share_plan, header_err);
   return 0;
 }
 

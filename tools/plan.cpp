@@ -18,6 +18,11 @@ uint64_t saturating_mul(uint64_t a, uint64_t b) {
   return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
+uint64_t saturating_add(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
 uint64_t class_bytes(const PlanParams& p, uint64_t tokens, kvgc_storage_class cls) {
   uint64_t bytes = 0;
   return kvgc_kv_bytes(&p.model, tokens, cls, p.page_tokens, &bytes) == KVGC_OK ? bytes
@@ -27,6 +32,30 @@ uint64_t class_bytes(const PlanParams& p, uint64_t tokens, kvgc_storage_class cl
 bool fail(std::string* err, std::string msg) {
   if (err) *err = std::move(msg);
   return false;
+}
+
+// The model (kvgc_kv_bytes checks it and names what is wrong), page_tokens, the budget
+// and the fractions; fills the per-page costs of `c`.
+bool check_common(const PlanParams& p, TokenCost* c, std::string* err) {
+  if (kvgc_kv_bytes(&p.model, 1, KVGC_CLASS_FP16, 0, &c->raw_model) != KVGC_OK ||
+      kvgc_kv_bytes(&p.model, 1, KVGC_CLASS_INT4, 0, &c->raw_int4) != KVGC_OK ||
+      kvgc_kv_bytes(&p.model, p.page_tokens, KVGC_CLASS_FP16, p.page_tokens, &c->page_model) !=
+          KVGC_OK ||
+      kvgc_kv_bytes(&p.model, p.page_tokens, KVGC_CLASS_INT4, p.page_tokens, &c->page_int4) !=
+          KVGC_OK)
+    return fail(err, kvgc_errmsg(nullptr));
+  if (p.page_tokens == 0) return fail(err, "page_tokens must be in 1..256");  // 0: raw bytes
+  if (p.budget_bytes == 0 || p.budget_bytes > kMaxBudgetBytes)
+    return fail(err, "budget must be between 1 byte and 1024 TiB");
+  if (!(p.keep > 0 && p.keep <= 1)) return fail(err, "keep must be in (0, 1]");
+  if (!(p.demote >= 0 && p.demote <= 1)) return fail(err, "demote must be in [0, 1]");
+  return true;
+}
+
+// Of `kept` tokens, how many `mode` stores int4: `demote` of them, rounded down.
+uint64_t demoted_tokens(const PlanParams& p, FitMode mode, uint64_t kept) {
+  if (mode != FitMode::kEvictInt4) return 0;
+  return std::min<uint64_t>(uint64_t(std::floor(p.demote * double(kept) + kRoundingSlack)), kept);
 }
 
 std::optional<double> parse_number(std::string_view s) {
@@ -46,14 +75,11 @@ uint64_t kept_tokens(const PlanParams& p, FitMode mode, uint64_t context) {
 }
 
 uint64_t int4_tokens(const PlanParams& p, FitMode mode, uint64_t context) {
-  if (mode != FitMode::kEvictInt4) return 0;
-  const uint64_t kept = kept_tokens(p, mode, context);
-  return std::min<uint64_t>(uint64_t(std::floor(p.demote * double(kept) + kRoundingSlack)), kept);
+  return demoted_tokens(p, mode, kept_tokens(p, mode, context));
 }
 
-uint64_t sequence_bytes(const PlanParams& p, FitMode mode, uint64_t context) {
-  const uint64_t kept = kept_tokens(p, mode, context);
-  const uint64_t int4 = int4_tokens(p, mode, context);
+uint64_t kept_bytes(const PlanParams& p, uint64_t kept, uint64_t int4) {
+  int4 = std::min(int4, kept);
   // kvgc_kv_bytes takes at most 2^40 tokens, and past 2^62 / (page bytes) tokens the
   // result would pass 2^62 bytes, far above kMaxBudgetBytes: either way, "too big".
   uint64_t page_model = 0, page_int4 = 0;
@@ -65,6 +91,10 @@ uint64_t sequence_bytes(const PlanParams& p, FitMode mode, uint64_t context) {
   const uint64_t int4_bytes = int4 ? class_bytes(p, int4, KVGC_CLASS_INT4) : 0;
   if (model_bytes == UINT64_MAX || int4_bytes == UINT64_MAX) return UINT64_MAX;
   return model_bytes + int4_bytes;
+}
+
+uint64_t sequence_bytes(const PlanParams& p, FitMode mode, uint64_t context) {
+  return kept_bytes(p, kept_tokens(p, mode, context), int4_tokens(p, mode, context));
 }
 
 uint64_t max_context(const PlanParams& p, FitMode mode, uint64_t batch) {
@@ -90,18 +120,7 @@ uint64_t max_context(const PlanParams& p, FitMode mode, uint64_t batch) {
 bool make_plan(const PlanParams& p, Plan* out, std::string* err) {
   Plan plan;
   TokenCost& c = plan.cost;
-  // kvgc_kv_bytes checks the model and page_tokens and names what is wrong.
-  if (kvgc_kv_bytes(&p.model, 1, KVGC_CLASS_FP16, 0, &c.raw_model) != KVGC_OK ||
-      kvgc_kv_bytes(&p.model, 1, KVGC_CLASS_INT4, 0, &c.raw_int4) != KVGC_OK ||
-      kvgc_kv_bytes(&p.model, p.page_tokens, KVGC_CLASS_FP16, p.page_tokens, &c.page_model) !=
-          KVGC_OK ||
-      kvgc_kv_bytes(&p.model, p.page_tokens, KVGC_CLASS_INT4, p.page_tokens, &c.page_int4) !=
-          KVGC_OK)
-    return fail(err, kvgc_errmsg(nullptr));
-  if (p.budget_bytes == 0 || p.budget_bytes > kMaxBudgetBytes)
-    return fail(err, "budget must be between 1 byte and 1024 TiB");
-  if (!(p.keep > 0 && p.keep <= 1)) return fail(err, "keep must be in (0, 1]");
-  if (!(p.demote >= 0 && p.demote <= 1)) return fail(err, "demote must be in [0, 1]");
+  if (!check_common(p, &c, err)) return false;
   if (p.contexts.empty() || p.batches.empty())
     return fail(err, "contexts and batches must not be empty");
   for (uint64_t x : p.contexts)
@@ -139,6 +158,97 @@ bool make_plan(const PlanParams& p, Plan* out, std::string* err) {
   }
   *out = std::move(plan);
   return true;
+}
+
+bool make_share_plan(const PlanParams& p, const ShareParams& s, SharePlan* out,
+                     std::string* err) {
+  TokenCost c;
+  if (!check_common(p, &c, err)) return false;
+  if (s.prefix_tokens == 0 || s.prefix_tokens > kMaxContext)
+    return fail(err, "shared prefix must be 1..2^32 tokens");
+  if (s.own_tokens == 0 || s.own_tokens > kMaxContext)
+    return fail(err, "own tokens must be 1..2^32 tokens");
+  if (s.requests == 0 || s.requests > kMaxRequests)
+    return fail(err, "requests must be in 1..2^20");
+  // A header is the part of a page before its K/V: less than one page of one layer.
+  if (s.header_bytes >= c.page_model / p.model.n_layers)
+    return fail(err, "header bytes must be less than one page");
+
+  SharePlan plan;
+  plan.shared_pages = s.prefix_tokens / p.page_tokens;
+  plan.tail_tokens = s.prefix_tokens % p.page_tokens;
+  const uint64_t headers =
+      saturating_mul(plan.shared_pages * p.model.n_layers, s.header_bytes);  // 2^44 x ...
+  const uint64_t prefix_once =
+      sequence_bytes(p, FitMode::kFull, plan.shared_pages * p.page_tokens);
+  const auto total = [&](const ShareRow& r) -> double {  // no overflow: for the ratios
+    if (r.once_bytes == UINT64_MAX || r.per_request == UINT64_MAX) return std::nan("");
+    return double(r.once_bytes) + double(s.requests) * double(r.per_request);
+  };
+  for (FitMode mode : kFitModes) {
+    for (bool shared : {false, true}) {
+      ShareRow r;
+      r.mode = mode;
+      r.shared = shared;
+      // Unshared, a request holds every token; shared, what it appends itself (the
+      // prefix's tokens past its whole pages, and its own) plus its header pages. Its
+      // budget is that of its whole length either way (KVGC_PREFIX_CHARGE=cache), spent
+      // on the tokens it holds: it keeps all of them if the budget covers them.
+      const uint64_t whole = s.prefix_tokens + s.own_tokens;  // <= 2^33 tokens
+      r.tokens = shared ? plan.tail_tokens + s.own_tokens : whole;
+      r.kept = std::min(r.tokens, kept_tokens(p, mode, whole));
+      r.int4 = demoted_tokens(p, mode, r.kept);
+      r.once_bytes = shared ? prefix_once : 0;
+      r.header_bytes = shared ? headers : 0;
+      r.per_request = saturating_add(kept_bytes(p, r.kept, r.int4), r.header_bytes);
+      r.total_bytes =
+          saturating_add(r.once_bytes, saturating_mul(r.per_request, s.requests));
+      // per_request > 0: every request holds at least one page of its own.
+      r.requests_fit = r.per_request == UINT64_MAX || r.once_bytes > p.budget_bytes
+                           ? 0
+                           : (p.budget_bytes - r.once_bytes) / r.per_request;
+      r.vs_unshared = shared ? total(plan.rows.back()) / total(r) : 1;
+      r.vs_full = total(plan.rows.empty() ? r : plan.rows.front()) / total(r);
+      plan.rows.push_back(r);
+    }
+  }
+  *out = std::move(plan);
+  return true;
+}
+
+uint64_t header_page_bytes(const kvgc_model_desc& model, uint32_t page_tokens,
+                           std::string* err) {
+  // One layer of the model, on the CPU, the arena one slab (2 MiB, or one page when larger):
+  // the layout of a page does not depend on the number of layers, and nothing is stored.
+  kvgc_model_desc one = model;
+  one.n_layers = 1;
+  uint64_t page = 0;
+  if (kvgc_kv_bytes(&one, page_tokens, KVGC_CLASS_FP16, page_tokens, &page) != KVGC_OK) {
+    fail(err, kvgc_errmsg(nullptr));
+    return 0;
+  }
+  kvgc_heap_options opts;
+  kvgc_heap_options_init(&opts);
+  opts.flags |= KVGC_OPT_IGNORE_ENV;
+  opts.device = KVGC_DEVICE_CPU;
+  opts.policy = KVGC_POLICY_FULL;
+  opts.demote = KVGC_DEMOTE_OFF;
+  opts.page_tokens = page_tokens;
+  opts.budget_bytes = std::max<uint64_t>(page, opts.slab_bytes);
+  kvgc_heap* heap = nullptr;
+  uint64_t bytes = 0;
+  kvgc_stats stats;
+  kvgc_stats_init(&stats);
+  if (kvgc_heap_create(&one, &opts, &heap) != KVGC_OK ||
+      kvgc_get_stats(heap, &stats) != KVGC_OK)
+    fail(err, kvgc_errmsg(heap));
+  else if (stats.version < 4)
+    fail(err, "kvgc's statistics have no header pages (version " +
+                  std::to_string(stats.version) + ", before 0.7)");
+  else
+    bytes = stats.cls_header.page_bytes;
+  kvgc_heap_destroy(heap);
+  return bytes;
 }
 
 std::optional<uint64_t> parse_byte_size(std::string_view s) {

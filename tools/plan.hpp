@@ -1,6 +1,6 @@
 // The arithmetic behind kvgc-plan: what a model's KV cache costs per token, how large
-// the full cache is at each context and batch, and how many tokens a byte budget holds
-// with and without eviction and int4 demotion. Every byte count comes from the public
+// the full cache is at each context and batch, how many tokens a byte budget holds
+// with and without eviction and int4 demotion, and what sharing a prompt prefix saves. Every byte count comes from the public
 // kvgc_kv_bytes(), so the planner agrees with what a kvgc heap actually allocates
 // (whole pages, slot metadata included; slab tails and arena rounding are not counted).
 #pragma once
@@ -19,6 +19,7 @@ namespace kvgc_tools {
 constexpr uint64_t kMaxBudgetBytes = uint64_t(1) << 50;  // 1024 TiB
 constexpr uint64_t kMaxContext = uint64_t(1) << 32;
 constexpr uint64_t kMaxBatch = uint64_t(1) << 20;
+constexpr uint64_t kMaxRequests = kMaxBatch;  // requests sharing one prefix
 // Fits are reported up to this many context tokens (reached only with a tiny `keep`).
 constexpr uint64_t kMaxFitTokens = uint64_t(1) << 62;
 
@@ -73,14 +74,77 @@ bool make_plan(const PlanParams& p, Plan* out, std::string* err);
 uint64_t kept_tokens(const PlanParams& p, FitMode mode, uint64_t context);
 uint64_t int4_tokens(const PlanParams& p, FitMode mode, uint64_t context);
 
-// Bytes kvgc holds for one sequence of `context` tokens under `mode`; UINT64_MAX when
-// it keeps more than 2^40 tokens (kvgc_kv_bytes' limit) or needs more than 2^62 bytes.
-// `p` must have passed make_plan's checks.
+// Bytes kvgc holds for `kept` tokens of one sequence, `int4` of them (at most `kept`;
+// more counts as `kept`) in int4 and the rest in the model dtype: whole pages of each
+// class. UINT64_MAX when it keeps more than 2^40 tokens (kvgc_kv_bytes' limit) or needs
+// more than 2^62 bytes. `p` must have passed make_plan's checks.
+uint64_t kept_bytes(const PlanParams& p, uint64_t kept, uint64_t int4);
+
+// Bytes kvgc holds for one sequence of `context` tokens under `mode`: kept_bytes of its
+// kept_tokens and int4_tokens, with the same limits.
 uint64_t sequence_bytes(const PlanParams& p, FitMode mode, uint64_t context);
 
 // The longest context each of `batch` sequences can have within the budget (0 if not
 // even one token fits), capped at kMaxFitTokens.
 uint64_t max_context(const PlanParams& p, FitMode mode, uint64_t batch);
+
+// ---- sharing a prefix (the prefix cache: kvgc_prefix_keep, kvgc_prefix_attach) ----
+// N requests whose first P tokens are one prompt prefix, each followed by U tokens of
+// its own (the rest of its prompt and its output). Unshared, each request holds all of
+// its P + U tokens. Shared (KVGC_PREFIX_CHARGE=cache, the default), the prefix cache
+// holds the prefix's whole pages once (what kvgc_prefix_keep keeps of a longer prompt
+// since 0.7.1: pages are shared whole), in the model dtype and never pruned, and each
+// request holds:
+//   - a header page (its own live bits, positions, scores, generations) per shared page
+//     per layer;
+//   - the tokens it appends itself (its own): the prefix's last P % page_tokens tokens
+//     and its U tokens. Under eviction its budget is `keep` of its whole length P + U,
+//     as unshared (kept_tokens(P + U)), spent on its own tokens only: it keeps
+//     min(own, kept_tokens(P + U)) of them, `demote` of those int4 (rounded as
+//     int4_tokens rounds). Sharing never leaves it fewer of its own tokens than it
+//     would keep unshared; with own > kept_tokens(P + U) it keeps as many tokens as
+//     unshared, and the prefix comes on top.
+// (A cached prefix that ends in a partly filled page, a prompt kept whole, would cost
+// that page once more and save nothing: each request copies it on its first append.)
+struct ShareParams {
+  uint64_t prefix_tokens = 0;  // P, 1..kMaxContext
+  uint64_t own_tokens = 512;   // U, 1..kMaxContext
+  uint64_t requests = 0;       // N, 1..kMaxRequests
+  // One header page (one layer), from header_page_bytes(); 0 when unknown: header pages
+  // are then not counted.
+  uint64_t header_bytes = 0;
+};
+
+struct ShareRow {
+  FitMode mode = FitMode::kFull;
+  bool shared = false;
+  uint64_t tokens = 0;        // tokens each request holds itself: P + U unshared, own shared
+  uint64_t kept = 0;          // of those, kept (all of them in the full cache)
+  uint64_t int4 = 0;          // of the kept, stored int4 (0 unless kEvictInt4)
+  uint64_t once_bytes = 0;    // the prefix, held once (0 unshared)
+  uint64_t per_request = 0;   // bytes each request holds itself, header pages included
+  uint64_t header_bytes = 0;  // of per_request: its header pages, all layers
+  uint64_t total_bytes = 0;   // once_bytes + requests * per_request; UINT64_MAX: overflow
+  uint64_t requests_fit = 0;  // requests of this shape the budget holds
+  double vs_unshared = 1;     // the same mode unshared, total / this total
+  double vs_full = 1;         // the full cache unshared, total / this total
+};
+
+struct SharePlan {
+  uint64_t shared_pages = 0;  // P / page_tokens: the prefix's pages (per layer), shared
+  uint64_t tail_tokens = 0;   // P % page_tokens: the prefix's tokens each request holds
+  std::vector<ShareRow> rows; // per kFitModes entry: unshared, then shared
+};
+
+// Checks `s` (and `p` as make_plan does) and computes the sharing table.
+bool make_share_plan(const PlanParams& p, const ShareParams& s, SharePlan* out,
+                     std::string* err);
+
+// The bytes of one header page for `model` at `page_tokens` tokens a page (a page's bytes
+// before its K/V), as kvgc reports it: kvgc_get_stats()'s cls_header.page_bytes of a
+// small CPU heap made for the purpose (one layer of the model, one slab). 0, with the
+// reason in *err, when no such heap can be made.
+uint64_t header_page_bytes(const kvgc_model_desc& model, uint32_t page_tokens, std::string* err);
 
 // Command-line value forms, shared with the tests.
 // Bytes: "80G", "24GiB", "1.5T", "512M", "1048576" (K/M/G/T are binary, case-insensitive,

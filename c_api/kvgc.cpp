@@ -409,9 +409,10 @@ kvgc_status kvgc_attend(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, const voi
 kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
   return with_heap(heap, "kvgc_get_stats", [&](kvgc::ManagedHeap& h) -> Status {
     if (!out) return fail(KVGC_EINVAL, "kvgc_get_stats: out is NULL");
-    // Callers of versions 1 to 3 (a smaller struct) get the fields they know.
+    // Callers of versions 1 to 4 (a smaller struct) get the fields they know.
     const size_t size = out->struct_size;
-    if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE && size != KVGC_STATS_V3_SIZE)
+    if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE && size != KVGC_STATS_V3_SIZE &&
+        size != KVGC_STATS_V4_SIZE)
       KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
     kvgc_stats full;
     KVGC_TRY(h.stats(&full));

@@ -699,7 +699,7 @@ KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const
                                         void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 4
+#define KVGC_STATS_VERSION 5
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -771,12 +771,17 @@ typedef struct kvgc_stats {
   uint64_t prefix_evictions;   /* cached prefixes evicted for room (LRU) */
   uint64_t pages_shared;       /* pages made shared (keep, fork), counted once each time */
   uint64_t cow_copies;         /* shared partly filled pages copied on first write */
+  /* version 5 (0.7.1) */
+  uint64_t cached_only_bytes;  /* of shared_bytes, pages only cached prefixes hold (no
+                                  sequence): what evicting unpinned prefixes can give back,
+                                  so an engine's admission may count them as free */
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of versions 1 to 3, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 to 4, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 #define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
 #define KVGC_STATS_V3_SIZE (offsetof(kvgc_stats, cls_header))
+#define KVGC_STATS_V4_SIZE (offsetof(kvgc_stats, cached_only_bytes))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

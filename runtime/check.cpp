@@ -22,6 +22,7 @@ Status ManagedHeap::check() {
   uint64_t pages_in_tables = 0;
   std::unordered_set<PageId> seen;
   std::unordered_map<PageId, uint64_t> refs;  // shared page -> header pages and prefixes naming it
+  std::unordered_map<PageId, uint64_t> prefix_refs;  // ... of which prefixes
   std::vector<uint8_t> header;
   for (const auto& [id, s] : seqs_) {
     if (s.slot >= seq_slots_.size() || seq_slots_[s.slot] != &s)
@@ -122,6 +123,7 @@ Status ManagedHeap::check() {
     for (PageId q : e.pages) {
       if (!shared_.count(q) || !pool_.allocated(q)) return bad(name + " holds a page that is not shared");
       ++refs[q];
+      ++prefix_refs[q];
     }
     for (uint64_t h : e.hashes) {
       bool indexed = false;
@@ -145,6 +147,10 @@ Status ManagedHeap::check() {
       return bad("shared page " + std::to_string(q) + " counts " + std::to_string(sp.refs) +
                  " holders but " + std::to_string(r == refs.end() ? 0 : r->second) + " hold it");
     if (seen.count(q)) return bad("shared page " + std::to_string(q) + " is also in a page table");
+    const auto pr = prefix_refs.find(q);
+    if ((pr == prefix_refs.end() ? 0 : pr->second) != sp.prefix_refs)
+      return bad("shared page " + std::to_string(q) + " counts " + std::to_string(sp.prefix_refs) +
+                 " cached prefixes holding it, but another number do");
   }
   if (refs.size() != shared_.size()) return bad("a header page reads a page that is not counted as shared");
   if (backing_.size() != pool_.counts(kHeaderClass).pages_used)

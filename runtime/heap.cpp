@@ -597,6 +597,7 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   for (const auto& [p, sp] : shared_) {
     o->shared_bytes += pool_.page_bytes(pool_.class_of(p));
     o->shared_refs += sp.refs;
+    if (sp.refs == sp.prefix_refs) o->cached_only_bytes += pool_.page_bytes(pool_.class_of(p));
   }
   o->prefixes = prefixes_.size();
   for (const auto& [id, e] : prefixes_) o->prefixes_pinned += e.pinned;

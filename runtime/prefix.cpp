@@ -65,7 +65,10 @@ void ManagedHeap::unindex_prefix(const PrefixEntry& e) {
 
 void ManagedHeap::drop_prefix(PrefixEntry& e) {
   unindex_prefix(e);
-  for (PageId p : e.pages) unref_shared(p);
+  for (PageId p : e.pages) {
+    --shared_.find(p)->second.prefix_refs;
+    unref_shared(p);
+  }
   e.pages.clear();
   e.hashes.clear();
 }
@@ -157,7 +160,11 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
     prefixes_.erase(id);
     throw;
   }
-  for (PageId p : kept.pages) ++shared_.find(p)->second.refs;
+  for (PageId p : kept.pages) {
+    SharedPage& sp = shared_.find(p)->second;
+    ++sp.refs;
+    ++sp.prefix_refs;
+  }
   ++next_prefix_;
   if (out) *out = id;
   return Status::Ok();

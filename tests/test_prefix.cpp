@@ -537,10 +537,21 @@ TEST_CASE("prefix cache: keeping a prompt's first whole pages leaves the rest th
   CHECK(H.stats().shared_pages == 2 * 7);
   CHECK(H.stats().prefixes == 2);
   H.check();
+  CHECK(H.stats().cached_only_bytes == 0);  // the keeper holds every kept page
   REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
   const Image im = image(H, t, 1);
   REQUIRE(im.pos.size() == 32);
   for (int32_t i = 0; i < 32; ++i) CHECK(im.pos[size_t(i)] == i);
+  // Pages only the cache holds are what evicting it gives back: t holds the first 4.
+  const uint64_t page = H.stats().cls[KVGC_CLASS_FP16].page_bytes;
+  CHECK(H.stats().cached_only_bytes == 2 * 3 * page);
+  REQUIRE(kvgc_seq_destroy(H.h, t) == KVGC_OK);
+  CHECK(H.stats().cached_only_bytes == 2 * 7 * page);
+  CHECK(H.stats().cached_only_bytes == H.stats().shared_bytes);
+  REQUIRE(kvgc_prefix_drop(H.h, first) == KVGC_OK);
+  REQUIRE(kvgc_prefix_drop(H.h, whole) == KVGC_OK);
+  CHECK(H.stats().cached_only_bytes == 0);
+  CHECK(H.stats().shared_bytes == 0);
   H.check();
 }
 

@@ -61,7 +61,7 @@ def _empty_like(a, shape):
 
 
 class Stats:
-    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 4): every field as an attribute.
+    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 5): every field as an attribute.
 
     The ones most users want: ``live_tokens``, ``used_bytes`` (bytes of pages in use, every
     class and the header pages), ``arena_bytes``, ``tokens_evicted``, ``tokens_demoted``,
@@ -76,7 +76,9 @@ class Stats:
     prefixes now), ``prefix_lookups`` (attach_prefix calls), ``prefix_hits`` (those that
     attached a token), ``prefix_tokens_attached``, ``prefix_evictions`` (cached prefixes
     evicted for room), ``pages_shared`` (pages made shared by keep or fork), ``cow_copies``
-    (shared partly filled pages copied on a first write).
+    (shared partly filled pages copied on a first write); version 5 (0.7.1):
+    ``cached_only_bytes`` (of ``shared_bytes``, the pages only cached prefixes hold: what
+    evicting unpinned prefixes gives back, free for an engine's admission).
     """
 
     def __init__(self, fields):

@@ -323,7 +323,7 @@ int main() {
     std::vector<engine::ServeRequest> roomy = make(false), tight = make(true);
     engine::ServeStats roomy_stats, tight_stats;
     const bool ran = serve(64ull << 20, &roomy, &roomy_stats) &&
-                     serve(one * 2 + one / 5, &tight, &tight_stats);
+                     serve(one * 2 + one * 5 / 8, &tight, &tight_stats);
     check(ran, "served in both arenas: " + err);
     if (ran) {
       check(roomy_stats.preemptions == 0 && tight_stats.preemptions > 0,

@@ -8,7 +8,10 @@ Server::Server(BatchEngine* engine, ServeOptions options)
     : engine_(engine), options_(std::move(options)) {
   kvgc_stats s;
   kvgc_stats_init(&s);
-  if (kvgc_get_stats(engine_->heap(), &s) == KVGC_OK) arena_bytes_ = s.arena_bytes - s.scratch_bytes;
+  if (kvgc_get_stats(engine_->heap(), &s) == KVGC_OK) {
+    arena_bytes_ = s.arena_bytes - s.scratch_bytes;
+    header_bytes_ = s.cls_header.page_bytes;
+  }
   options_.chunk_tokens = std::max(1u, options_.chunk_tokens);
   options_.max_step_tokens = std::max(1u, options_.max_step_tokens);
   options_.max_running = std::max(1u, options_.max_running);
@@ -16,6 +19,7 @@ Server::Server(BatchEngine* engine, ServeOptions options)
   kvgc_heap_options_init(&o);
   kvgc_heap_get_options(engine_->heap(), &o);
   page_tokens_ = std::max(1u, o.page_tokens);
+  kvgc_kv_bytes(&engine_->kv_model(), page_tokens_, KVGC_CLASS_FP16, page_tokens_, &page_bytes_);
   whole_kept_ = o.policy == KVGC_POLICY_FULL;
   whole_attached_ = whole_kept_ || o.prefix_charge == KVGC_PREFIX_CHARGE_CACHE;
   if (options_.prefix_cache && options_.prefill != Engine::PrefillMode::Observe)
@@ -38,7 +42,10 @@ uint64_t Server::footprint(uint64_t tokens, uint64_t cached, bool prefilling) co
 uint64_t Server::own_footprint(const Running& r, bool prefilling) const {
   const size_t paid = std::max(whole_attached_ ? r.attached / page_tokens_ * page_tokens_ : 0,
                                whole_kept_ ? r.kept / page_tokens_ * page_tokens_ : 0);
-  return footprint(r.context.size() + 1, paid, prefilling);
+  // Plus a header page per shared page it holds, in every layer (what it attached or kept).
+  const uint64_t headers = uint64_t(std::max(r.attached, r.kept) / page_tokens_) *
+                           engine_->kv_model().n_layers * header_bytes_;
+  return footprint(r.context.size() + 1, paid, prefilling) + headers;
 }
 
 size_t Server::tokens_to_keep(const Running& r) const {
@@ -58,37 +65,13 @@ size_t Server::tokens_to_keep(const Running& r) const {
   return keep > r.attached ? keep : 0;
 }
 
-uint64_t Server::cache_held(const Running* extra, uint64_t shared_bytes) const {
-  if (!options_.prefix_cache) return 0;
-  // Attached prefixes share pages when their ids match (one cached copy is found for
-  // them): their union as a trie, sorted, each adding what it does not share with the
-  // one before it. A kept prompt's pages beyond what it attached are its own copy (two
-  // sequences that prefilled the same prompt at once keep two), counted apart.
-  std::vector<const Running*> held;
-  uint64_t tokens = 0;
-  auto held_of = [](const Running* r) { return std::max(r->attached, r->kept); };
-  auto add = [&](const Running& r) {
-    if (held_of(&r) > 0) held.push_back(&r);
-  };
-  for (const Running& r : running_) add(r);
-  if (extra) add(*extra);
-  std::sort(held.begin(), held.end(), [&](const Running* a, const Running* b) {
-    return std::lexicographical_compare(a->context.begin(), a->context.begin() + held_of(a),
-                                        b->context.begin(), b->context.begin() + held_of(b));
-  });
-  for (size_t i = 0; i < held.size(); ++i) {
-    size_t common = 0;
-    if (i > 0) {
-      const size_t n = std::min(held_of(held[i]), held_of(held[i - 1]));
-      while (common < n && held[i]->context[common] == held[i - 1]->context[common]) ++common;
-      common = common / page_tokens_ * page_tokens_;  // pages are shared whole
-    }
-    tokens += held_of(held[i]) - common;
-  }
-  if (tokens == 0) return 0;
-  uint64_t bytes = 0;
-  kvgc_kv_bytes(&engine_->kv_model(), tokens, KVGC_CLASS_FP16, page_tokens_, &bytes);
-  return std::min(bytes, shared_bytes);
+uint64_t Server::cache_held() const {
+  // The shared pages some running sequence holds, each once: kvgc_stats counts them
+  // exactly (pages only cached prefixes hold are free: the heap evicts them for room).
+  kvgc_stats s;
+  kvgc_stats_init(&s);
+  if (kvgc_get_stats(engine_->heap(), &s) != KVGC_OK) return 0;
+  return s.shared_bytes - s.cached_only_bytes;
 }
 
 bool Server::submit(ServeRequest* request, std::string* err) {
@@ -107,12 +90,6 @@ bool Server::submit(ServeRequest* request, std::string* err) {
 
 // FIFO, as vLLM: the queue's head waits until it fits, and nothing overtakes it.
 bool Server::admit(double now, std::string* err) {
-  uint64_t shared_bytes = 0;  // what the prefix cache holds, read once per pass
-  if (options_.prefix_cache && !waiting_.empty()) {
-    kvgc_stats s;
-    kvgc_stats_init(&s);
-    if (kvgc_get_stats(engine_->heap(), &s) == KVGC_OK) shared_bytes = s.shared_bytes;
-  }
   while (!waiting_.empty() && waiting_.front()->arrival <= now &&
          running_.size() < options_.max_running) {
     ServeRequest* r = waiting_.front();
@@ -128,7 +105,11 @@ bool Server::admit(double now, std::string* err) {
       r->finished = now;
       continue;
     }
-    if (!options_.prefix_cache && !running_.empty() && projected_ + run.footprint > arena_bytes_)
+    // Headroom: each running sequence may take a fresh page in its next step (vLLM keeps
+    // a watermark of free blocks for the same reason): without it admission packs the
+    // arena to its last page and the next step's growth preempts what it just admitted.
+    const uint64_t headroom = uint64_t(running_.size() + 1) * page_bytes_;
+    if (!options_.prefix_cache && !running_.empty() && projected_ + run.footprint + headroom > arena_bytes_)
       break;
     const kvgc_status s = kvgc_seq_create(engine_->heap(), 0, &run.seq);
     if (s == KVGC_ENOMEM) break;  // host memory: try again next step
@@ -152,7 +133,7 @@ bool Server::admit(double now, std::string* err) {
       run.attached = run.done = size_t(attached);
       run.footprint = own_footprint(run, true);
       if (!running_.empty() &&
-          projected_ + run.footprint + cache_held(&run, shared_bytes) > arena_bytes_) {
+          projected_ + run.footprint + cache_held() + headroom > arena_bytes_) {
         kvgc_seq_destroy(engine_->heap(), run.seq);  // undoes the attach
         break;
       }
@@ -292,6 +273,11 @@ bool Server::step(double now, std::string* err) {
       if (!stop) {  // a stop token ends the answer and is not part of it
         req->output.push_back(token);
         r.context.push_back(token);
+        if (r.done >= r.prompt_end) {  // admission counts what it holds now, output included
+          const uint64_t grown = own_footprint(r, false);
+          projected_ = projected_ - r.footprint + grown;
+          r.footprint = grown;
+        }
       }
       if (stop || req->output.size() >= req->max_new) finished.push_back(item_of_[j]);
     }

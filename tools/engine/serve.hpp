@@ -66,9 +66,10 @@ struct ServeOptions {
   //    would hold every page its GC prunes).
   // Admission then counts, per sequence, footprint() of its context with the pages the
   // cache pays for (attached whole pages under KVGC_PREFIX_CHARGE=cache or the full
-  // policy; its kept pages under the full policy), plus once the cached pages the running
-  // sequences hold (the union of what they attached or kept), at most
-  // kvgc_stats.shared_bytes, read once per admission pass. Cached pages no running
+  // policy; its kept pages under the full policy) and a header page per shared page it
+  // holds in each layer (kvgc_stats.cls_header.page_bytes), plus once the shared pages
+  // the running sequences hold (kvgc_stats: shared_bytes - cached_only_bytes, read after
+  // each attach), plus a page of headroom per running sequence. Cached pages no running
   // sequence holds count as free: the heap evicts them, least recently used first, before
   // an append or a plan runs short (vLLM's rule).
   bool prefix_cache = false;
@@ -132,14 +133,16 @@ class Server {
   uint64_t own_footprint(const Running& r, bool prefilling) const;
   // What a finished prompt keeps in the prefix cache (see ServeOptions::prefix_cache).
   size_t tokens_to_keep(const Running& r) const;
-  // Bytes of the cached prefixes the running sequences (and `extra`) hold, each page once.
-  uint64_t cache_held(const Running* extra, uint64_t shared_bytes) const;
+  // Bytes of the shared pages the running sequences hold, each page once.
+  uint64_t cache_held() const;
 
   BatchEngine* engine_;
   ServeOptions options_;
   uint64_t arena_bytes_ = 0;
   std::string config_error_;       // options submit refuses
   uint32_t page_tokens_ = 0;
+  uint64_t header_bytes_ = 0;      // a shared page's header page (kvgc_stats.cls_header)
+  uint64_t page_bytes_ = 0;        // one fp16 page in every layer: admission's headroom unit
   bool whole_attached_ = false;    // attached whole pages are never the sequence's bytes
   bool whole_kept_ = false;        // nor its own kept pages (the full policy: no GC)
   uint64_t projected_ = 0;         // footprints of the running sequences

@@ -6,7 +6,8 @@
 // filled by the batched append (device-side runs: one launch). Attention reads the K
 // and V bytes once; the copy's bandwidth counts bytes read plus written.
 // Executor level (kernels/cuda): the batch's page and sequence tables are uploaded
-// once, as the batch plan does (AttendOp::dev_pages, dev_seqs).
+// once, as the batch plan does (AttendOp::dev_pages, dev_seqs). Then the GC of a batch
+// step: every sequence's select in one select_batch against one select per segment.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "../kernels/cpu/convert.hpp"
 #include "../kernels/cuda/attend.cuh"
 #include "../kernels/cuda/copy.cuh"
+#include "../kernels/cuda/gc.cuh"
+#include "../kernels/page_layout.hpp"
 #include "cuda_bench_util.hpp"
 
 using kvgc::bench::median_ms;
@@ -150,6 +153,66 @@ int main(int argc, char** argv) {
   const double batch_plain_ms = median_ms(reps, s, [&] { batched(false); });
   const double seq_ms = median_ms(reps, s, [&] { per_seq(true); });
   const double seq_plain_ms = median_ms(reps, s, [&] { per_seq(false); });
+  // The GC of a batch step (issue 22): every sequence's select at once (select_batch: a
+  // constant number of launches) against one select per segment, as kvgc_step issued
+  // them before. Each op is a generational minor shape: the young tokens past the
+  // window tenured, the intermediate tier ranked (by score), the top 16 eligible
+  // promoted; results into pinned memory the kernels write (results_mapped), as the
+  // heap's result blocks are.
+  const size_t gc_scratch = kvgc::cuda::gc_scratch_bytes(uint64_t(n_pages) * pt, pt);
+  void* gscratch;
+  CUDA_OK(cudaMalloc(&gscratch, gc_scratch));
+  uint16_t* g_live = nullptr;
+  kvgc::SelectResult* g_res = nullptr;
+  CUDA_OK(cudaMallocHost(&g_live, size_t(n_pages) * sizeof(uint16_t)));
+  CUDA_OK(cudaMallocHost(&g_res, B * sizeof(kvgc::SelectResult)));
+  std::vector<kvgc::SelectOp> gops(B);
+  for (uint32_t i = 0; i < B; ++i) {
+    kvgc::SelectOp& g = gops[i];
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) g.layout[c] = L[c], g.unit_cost[c] = L[c].bytes;
+    g.pages = pinned_pages + size_t(i) * pages_per_seq;
+    g.n_pages = pages_per_seq;
+    g.tenure_before = int64_t(tokens) / 2;
+    g.candidates = uint8_t(kvgc::gen_bit(kvgc::kGenIntermediate));
+    g.key = kvgc::KeyKind::Score;
+    g.segment_salt = i;
+    g.n_ladder = 1;
+    g.ladder[0] = KVGC_CLASS_FP16;
+    g.slope[0] = 1.0;
+    g.promote = 16;
+    g.promote_age = 0;
+    g.page_live = g_live + size_t(i) * pages_per_seq;
+    g.result = g_res + i;
+    g.scratch = gscratch;
+    g.scratch_bytes = gc_scratch;
+    g.results_mapped = true;
+  }
+  kvgc::cuda::SelectStaging stage(true);
+  auto gc_batched = [&] {
+    uint32_t launched = 0;
+    CUDA_OK(kvgc::cuda::select_batch(gops.data(), B, stage, s, &launched));
+  };
+  auto gc_per_seg = [&] {
+    for (uint32_t i = 0; i < B; ++i) {
+      uint32_t launched = 0;
+      CUDA_OK(kvgc::cuda::select_batch(&gops[i], 1, stage, s, &launched));
+    }
+  };
+  gc_batched();
+  CUDA_OK(cudaStreamSynchronize(s));
+  for (uint32_t i = 0; i < B; ++i)
+    if (g_res[i].promoted != 16 || g_res[i].live[KVGC_CLASS_FP16] != tokens) {
+      std::printf("FAIL: batched select of sequence %u promoted %llu (16 expected), %llu live\n", i,
+                  (unsigned long long)g_res[i].promoted, (unsigned long long)g_res[i].live[KVGC_CLASS_FP16]);
+      return 1;
+    }
+  const double gc_batch_ms = median_ms(reps, s, gc_batched);
+  const double gc_seg_ms = median_ms(reps, s, gc_per_seg);
+  std::printf("GC select over %u segments x %u tokens: batched %.3f ms, per segment %.3f ms (%.2fx)\n", B,
+              tokens, gc_batch_ms, gc_seg_ms, gc_seg_ms / gc_batch_ms);
+  cudaFree(gscratch);
+  cudaFreeHost(g_live);
+  cudaFreeHost(g_res);
   auto gbs = [&](double ms) { return double(total) / (ms * 1e6); };
   std::printf("device: %s; batched decode attention, B=%u x %u tokens, %u KV heads x %u, GQA %u, f16 (%.2f GiB of K+V)\n",
               prop.name, B, tokens, kv_heads, hd, q_heads / kv_heads, double(total) / (1 << 30));
@@ -160,9 +223,11 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.3f %10.1f %10.2f\n", "per-sequence attend + scores", seq_ms, gbs(seq_ms), gbs(seq_ms) / gbs(copy_ms));
   std::printf("%-34s %9.3f %10.1f %10.2f\n", "per-sequence attend, no scores", seq_plain_ms, gbs(seq_plain_ms), gbs(seq_plain_ms) / gbs(copy_ms));
   std::printf("RESULT batch_vs_copy=%.3f batch_noscores_vs_copy=%.3f batch_speedup_vs_per_seq=%.3f "
-              "batch_noscores_speedup_vs_per_seq=%.3f copy_GBps=%.0f batch_GBps=%.0f B=%u tokens=%u\n",
+              "batch_noscores_speedup_vs_per_seq=%.3f copy_GBps=%.0f batch_GBps=%.0f B=%u tokens=%u "
+              "gc_batch_ms=%.3f gc_per_seg_ms=%.3f gc_batch_speedup=%.3f\n",
               gbs(batch_ms) / gbs(copy_ms), gbs(batch_plain_ms) / gbs(copy_ms), seq_ms / batch_ms,
-              seq_plain_ms / batch_plain_ms, gbs(copy_ms), gbs(batch_ms), B, tokens);
+              seq_plain_ms / batch_plain_ms, gbs(copy_ms), gbs(batch_ms), B, tokens, gc_batch_ms, gc_seg_ms,
+              gc_seg_ms / gc_batch_ms);
   cudaFreeHost(pinned_pages);
   return 0;
 }

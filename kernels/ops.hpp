@@ -152,6 +152,11 @@ struct SelectOp {
   // Shared with attention: the two never run concurrently on one heap's stream.
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  // page_live and result are memory the device may write directly (the runtime's
+  // result_alloc blocks: pinned, so mapped under unified addressing). A batch of such
+  // ops then needs no copy per segment (the CUDA select_batch); otherwise each op's
+  // results are copied back on their own.
+  bool results_mapped = false;
 };
 
 // Moves `count` live slots (the highest) of src into the first holes (dead slots) of

@@ -65,6 +65,20 @@ class Backend : public host::HostAllocated {
   // result_alloc() memory, complete once an event recorded after the op has passed.
   virtual Status observe(const ObserveOp& op, void* stream) = 0;
   virtual Status select(const SelectOp& op, void* stream) = 0;
+  // select over n segments at once (kvgc_step's layers, kvgc_batch_step's sequences):
+  // the same decisions as n selects in order. *launched says how many ops were enqueued
+  // (all n on success; on a failure the first *launched ran and the rest changed
+  // nothing), and is kept current while it runs, so it holds if an op throws. The
+  // default loops over select (the CPU: the specification); CUDA's runs every phase over
+  // all segments in a constant number of launches.
+  virtual Status select_batch(const SelectOp* ops, uint32_t n, void* stream, uint32_t* launched) {
+    *launched = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      KVGC_TRY(select(ops[i], stream));
+      *launched = i + 1;
+    }
+    return Status::Ok();
+  }
   virtual Status compact(const CompactOp& op, void* stream) = 0;
   virtual Status attend(const AttendOp& op, void* stream) = 0;
   // Device scratch the heap must reserve (carved from its arena) so that attention can

@@ -643,17 +643,30 @@ Status ManagedHeap::batch_export(BatchPlan& b, uint32_t layer, kvgc_batch_view* 
 Status ManagedHeap::batch_step(BatchPlan& b, void* stream) {
   KVGC_TRY(batch_live(b, 0, "kvgc_batch_step"));
   batch_release(b);  // pages of layers never appended go back; the plan is spent
+  // Every sequence's GC is prepared (kvgc_step's, segment by segment), then the
+  // collecting segments of the whole batch are launched at once (gc_flush: one
+  // select_batch, a constant number of launches on CUDA whatever B is).
+  gc_reserve(b.seqs.size() * model_.n_layers);  // before anything changes
   uint32_t short_seqs = 0;
   Status first_short;
-  for (const BatchPlan::Entry& e : b.seqs) {
-    if (e.defer_step) continue;  // its GC waits for a later step (kvgc_batch_plan_ex)
-    Status st = step(e.id, stream);
-    if (st.code == KVGC_EBUDGET) {
-      if (!short_seqs++) first_short = st;
-      continue;
+  try {
+    for (const BatchPlan::Entry& e : b.seqs) {
+      if (e.defer_step) continue;  // its GC waits for a later step (kvgc_batch_plan_ex)
+      Status st = step_prepare(e.id, stream);
+      if (st.code == KVGC_EBUDGET) {
+        if (!short_seqs++) first_short = st;  // (a copy: may throw too)
+        continue;
+      }
+      if (!st.ok()) {  // those prepared before it still run, as they did one by one
+        (void)gc_flush(stream);
+        return st;
+      }
     }
-    KVGC_TRY(st);
+  } catch (...) {  // out of host memory: those prepared before still run
+    gc_flush_after_throw(stream);
+    throw;
   }
+  KVGC_TRY(gc_flush(stream));
   if (short_seqs)
     return fail(KVGC_EBUDGET, "kvgc_batch_step: " + std::to_string(short_seqs) +
                                   " sequence(s) stay over budget; the first: " + first_short.msg);

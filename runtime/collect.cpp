@@ -82,6 +82,34 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
 }
 
 Status ManagedHeap::step(kvgc_seq seq, void* stream) {
+  // Every layer's GC is prepared, then launched together (gc_flush): the segment-by-
+  // segment decisions, in one select_batch.
+  gc_reserve(model_.n_layers);  // before anything changes: the queue never grows midway
+  Status st;
+  try {
+    st = step_prepare(seq, stream);
+  } catch (...) {  // out of host memory: the layers prepared before still run
+    gc_flush_after_throw(stream);
+    throw;
+  }
+  KVGC_TRY(gc_flush(stream));
+  return st;
+}
+
+void ManagedHeap::gc_reserve(size_t n) {
+  const size_t want = gc_ops_.size() + n;
+  if (gc_ops_.capacity() < want) gc_ops_.reserve(std::max(want, 2 * gc_ops_.capacity()));
+  if (gc_prep_.capacity() < want) gc_prep_.reserve(std::max(want, 2 * gc_prep_.capacity()));
+}
+
+void ManagedHeap::gc_flush_after_throw(void* stream) {
+  try {
+    (void)gc_flush(stream);
+  } catch (...) {  // gc_flush left the queue empty and every segment consistent
+  }
+}
+
+Status ManagedHeap::step_prepare(kvgc_seq seq, void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_step", &s));
   ++counters_.steps;
@@ -90,7 +118,7 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   uint32_t short_layers = 0;
   for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {
     bool short_of_budget = false;
-    KVGC_TRY(collect(*s, layer, budgets[layer], stream, &short_of_budget));
+    KVGC_TRY(gc_prepare(*s, layer, budgets[layer], stream, &short_of_budget));
     short_layers += short_of_budget;
   }
   if (short_layers) {
@@ -117,9 +145,10 @@ void ManagedHeap::free_empty_pages(uint32_t tenant, PageTable& t) {
   t.pages.resize(kept);
 }
 
-Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget& budget,
-                            void* stream, bool* short_of_budget) {
+Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudget& budget,
+                               void* stream, bool* short_of_budget) {
   Segment& seg = s.layers[layer];
+  if (seg.gc.queued) KVGC_TRY(gc_flush(stream));  // its result block is in a queued op
   touch(seg);
   KVGC_TRY(settle(s.tenant, seg));  // the previous GC's results, usually long complete
   KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
@@ -182,6 +211,7 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   }
   const size_t max_pages = held_pages + max_new;
   KVGC_TRY(harvest_reserve(seg.gc, max_pages));
+  gc_reserve(1);  // the queue too (the steps reserve it for all their segments first)
   runs_.reserve(max_new + KVGC_CLASS_COUNT);
   pages_.reserve(max_pages);
   size_t before[KVGC_CLASS_COUNT];
@@ -211,9 +241,18 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
     want -= std::min<uint64_t>(room, want);
     while (want > 0) {
       PageId p = pool_.can_alloc(c, 1) ? take_page(s, layer, c) : kNoPage;
-      if (p == kNoPage && !settled && pending_) {  // pages other GCs emptied come back first
+      if (p == kNoPage && !settled && (pending_ || !gc_ops_.empty())) {  // pages other GCs emptied come back first
         settled = true;
-        if (Status st = settle_all(); !st.ok()) {
+        // The queued GCs first: segment by segment, they would be pending by now.
+        Status st;
+        try {
+          st = gc_flush(stream);
+          if (st.ok()) st = settle_all();
+        } catch (...) {  // a select out of host memory: this segment's pages go back too
+          give_back();
+          throw;
+        }
+        if (!st.ok()) {
           give_back();
           return st;
         }
@@ -269,51 +308,95 @@ Status ManagedHeap::collect(SequenceState& s, uint32_t layer, const LayerBudget&
   op.result = pend.result();
   op.scratch = scratch_;  // device executors (shared with attention: same stream)
   op.scratch_bytes = scratch_bytes_;
-  Status st;
-  try {
-    st = backend_->select(op, stream);
-  } catch (...) {  // the op allocates before it mutates: nothing else changed
-    give_back();
-    throw;
-  }
-  if (!st.ok()) {
-    give_back();
-    return st;
-  }
+  op.results_mapped = true;  // the result block is result_alloc memory
+  PreparedGc q{&s, layer, g.major, {}};
+  std::copy(std::begin(before), std::end(before), q.before);
+  gc_prep_.push_back(q);
+  gc_ops_.push_back(op);
+  pend.queued = true;
+  return Status::Ok();
+}
+
+Status ManagedHeap::gc_flush(void* stream) {
+  const uint32_t n = uint32_t(gc_ops_.size());
+  if (n == 0) return Status::Ok();
+  auto give_back = [&](const PreparedGc& q) {  // nothing was decided: the demotion pages
+    Segment& seg = q.s->layers[q.layer];
+    seg.gc.queued = false;
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+      PageTable& t = seg.table[c];
+      for (size_t i = q.before[c]; i < t.pages.size(); ++i) drop_page(q.s->tenant, t.pages[i]);
+      t.pages.resize(q.before[c]);
+    }
+  };
   // Pending until applied (harvest.cpp). The demotion slots count as used from now on,
   // so that attention's rows (numbered by `used`) cover whatever the op fills.
-  PageTable& f = seg.table[KVGC_CLASS_FP16];
-  pend.active = true;
-  ++pending_;
-  pend.minor = opts_.policy == KVGC_POLICY_GENERATIONAL && !g.major;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pend.n_pages[c] = uint32_t(seg.table[c].pages.size());
-  pend.n_pages[KVGC_CLASS_FP16] -= seg.pinned_pages;
-  pend.tail_used = f.pages.empty() ? 0 : pool_.desc(f.pages.back()).used;
-  pend.fp16_live = f.live;
-  std::copy(std::begin(seg.tier), std::end(seg.tier), pend.tier);
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
-    for (uint32_t i = 0; i < n_runs[c]; ++i) {
-      const AppendRun& run = pend.runs(c)[i];
-      PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(run.page)));
-      d.used = uint16_t(d.used + run.count);
-      seg.table[c].used += run.count;
+  auto issued = [&](const PreparedGc& q) {
+    Segment& seg = q.s->layers[q.layer];
+    PendingGc& pend = seg.gc;
+    PageTable& f = seg.table[KVGC_CLASS_FP16];
+    pend.queued = false;
+    pend.active = true;
+    ++pending_;
+    pend.minor = opts_.policy == KVGC_POLICY_GENERATIONAL && !q.major;
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) pend.n_pages[c] = uint32_t(seg.table[c].pages.size());
+    pend.n_pages[KVGC_CLASS_FP16] -= seg.pinned_pages;
+    pend.tail_used = f.pages.empty() ? 0 : pool_.desc(f.pages.back()).used;
+    pend.fp16_live = f.live;
+    std::copy(std::begin(seg.tier), std::end(seg.tier), pend.tier);
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+      for (uint32_t i = 0; i < pend.n_runs[c]; ++i) {
+        const AppendRun& run = pend.runs(c)[i];
+        PageDesc& d = pool_.desc(pool_.page_at(reinterpret_cast<uintptr_t>(run.page)));
+        d.used = uint16_t(d.used + run.count);
+        seg.table[c].used += run.count;
+      }
+    // The plan's own bookkeeping needs no result.
+    if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
+      seg.since_minor = 0;
+      if (q.major) {
+        seg.minors_since_major = 0;
+        seg.promote_blocked = false;
+      } else {
+        ++seg.minors_since_major;
+      }
     }
-  // The plan's own bookkeeping needs no result.
-  if (opts_.policy == KVGC_POLICY_GENERATIONAL) {
-    seg.since_minor = 0;
-    if (g.major) {
-      seg.minors_since_major = 0;
-      seg.promote_blocked = false;
-    } else {
-      ++seg.minors_since_major;
+  };
+  // The queue is emptied on every way out (its capacity stays: no allocation per step).
+  host::vector<PreparedGc>& prep = gc_prep_;
+  struct Clear {
+    ManagedHeap* h;
+    ~Clear() {
+      h->gc_prep_.clear();
+      h->gc_ops_.clear();
     }
+  } clear{this};
+  uint32_t launched = 0;
+  Status st;
+  try {
+    st = backend_->select_batch(gc_ops_.data(), n, stream, &launched);
+  } catch (...) {  // each op allocates before it mutates: those not launched changed nothing
+    for (uint32_t i = 0; i < n; ++i) i < launched ? issued(prep[i]) : give_back(prep[i]);
+    for (uint32_t i = 0; i < launched; ++i)
+      if (!backend_->event_record(prep[i].s->layers[prep[i].layer].gc.event, stream).ok())
+        (void)backend_->synchronize(stream);
+    throw;
   }
-  if (!backend_->event_record(pend.event, stream).ok())  // cannot mark it: wait for all
-    KVGC_TRY(backend_->synchronize(stream));
-  if (opts_.harvest == KVGC_HARVEST_IMMEDIATE) {
-    KVGC_TRY(settle(s.tenant, seg));
-    KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
-  }
+  for (uint32_t i = 0; i < n; ++i) i < launched ? issued(prep[i]) : give_back(prep[i]);
+  // One event per segment, recorded after the whole batch (each segment's results are
+  // complete when the batch is; event records are not launches).
+  Status ev;
+  for (uint32_t i = 0; i < launched && ev.ok(); ++i)
+    if (!backend_->event_record(prep[i].s->layers[prep[i].layer].gc.event, stream).ok())
+      ev = backend_->synchronize(stream);  // cannot mark it: wait for all
+  KVGC_TRY(st);
+  KVGC_TRY(ev);
+  if (opts_.harvest == KVGC_HARVEST_IMMEDIATE)
+    for (const PreparedGc& q : prep) {
+      Segment& seg = q.s->layers[q.layer];
+      KVGC_TRY(settle(q.s->tenant, seg));
+      KVGC_TRY(compact_fragmented(q.s->tenant, seg, stream));
+    }
   return Status::Ok();
 }
 

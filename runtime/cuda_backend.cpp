@@ -165,9 +165,16 @@ class CudaBackend final : public Backend {
   // Only enqueues: page_live and the result arrive in result_alloc() memory, read after
   // an event (backend.hpp).
   Status select(const SelectOp& op, void* stream) override {
+    uint32_t launched = 0;
+    return select_batch(&op, 1, stream, &launched);
+  }
+  // Every collecting segment of a step at once: a constant number of launches (gc.cuh).
+  // The uploads are staged in a pinned block of the backend's, reused once the previous
+  // batch's copy has run (an event).
+  Status select_batch(const SelectOp* ops, uint32_t n, void* stream, uint32_t* launched) override {
     DeviceGuard g(ordinal_);
-    const cudaError_t e = cuda::select(op, as_stream(stream));
-    KVGC_TRY(select_status(e, op));
+    const cudaError_t e = cuda::select_batch(ops, n, stage_, as_stream(stream), launched);
+    if (*launched < n) KVGC_TRY(select_status(e, ops[*launched]));
     KVGC_CUDA(e, "GC select launch");
     return Status::Ok();
   }
@@ -199,6 +206,7 @@ class CudaBackend final : public Backend {
   int ordinal_;
   std::string name_;
   int n_sm_;
+  cuda::SelectStaging stage_{true};
 };
 
 }  // namespace

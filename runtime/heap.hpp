@@ -44,6 +44,7 @@ struct PendingGc {
   uint32_t capacity = 0;        // pages (and runs) the block holds
   void* event = nullptr;        // marks the op's completion (null on the CPU)
   bool event_made = false;
+  bool queued = false;          // its op is in ManagedHeap::gc_ops_, not launched yet
 
   SelectResult* result() const;
   uint16_t* page_live() const;
@@ -267,8 +268,26 @@ class ManagedHeap : public host::HostAllocated {
   // One segment's GC (collect.cpp): apply the previous GC's results, compact when
   // fragmented, plan, issue the decision op (applied at once with KVGC_HARVEST=immediate).
   // Sets *short_of_budget when the protected tokens alone exceed the budget.
-  Status collect(SequenceState& s, uint32_t layer, const LayerBudget& budget, void* stream,
-                 bool* short_of_budget);
+  // It is split in two so that a step launches every collecting segment's select at once
+  // (issue 22): gc_prepare does everything up to the op (settle, compaction, the plan,
+  // the demotion pages, the op in the segment's result block) and queues it in gc_ops_;
+  // gc_flush launches the queued ops with one Backend::select_batch (a constant number of
+  // launches on CUDA, whatever their number) and then does each segment's post-launch
+  // bookkeeping (pending record, reserved demotion slots, event). Ops not launched (a
+  // failed launch) give their demotion pages back, as one failed select did before.
+  // Anything in gc_prepare that would settle other segments (settle_all when short of
+  // pages) flushes the queue first, so the batch decides what segment-by-segment did.
+  Status gc_prepare(SequenceState& s, uint32_t layer, const LayerBudget& budget, void* stream,
+                    bool* short_of_budget);
+  Status gc_flush(void* stream);
+  // For a preparation that threw: flushes what was queued before, swallowing a second
+  // exception (the first is rethrown by the caller).
+  void gc_flush_after_throw(void* stream);
+  // Room in the queue for n more segments (may throw: called before anything changes).
+  void gc_reserve(size_t n);
+  // Prepares every layer of a sequence (kvgc_step without the flush); KVGC_EBUDGET as
+  // kvgc_step returns it.
+  Status step_prepare(kvgc_seq seq, void* stream);
   Status compact_fragmented(uint32_t tenant, Segment& seg, void* stream);
   Status compact(uint32_t tenant, Segment& seg, int cls, void* stream);
   // The deferred harvest (harvest.cpp). settle applies a segment's pending GC results
@@ -336,6 +355,15 @@ class ManagedHeap : public host::HostAllocated {
   // Scratch reused across calls so that the decode path does not allocate.
   host::vector<AppendRun> runs_;
   host::vector<SegPage> pages_;
+  // The GCs gc_prepare queued and gc_flush launches (collect.cpp).
+  struct PreparedGc {
+    SequenceState* s;
+    uint32_t layer;
+    bool major;
+    size_t before[KVGC_CLASS_COUNT];  // pages per class before the demotion targets
+  };
+  host::vector<PreparedGc> gc_prep_;
+  host::vector<SelectOp> gc_ops_;
 };
 
 // A shared page is shown as the segment sees it: a host copy of its header page, then the

@@ -441,6 +441,92 @@ TEST_CASE("batched decode attention on CUDA: launches do not grow with the batch
     CHECK(many <= std::max<uint64_t>(one, scores ? 2 : 1) + 1);  // a combine at most appears
   }
 }
+
+TEST_CASE("kvgc_batch_step on CUDA: the GC's launches do not grow with the batch") {
+  // Two CUDA heaps, one stepping a batch of 1 and one of 64 sequences, every sequence
+  // fed the same rows (so that every segment collects at the same steps, with the same
+  // plan shapes): generational with a token budget (minors, promotions, majors,
+  // evictions) and the ladder. Compaction stays off (compact_threshold 1): it is still
+  // one op per fragmented segment, outside the select this measures.
+  const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16, 4);
+  for (kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_LADDER}) {
+    CAPTURE(demote);
+    kvgc_heap_options o = cpu_options(64 << 20, 8);
+    o.policy = KVGC_POLICY_GENERATIONAL;
+    o.token_budget = 40;
+    o.sinks = 2;
+    o.window = 8;
+    o.demote = demote;
+    o.compact_threshold = 1.0;
+    constexpr uint32_t kB[2] = {1, 64};
+    kvgc_heap* h[2];
+    kvgc_batch* b[2];
+    std::vector<kvgc_seq> seqs[2];
+    for (int k = 0; k < 2; ++k) {
+      h[k] = make_heap(m, KVGC_DEVICE_CUDA, 8, 64 << 20, &o);
+      REQUIRE(kvgc_batch_create(h[k], &b[k]) == KVGC_OK);
+      seqs[k].resize(kB[k]);
+      for (auto& s : seqs[k]) REQUIRE(kvgc_seq_create(h[k], 0, &s) == KVGC_OK);
+    }
+    std::mt19937 rng(17);
+    const size_t kv_row = 2 * 64;
+    uint64_t total[2] = {0, 0}, collecting_steps = 0;
+    for (int step = 0; step < 40; ++step) {
+      CAPTURE(step);
+      const uint32_t n = step == 0 ? 30 : 1 + (step % 7 == 0 ? 5 : 0);
+      std::vector<uint16_t> k(n * kv_row), v(n * kv_row);
+      std::normal_distribution<float> g(0.f, 1.f);
+      for (auto* a : {&k, &v})
+        for (auto& x : *a) kvgc::cpu::store(reinterpret_cast<uint8_t*>(&x), KVGC_DTYPE_F16, g(rng));
+      uint64_t launches[2];
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t B = kB[i];
+        std::vector<uint32_t> n_new(B, n);
+        uint32_t failed = 0;
+        REQUIRE(kvgc_batch_plan(b[i], seqs[i].data(), n_new.data(), B, &failed, nullptr) == KVGC_OK);
+        // The same rows for every sequence.
+        std::vector<uint16_t> kb(size_t(B) * k.size()), vb(size_t(B) * v.size());
+        for (uint32_t j = 0; j < B; ++j) {
+          std::copy(k.begin(), k.end(), kb.begin() + size_t(j) * k.size());
+          std::copy(v.begin(), v.end(), vb.begin() + size_t(j) * v.size());
+        }
+        DeviceBuffer dk(kb.size() * 2), dv(vb.size() * 2);
+        REQUIRE(cudaMemcpy(dk.p, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(dv.p, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        for (uint32_t layer = 0; layer < m.n_layers; ++layer)
+          REQUIRE(kvgc_batch_append(b[i], layer, dk.p, dv.p, nullptr) == KVGC_OK);
+        const uint64_t at = emu::launches;
+        const kvgc_status st = kvgc_batch_step(b[i], nullptr);
+        launches[i] = emu::launches - at;
+        REQUIRE((st == KVGC_OK || st == KVGC_EBUDGET));
+        require_check(h[i]);
+        total[i] += launches[i];
+      }
+      CHECK(launches[0] == launches[1]);
+      collecting_steps += launches[1] > 0;
+      if (step == 39 || launches[0] != launches[1])
+        std::printf("batch step launches (demote %d, step %d): B=1 %llu, B=64 %llu\n", int(demote), step,
+                    (unsigned long long)launches[0], (unsigned long long)launches[1]);
+    }
+    std::printf("batch step launches over 40 steps (demote %d): B=1 %llu, B=64 %llu; %llu steps collected\n",
+                int(demote), (unsigned long long)total[0], (unsigned long long)total[1],
+                (unsigned long long)collecting_steps);
+    CHECK(collecting_steps >= 5);  // the GC ran: minors every page of tokens at least
+    // The work was the batch's: 64 times the GCs, in the same launches.
+    kvgc_stats s1, s64;
+    kvgc_stats_init(&s1);
+    kvgc_stats_init(&s64);
+    REQUIRE(kvgc_get_stats(h[0], &s1) == KVGC_OK);
+    REQUIRE(kvgc_get_stats(h[1], &s64) == KVGC_OK);
+    CHECK(s1.gcs > 0);
+    CHECK(s64.gcs == 64 * s1.gcs);
+    CHECK(s64.tokens_evicted == 64 * s1.tokens_evicted);
+    for (int k = 0; k < 2; ++k) {
+      kvgc_batch_destroy(b[k]);
+      kvgc_heap_destroy(h[k]);
+    }
+  }
+}
 #endif
 
 TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend, export, observe, step)") {

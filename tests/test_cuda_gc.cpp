@@ -339,6 +339,142 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte bu
   cudaStreamDestroy(stream);
 }
 
+TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, generational, ladder on and off)") {
+  // Random batches (B in 1..64, random prompt lengths, sequences joining and leaving)
+  // planned, appended and observed identically on a CPU heap and a CUDA heap; the CUDA
+  // step launches every collecting segment's select at once (select_batch). Masses go in
+  // through kvgc_batch_observe (bit-identical on both), so the decisions must be too:
+  // statuses, stats, and every token read back (positions, scores, generations, K/V).
+  std::random_device rd;
+  const uint32_t seed = rd();
+  std::printf("test_cuda batch gc: seed %u\n", seed);
+  std::mt19937 rng(seed);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16);
+  kvgc_stats total;
+  std::memset(&total, 0, sizeof total);
+  uint64_t split_steps = 0;  // steps whose GC ran in several launch sets (emulation)
+  for (kvgc_policy policy : {KVGC_POLICY_H2O, KVGC_POLICY_GENERATIONAL})
+    for (kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_LADDER}) {
+      CAPTURE(policy);
+      CAPTURE(demote);
+      kvgc_heap_options o = cpu_options(64 << 20, 8);
+      o.policy = policy;
+      o.token_budget = 24 + rng() % 24;
+      o.sinks = 2;
+      o.window = 8;
+      o.demote = demote;
+      o.compact_threshold = 0.3;
+      o.seed = rng();
+      kvgc_heap* cpu = make_heap(m, KVGC_DEVICE_CPU, 8, 0, &o);
+      kvgc_heap* gpu = make_heap(m, KVGC_DEVICE_CUDA, 8, 0, &o);
+#ifdef KVGC_CUDA_EMU
+      // With the ladder, every other step's GC runs in several launch sets (a scratch
+      // that holds one segment at a time), as a batch larger than the scratch does.
+      emu::tight_select_scratch = demote == KVGC_DEMOTE_LADDER;
+#endif
+      kvgc_batch *bc, *bg;
+      REQUIRE(kvgc_batch_create(cpu, &bc) == KVGC_OK);
+      REQUIRE(kvgc_batch_create(gpu, &bg) == KVGC_OK);
+      std::vector<kvgc_seq> sc, sg;
+      const size_t kv_row = size_t(m.n_kv_heads) * m.head_dim;
+      for (int step = 0; step < 16; ++step) {
+        CAPTURE(step);
+        // Sequences join (with a prompt of random length) and leave; B stays in 1..64.
+        const uint32_t want = step == 0 ? 1 + rng() % 64 : uint32_t(sc.size());
+        while (sc.size() > 1 && rng() % 6 == 0) {
+          const size_t i = rng() % sc.size();
+          REQUIRE(kvgc_seq_destroy(cpu, sc[i]) == KVGC_OK);
+          REQUIRE(kvgc_seq_destroy(gpu, sg[i]) == KVGC_OK);
+          sc.erase(sc.begin() + long(i));
+          sg.erase(sg.begin() + long(i));
+        }
+        std::vector<uint32_t> n_new(sc.size(), 1);
+        while (sc.size() < 64 && (sc.size() < want || rng() % 4 == 0)) {
+          sc.push_back(0), sg.push_back(0);
+          REQUIRE(kvgc_seq_create(cpu, 0, &sc.back()) == KVGC_OK);
+          REQUIRE(kvgc_seq_create(gpu, 0, &sg.back()) == KVGC_OK);
+          n_new.push_back(1 + rng() % 60);
+        }
+        for (uint32_t& x : n_new)
+          if (x == 1 && rng() % 8 == 0) x = rng() % 12;  // chunks, and sequences without rows
+        const uint32_t B = uint32_t(sc.size());
+        uint32_t rows = 0;
+        for (uint32_t x : n_new) rows += x;
+        if (rows == 0) rows = n_new[0] = 1;
+        uint32_t failed = 0;
+        REQUIRE(kvgc_batch_plan(bc, sc.data(), n_new.data(), B, &failed, nullptr) == KVGC_OK);
+        REQUIRE(kvgc_batch_plan(bg, sg.data(), n_new.data(), B, &failed, stream) == KVGC_OK);
+        for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+          std::vector<uint8_t> k = random_kv(m, rows, rng), v = random_kv(m, rows, rng);
+          REQUIRE(k.size() >= size_t(rows) * kv_row * 2);
+          DeviceBuffer dk(k.size() + 1), dv(v.size() + 1);
+          REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(kvgc_batch_append(bc, layer, k.data(), v.data(), nullptr) == KVGC_OK);
+          REQUIRE(kvgc_batch_append(bg, layer, dk.p, dv.p, stream) == KVGC_OK);
+          // Masses by slot of the batch's exported pages (the same pages on both heaps).
+          kvgc_batch_view vc;
+          std::memset(&vc, 0, sizeof vc);
+          vc.struct_size = sizeof vc;
+          REQUIRE(kvgc_batch_export(bc, layer, &vc) == KVGC_OK);
+          const uint64_t slots = uint64_t(vc.n_pages) * vc.page_tokens;
+          const std::vector<float> w = random_mass(slots + 1, rng);
+          DeviceBuffer dw(w.size() * 4);
+          REQUIRE(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(kvgc_batch_observe(bc, layer, w.data(), nullptr) == KVGC_OK);
+          REQUIRE(kvgc_batch_observe(bg, layer, dw.get<float>(), stream) == KVGC_OK);
+          REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);  // before dk, dv, dw go
+        }
+#ifdef KVGC_CUDA_EMU
+        const uint64_t sets_before = emu::select_sets;
+#endif
+        const kvgc_status st_cpu = kvgc_batch_step(bc, nullptr), st_gpu = kvgc_batch_step(bg, stream);
+#ifdef KVGC_CUDA_EMU
+        split_steps += emu::select_sets - sets_before > 1;
+#endif
+        INFO("cpu: " << kvgc_status_str(st_cpu) << ", cuda: " << kvgc_status_str(st_gpu) << " " << kvgc_errmsg(gpu));
+        REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
+        REQUIRE(st_gpu == st_cpu);
+        require_check(cpu);
+        require_check(gpu);
+        const std::string stats = compare_stats(get_stats(cpu), get_stats(gpu));
+        INFO("stats (cpu vs cuda):" << stats);
+        REQUIRE(stats.empty());
+        if (step % 5 != 4 && step != 15) continue;
+        for (uint32_t i = 0; i < B; ++i)
+          for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+            CAPTURE(i);
+            CAPTURE(layer);
+            const std::string diff =
+                compare_rows(read_cpu(cpu, sc[i], layer, m), read_gpu(gpu, sg[i], layer, m, stream), m);
+            INFO(diff);
+            REQUIRE(diff.empty());
+          }
+      }
+      const kvgc_stats st = get_stats(cpu);
+      CHECK(st.gcs > 0);
+      total.tokens_evicted += st.tokens_evicted;
+      total.tokens_demoted += st.tokens_demoted;
+      total.tokens_promoted += st.tokens_promoted;
+      total.major_gcs += st.major_gcs;
+      kvgc_batch_destroy(bc);
+      kvgc_batch_destroy(bg);
+      kvgc_heap_destroy(cpu);
+      kvgc_heap_destroy(gpu);
+    }
+#ifdef KVGC_CUDA_EMU
+  emu::tight_select_scratch = false;
+  CHECK(split_steps > 0);
+#endif
+  (void)split_steps;
+  CHECK(total.tokens_evicted > 0);  // the paths the comparison is meant to cover
+  CHECK(total.tokens_demoted > 0);
+  CHECK(total.tokens_promoted > 0);
+  cudaStreamDestroy(stream);
+}
+
 namespace {
 
 // Page images for the op-level tests: pages_ of both classes in one host buffer (each

@@ -7,10 +7,11 @@
 // Streams:
 //   - observe and compact are enqueued on `stream` and never synchronise: pages and
 //     moves travel as kernel parameters (no host-to-device copy, no scratch).
-//   - select enqueues its kernels and then copies its page-level results (page_live and
-//     the SelectResult: a few bytes per page) into the op's host pointers with
-//     cudaMemcpyAsync (pinned memory: the copy does not wait); they are complete once
-//     an event recorded after the op has passed (runtime/harvest.cpp).
+//   - select enqueues its kernels; its page-level results (page_live and the
+//     SelectResult: a few bytes per page) reach the op's host pointers through the
+//     kernels themselves (results_mapped: the runtime's pinned result blocks) or
+//     cudaMemcpyAsync; they are complete once an event recorded after the op has passed
+//     (runtime/harvest.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,10 +33,44 @@ cudaError_t observe(const ObserveOp& op, cudaStream_t stream);
 // cudaErrorInvalidValue before anything is enqueued.
 cudaError_t compact(const CompactOp& op, cudaStream_t stream);
 
+// Host memory select_batch stages its uploads in (every segment's parameters, pages and
+// runs: one host-to-device copy per launch set). Pinned (the backend's: the copy never
+// waits; an event guards its reuse by the next batch) or pageable (the copy returns once
+// it has staged the bytes).
+struct SelectStaging {
+  explicit SelectStaging(bool pinned_memory = true) : pinned(pinned_memory) {}
+  ~SelectStaging();
+  SelectStaging(const SelectStaging&) = delete;
+  SelectStaging& operator=(const SelectStaging&) = delete;
+  cudaError_t reserve(size_t bytes);          // waits for the previous batch's upload
+  cudaError_t recorded(cudaStream_t stream);  // marks the uploads just enqueued
+  void* host = nullptr;
+  size_t bytes = 0;
+  bool pinned;
+  bool in_flight = false;
+  cudaEvent_t ready = nullptr;
+};
+
 // The GC's decision op over one segment, with the scratch in op.scratch. Errors before
 // anything is enqueued: cudaErrorMemoryAllocation (scratch too small for the segment),
-// cudaErrorNotSupported (a segment of 2^32 slots or more).
+// cudaErrorNotSupported (a segment of 2^32 slots or more). select_batch with n = 1 and a
+// pageable staging block.
 cudaError_t select(const SelectOp& op, cudaStream_t stream);
+
+// select over ops[0, n) (every op's scratch the same: ops[0]'s), with the same decisions
+// as n selects in order, in a constant number of launches whatever n is: a flat index
+// space over every segment's pages, runs, slots and demotions, each segment's parameters
+// in a device array, one segmented sort (DeviceSegmentedRadixSort; one segment keeps
+// DeviceRadixSort), the decisions a block per segment. Results: ops with results_mapped
+// are written by the kernels where the host reads them; the others are copied back, two
+// copies each. If the scratch cannot hold the batch (it is sized for kScratchSegs = 1024
+// segments over the longest segment the arena holds), consecutive segments go in as many
+// launch sets as needed. *launched: the ops enqueued; on cudaErrorMemoryAllocation (one
+// segment alone exceeds the scratch) those before it were.
+cudaError_t select_batch(const SelectOp* ops, uint32_t n, SelectStaging& stage, cudaStream_t stream,
+                         uint32_t* launched);
+// The scratch select_batch needs for `op` alone (tests: a scratch that forces launch sets).
+size_t select_scratch_bytes(const SelectOp& op);
 
 // Scratch select needs for a segment of up to max_slots slots (pages x page_tokens, of
 // either class): per slot a 64-bit sort key and a 32-bit index (twice: the radix sort

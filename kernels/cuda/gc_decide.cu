@@ -2,6 +2,9 @@
 // loops, taken in the same order so that every stopping point is the CPU's (the sums
 // are integers: units and counts).
 //
+// A batch runs a block per segment for each (walk: one thread each), every segment's
+// Params read from the batch's device array.
+//
 //   walk (one thread): over the sorted candidates (prep_kernel's weights and ladder
 //     positions), the rungs in increasing (weight x slope, rung, rank) until the reclaim
 //     is met and the pages kept fit the byte budget; then from the top, each candidate's final rung (no dearer than any above
@@ -22,7 +25,9 @@ namespace {
 
 __device__ __forceinline__ uint32_t class_of_g(const Params& p, uint32_t g) { return p.pages[g / p.pt].cls; }
 
-__global__ void walk_kernel(const Params p) {
+__global__ void walk_kernel(const Batch b) {
+  const Params& p = b.ps[blockIdx.x];
+  const uint32_t* svals = sorted_vals(b, p);
   State& st = *p.st;
   const uint64_t n = st.n_cand;
   unsigned long long live[KVGC_CLASS_COUNT];
@@ -61,7 +66,7 @@ __global__ void walk_kernel(const Params p) {
     while (to < evicted && to != from && taken[p.ladder[to]] == p.slot_count[p.ladder[to]]) ++to;
     if (to < evicted && to != from) ++taken[p.ladder[to]];
     p.at[i] = uint8_t(floor = to);
-    --live[class_of_g(p, p.svals[i])];
+    --live[class_of_g(p, svals[i])];
     if (to < evicted) ++live[p.ladder[to]];
   }
   // The byte budget, from the bottom.
@@ -76,7 +81,7 @@ __global__ void walk_kernel(const Params p) {
   uint64_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0}, n_dem = 0, n_evicted = 0, got = 0;
   for (uint64_t i = n; i-- > 0;) {
     if (p.at[i] == p.from[i]) continue;
-    const uint32_t g = p.svals[i];
+    const uint32_t g = svals[i];
     const uint32_t c0 = class_of_g(p, g);
     if (p.at[i] == evicted) {
       p.fate[g] = kEvicted;
@@ -96,7 +101,9 @@ __global__ void walk_kernel(const Params p) {
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) st.r.demoted_to[c] = taken[c];
 }
 
-__global__ void __launch_bounds__(kChunk) top_kernel(const Params p) {
+__global__ void __launch_bounds__(kChunk) top_kernel(const Batch b) {
+  const Params& p = b.ps[blockIdx.x];
+  const uint32_t* svals = sorted_vals(b, p);
   __shared__ uint32_t g_of[kChunk];
   __shared__ uint8_t info[kChunk];
   __shared__ bool done;
@@ -119,7 +126,7 @@ __global__ void __launch_bounds__(kChunk) top_kernel(const Params p) {
   for (uint64_t top = n; need > 0 && top > 0;) {
     const uint64_t lo = top > kChunk ? top - kChunk : 0, len = top - lo;
     if (threadIdx.x < len) {
-      const uint32_t g = p.svals[lo + threadIdx.x];
+      const uint32_t g = svals[lo + threadIdx.x];
       g_of[threadIdx.x] = g;
       bool pick = p.fate[g] == kSurvivor;
       if (pick && !p.retier) {
@@ -148,10 +155,10 @@ __global__ void __launch_bounds__(kChunk) top_kernel(const Params p) {
 
 }  // namespace
 
-cudaError_t launch_decide(const Params& p, cudaStream_t stream) {
-  walk_kernel<<<1, 1, 0, stream>>>(p);
+cudaError_t launch_decide(const Batch& b, cudaStream_t stream) {
+  walk_kernel<<<b.n_segs, 1, 0, stream>>>(b);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  top_kernel<<<1, kChunk, 0, stream>>>(p);
+  top_kernel<<<b.n_segs, kChunk, 0, stream>>>(b);
   return cudaGetLastError();
 }
 

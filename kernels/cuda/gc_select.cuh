@@ -52,8 +52,6 @@ struct Params {
   uint64_t retier_top;
   uint64_t* keys;         // read order (g), before the sort
   uint32_t* vals;
-  const uint64_t* skeys;  // sorted
-  const uint32_t* svals;
   uint8_t* fate;          // by g
   double* weight;         // by sorted index: the ladder walk's weight
   uint8_t* at;            // by sorted index: ladder position (n_ladder: evicted)
@@ -63,7 +61,37 @@ struct Params {
   uint16_t* slot_in;      // flat reserved slot -> slot in that run's page
   uint16_t* page_live;
   State* st;
+  // A batch (select_batch): the segment's place in the flat index spaces of the batch's
+  // pages, runs, slots and demotions; its sort's other buffers (the sorted arrays are
+  // in one or the other, the same for all segments: Batch::sorted_alt); where its
+  // result goes when results_mapped (host memory the device writes).
+  uint32_t page_base, run_base;
+  uint64_t slot_base_flat, dem_base;
+  uint64_t* keys_alt;
+  uint32_t* vals_alt;
+  SelectResult* result_out;  // null: copied back with cudaMemcpyAsync
+  bool ordered;
 };
+
+// One select_batch launch set: a device array of every segment's Params (their
+// pointers already offset into the batch's flat arrays) and the maps from a flat index
+// (page, run, demotion) to its segment. Kernels take it by value.
+struct Batch {
+  const Params* ps;
+  const uint32_t* page_seg;  // flat page -> segment
+  const uint32_t* run_seg;   // flat run -> segment
+  const uint64_t* dem_end;   // per segment: the end of its demotions in the flat space
+  uint32_t n_segs, pt;
+  uint64_t n_slots, n_dem;
+  bool sorted_alt;           // the sort's output is in keys_alt/vals_alt
+};
+
+__device__ __forceinline__ const uint32_t* sorted_vals(const Batch& b, const Params& p) {
+  return b.sorted_alt ? p.vals_alt : p.vals;
+}
+__device__ __forceinline__ const uint64_t* sorted_keys(const Batch& b, const Params& p) {
+  return b.sorted_alt ? p.keys_alt : p.keys;
+}
 
 __device__ __forceinline__ unsigned long long* u64(uint64_t* p) {
   return reinterpret_cast<unsigned long long*>(p);
@@ -131,6 +159,7 @@ __device__ __forceinline__ uint64_t held_bytes(const Params& p, const unsigned l
 
 // Steps 5 and 6 of select (gc_decide.cu): the ladder walk and the assignment (one
 // thread: the CPU's sequential loops), then the top survivors (one block).
-cudaError_t launch_decide(const Params& p, cudaStream_t stream);
+// Over a batch: a block per segment for each.
+cudaError_t launch_decide(const Batch& b, cudaStream_t stream);
 
 }  // namespace kvgc::cuda::select_detail

@@ -12,7 +12,9 @@
 // most splits (256) rather than the heap's whole scratch, so that multi-query ops and
 // batches go in several passes.
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <atomic>
+#include <vector>
 #include "kernels/cuda/attend.cuh"
 #include "kernels/cuda/copy.cuh"
 #include "kernels/cuda/gc.cuh"
@@ -46,8 +48,20 @@ class EmuBackend final : public Backend {
   Status gather(const GatherOp& op, void* s) override { if (auto e = cuda::gather(op, cudaStream_t(s))) return cuda_fail(e, "gather"); return Status::Ok(); }
   Status observe(const ObserveOp& op, void* s) override { if (auto e = cuda::observe(op, cudaStream_t(s))) return cuda_fail(e, "observe"); return Status::Ok(); }
   Status select(const SelectOp& op, void* s) override {
-    const cudaError_t e = cuda::select(op, cudaStream_t(s));
-    KVGC_TRY(select_status(e, op));
+    uint32_t launched = 0;
+    return select_batch(&op, 1, s, &launched);
+  }
+  Status select_batch(const SelectOp* ops, uint32_t n, void* s, uint32_t* launched) override {
+    std::vector<SelectOp> tight;
+    if (emu::tight_select_scratch && n > 1 && tight_calls_++ % 2) {  // several launch sets
+      size_t most = 0;
+      for (uint32_t i = 0; i < n; ++i) most = std::max(most, cuda::select_scratch_bytes(ops[i]));
+      tight.assign(ops, ops + n);
+      for (SelectOp& op : tight) op.scratch_bytes = std::min(op.scratch_bytes, most);
+      ops = tight.data();
+    }
+    const cudaError_t e = cuda::select_batch(ops, n, stage_, cudaStream_t(s), launched);
+    if (*launched < n) KVGC_TRY(select_status(e, ops[*launched]));
     if (e) return cuda_fail(e, "select");
     return Status::Ok();
   }
@@ -75,6 +89,9 @@ class EmuBackend final : public Backend {
   size_t gc_scratch_bytes(uint64_t max_tokens, const kvgc_model_desc&, uint32_t pt) const override {
     return cuda::gc_scratch_bytes(max_tokens, pt);
   }
+ private:
+  cuda::SelectStaging stage_{true};
+  uint64_t tight_calls_ = 0;
 };
 }  // namespace
 Status make_cuda_backend(int, std::unique_ptr<Backend>* out) {

@@ -166,6 +166,10 @@ inline std::vector<Warp> warps;
 inline unsigned cur = 0, alive = 0, block_arrived = 0;
 inline std::function<void()>* body = nullptr;
 inline uint64_t launches = 0, blocks = 0;
+// Set by tests: every other select_batch of more than one segment gets a scratch just
+// big enough for its largest segment, so that the batch runs in several launch sets.
+inline bool tight_select_scratch = false;
+inline uint64_t select_sets = 0;  // launch sets select_batch ran (kernels/cuda/gc_select.cu)
 
 // __shared__ variables (transform.py): 0xff bytes (NaN floats, all-ones integers, true
 // bools) once per block, by the first thread that reaches the declaration.
@@ -483,6 +487,8 @@ inline cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
 // for the benchmarks
 typedef struct CUevent_st* cudaEvent_t;
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = reinterpret_cast<cudaEvent_t>(new double(0)); return cudaSuccess; }
+constexpr unsigned cudaEventDisableTiming = 2;
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<double*>(e); return cudaSuccess; }
 #include <chrono>
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {

@@ -48,7 +48,8 @@ struct ServeOptions {
   Engine::PrefillMode prefill = Engine::PrefillMode::Stream;
   // The bytes a sequence of `tokens` tokens is expected to hold under the heap's policy
   // (`prefilling`: while its prompt enters the cache): a request is admitted only while
-  // the running sequences' and its own fit the arena. With prefix_cache, the first
+  // the running sequences' (recomputed as their outputs grow) and its own fit the arena
+  // with a page (all layers) of headroom per running sequence. With prefix_cache, the first
   // `cached` of them are pages the cache pays for (below): the sequence holds the rest.
   // Default: every page of the rest (the full cache).
   std::function<uint64_t(uint64_t tokens, uint64_t cached, bool prefilling)> footprint;

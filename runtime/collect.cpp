@@ -102,6 +102,14 @@ void ManagedHeap::gc_reserve(size_t n) {
   if (gc_prep_.capacity() < want) gc_prep_.reserve(std::max(want, 2 * gc_prep_.capacity()));
 }
 
+void ManagedHeap::drop_pages_after(uint32_t tenant, Segment& seg, const size_t before[]) {
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // nothing was decided: the demotion pages
+    PageTable& t = seg.table[c];
+    for (size_t i = before[c]; i < t.pages.size(); ++i) drop_page(tenant, t.pages[i]);
+    t.pages.resize(before[c]);
+  }
+}
+
 void ManagedHeap::gc_flush_after_throw(void* stream) {
   try {
     (void)gc_flush(stream);
@@ -219,13 +227,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
     before[c] = seg.table[c].pages.size();
     seg.table[c].pages.reserve(before[c] + (want_slots[c] + pt - 1) / pt);
   }
-  auto give_back = [&] {  // nothing was decided: return the demotion pages
-    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
-      PageTable& t = seg.table[c];
-      for (size_t i = before[c]; i < t.pages.size(); ++i) drop_page(s.tenant, t.pages[i]);
-      t.pages.resize(before[c]);
-    }
-  };
+  auto give_back = [&] { drop_pages_after(s.tenant, seg, before); };
   uint32_t n_runs[KVGC_CLASS_COUNT] = {0, 0, 0};
   bool settled = false;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
@@ -320,14 +322,10 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
 Status ManagedHeap::gc_flush(void* stream) {
   const uint32_t n = uint32_t(gc_ops_.size());
   if (n == 0) return Status::Ok();
-  auto give_back = [&](const PreparedGc& q) {  // nothing was decided: the demotion pages
+  auto give_back = [&](const PreparedGc& q) {
     Segment& seg = q.s->layers[q.layer];
     seg.gc.queued = false;
-    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
-      PageTable& t = seg.table[c];
-      for (size_t i = q.before[c]; i < t.pages.size(); ++i) drop_page(q.s->tenant, t.pages[i]);
-      t.pages.resize(q.before[c]);
-    }
+    drop_pages_after(q.s->tenant, seg, q.before);
   };
   // Pending until applied (harvest.cpp). The demotion slots count as used from now on,
   // so that attention's rows (numbered by `used`) cover whatever the op fills.
@@ -372,23 +370,24 @@ Status ManagedHeap::gc_flush(void* stream) {
     }
   } clear{this};
   uint32_t launched = 0;
+  // Each launched segment becomes pending, the others get their pages back; then one
+  // event per launched segment, recorded after the whole batch (each segment's results
+  // are complete when the batch is; event records are not launches).
+  auto settle_queue = [&]() -> Status {
+    for (uint32_t i = 0; i < n; ++i) i < launched ? issued(prep[i]) : give_back(prep[i]);
+    for (uint32_t i = 0; i < launched; ++i)
+      if (!backend_->event_record(prep[i].s->layers[prep[i].layer].gc.event, stream).ok())
+        return backend_->synchronize(stream);  // cannot mark it: wait for all
+    return Status::Ok();
+  };
   Status st;
   try {
     st = backend_->select_batch(gc_ops_.data(), n, stream, &launched);
   } catch (...) {  // each op allocates before it mutates: those not launched changed nothing
-    for (uint32_t i = 0; i < n; ++i) i < launched ? issued(prep[i]) : give_back(prep[i]);
-    for (uint32_t i = 0; i < launched; ++i)
-      if (!backend_->event_record(prep[i].s->layers[prep[i].layer].gc.event, stream).ok())
-        (void)backend_->synchronize(stream);
+    (void)settle_queue();
     throw;
   }
-  for (uint32_t i = 0; i < n; ++i) i < launched ? issued(prep[i]) : give_back(prep[i]);
-  // One event per segment, recorded after the whole batch (each segment's results are
-  // complete when the batch is; event records are not launches).
-  Status ev;
-  for (uint32_t i = 0; i < launched && ev.ok(); ++i)
-    if (!backend_->event_record(prep[i].s->layers[prep[i].layer].gc.event, stream).ok())
-      ev = backend_->synchronize(stream);  // cannot mark it: wait for all
+  const Status ev = settle_queue();
   KVGC_TRY(st);
   KVGC_TRY(ev);
   if (opts_.harvest == KVGC_HARVEST_IMMEDIATE)

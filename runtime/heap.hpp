@@ -283,6 +283,8 @@ class ManagedHeap : public host::HostAllocated {
   // For a preparation that threw: flushes what was queued before, swallowing a second
   // exception (the first is rethrown by the caller).
   void gc_flush_after_throw(void* stream);
+  // Returns the pages a queued GC took past `before` (per class) to the pool.
+  void drop_pages_after(uint32_t tenant, Segment& seg, const size_t before[]);
   // Room in the queue for n more segments (may throw: called before anything changes).
   void gc_reserve(size_t n);
   // Prepares every layer of a sequence (kvgc_step without the flush); KVGC_EBUDGET as

@@ -145,7 +145,7 @@ typedef enum kvgc_harvest {
 } kvgc_harvest;
 
 /* Who pays for the tokens a sequence attached from the prefix cache (0.7;
- * KVGC_PREFIX_CHARGE=cache|view).
+ * KVGC_PREFIX_CHARGE=cache|view|prune).
  * CACHE: the cache. The whole pages a sequence attaches stay whole in its view for its
  * life: its GC never ranks, evicts or demotes them, and its budgets are spent only on the
  * tokens it holds itself (a budget fraction is still of its whole length, so a sequence
@@ -156,11 +156,19 @@ typedef enum kvgc_harvest {
  * and its GC prunes the attached tokens like its own (a demoted shared token becomes a
  * private copy at the cheaper rung), so an attached sequence makes exactly the decisions
  * of one that appended the prompt itself.
+ * PRUNE (0.8): VIEW's decisions at the cache's bytes. The sequence's GC ranks, evicts and
+ * demotes the attached tokens as VIEW's does, but a shared token it demotes keeps its
+ * slot and stays readable at its page's precision; it is only charged at the cheaper
+ * class (recorded in its gen byte, bits 6-7: see the page layout). So the sequence holds
+ * only its own tokens' bytes (plus a header page per shared page), pays for the prefix
+ * tokens it keeps as if it held them, and decides as one that appended the prompt itself
+ * (where ranking keys do not tie); its reads of demoted shared tokens are more precise.
  * kvgc_seq_fork pins nothing new: the copy is charged exactly as its source, so it decides
  * as the copy it replaces. */
 typedef enum kvgc_prefix_charge {
   KVGC_PREFIX_CHARGE_CACHE = 0,
-  KVGC_PREFIX_CHARGE_VIEW = 1
+  KVGC_PREFIX_CHARGE_VIEW = 1,
+  KVGC_PREFIX_CHARGE_PRUNE = 2
 } kvgc_prefix_charge;
 
 /* Token generations (tiers): sinks and the young window are never evicted. */
@@ -627,7 +635,9 @@ KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
  *   pos     int32[page_tokens]  at pos_offset: the token's position in its sequence
  *   score   float[page_tokens]  at score_offset: accumulated attention mass (read only)
  *   recent  float[page_tokens]  at recent_offset: decayed recent mass (read only)
- *   gen     uint8[page_tokens]  at gen_offset: bits 0-1 the kvgc_generation, 2-7 an age
+ *   gen     uint8[page_tokens]  at gen_offset: bits 0-1 the kvgc_generation, 2-5 an age,
+ *           6-7 (0.8) the kvgc_storage_class a shared page's slot is charged at under
+ *           KVGC_PREFIX_CHARGE_PRUNE (0: the page's own; the slot reads as its page)
  *   K, V    at k_offset, v_offset: element d of head h of slot s starts at byte
  *           h * head_stride + s * slot_stride + (FP16: d * dtype bytes; INT8: d; INT4: d/2,
  *           the low nibble for even d, the high for odd)

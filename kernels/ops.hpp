@@ -116,6 +116,10 @@ struct SelectResult {
   uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};  // destination slots filled, per class
   uint64_t tier[4] = {0, 0, 0, 0};      // live tokens per generation after the op
   uint64_t live[KVGC_CLASS_COUNT] = {0, 0, 0};
+  // charge_shared: live tokens of shared pages counted at their charged class, net per
+  // class (+1 to the charged class, -1 to the page's, for each): live + shift is what
+  // the segment is charged for.
+  int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};
 };
 
 struct SelectOp {
@@ -145,6 +149,11 @@ struct SelectOp {
   bool retier;                // major GC: top retier_top survivors long-term, rest intermediate
   uint64_t retier_top;
   bool age_intermediate;
+  // KVGC_PREFIX_CHARGE=prune: a token of a shared page (kv set) that the ladder demotes
+  // keeps its slot and its page's precision, and its gen byte records the class it is
+  // now charged at (charged_of): the decisions are an unshared segment's, the bytes the
+  // shared page's. It takes no destination slot. Off: it moves to a private slot.
+  bool charge_shared = false;
   uint16_t* page_live;        // out, [n_pages]: live slots per page after the op (host)
   SelectResult* result;       // out (host)
   // Device executors: the heap's scratch (keys, sort buffers, decisions), reserved at

@@ -36,12 +36,25 @@ namespace kvgc {
 
 enum SlotGen : uint8_t { kGenSink = 0, kGenYoung = 1, kGenIntermediate = 2, kGenLongTerm = 3 };
 
-// The gen byte: bits 0-1 the generation, bits 2-7 the slot's age (minor GCs survived in
-// the intermediate tier, saturating at 63), which is what "stable" means for promotion.
+// The gen byte: bits 0-1 the generation, bits 2-5 the slot's age (minor GCs survived in
+// the intermediate tier, saturating at 15; promotion asks for 2), which is what "stable"
+// means for promotion, and bits 6-7 the class a slot of a shared page is charged at
+// (0.8, KVGC_PREFIX_CHARGE=prune): 0 its page's class, else the kvgc_storage_class the
+// holder's ladder demoted it to while it stays readable at its page's precision (a
+// demotion that would need a private copy of a shared token is only charged).
 KVGC_HD constexpr uint8_t gen_of(uint8_t b) { return b & 3u; }
-KVGC_HD constexpr uint8_t age_of(uint8_t b) { return b >> 2; }
-KVGC_HD constexpr uint8_t make_gen(uint8_t gen, uint8_t age) {
-  return uint8_t((age > 63 ? 63 : age) << 2 | (gen & 3u));
+KVGC_HD constexpr uint8_t age_of(uint8_t b) { return (b >> 2) & 15u; }
+KVGC_HD constexpr uint8_t charged_of(uint8_t b) { return b >> 6; }
+// A gen byte of generation `gen` and age `age` that keeps b's charged class.
+KVGC_HD constexpr uint8_t make_gen(uint8_t gen, uint8_t age, uint8_t b = 0) {
+  return uint8_t((b & 0xc0u) | (age > 15 ? 15 : age) << 2 | (gen & 3u));
+}
+KVGC_HD constexpr uint8_t with_charged(uint8_t b, uint32_t cls) {
+  return uint8_t((b & 0x3fu) | (cls & 3u) << 6);
+}
+// The class a live slot counts at: its charged class when it has one, else its page's.
+KVGC_HD constexpr uint32_t counted_class(uint8_t b, uint32_t page_cls) {
+  return charged_of(b) ? charged_of(b) : page_cls;
 }
 KVGC_HD constexpr uint8_t gen_bit(uint8_t gen) { return uint8_t(1u << gen); }
 

@@ -35,6 +35,7 @@ Status ManagedHeap::check() {
                                std::to_string(layer) + ")";
       std::unordered_set<int32_t> positions;
       uint64_t tiers[4] = {0, 0, 0, 0};
+      int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};  // slots charged apart (Segment::shift)
       for (int cls = 0; cls < KVGC_CLASS_COUNT; ++cls) {
         const PageTable& t = seg.table[cls];
         const std::string segname = name + " " + class_name(uint32_t(cls));
@@ -84,6 +85,16 @@ Status ManagedHeap::check() {
               return bad(segname + " has position " + std::to_string(pos[slot]) + " twice");
             const uint8_t g = gen_of(gen[slot]);
             ++tiers[g];
+            if (const uint32_t c = charged_of(gen[slot])) {  // KVGC_PREFIX_CHARGE=prune
+              // (A private page too: a partly filled shared tail copied before an append
+              // keeps its header's charges.)
+              if (opts_.prefix_charge != KVGC_PREFIX_CHARGE_PRUNE || c >= KVGC_CLASS_COUNT ||
+                  class_rank(c) <= class_rank(uint32_t(cls)))
+                return bad(segname + " has a slot charged at " + class_name(c) +
+                           " without a demotion in place to that class");
+              ++shift[c];
+              --shift[cls];
+            }
             if ((pos[slot] < int64_t(opts_.sinks)) != (g == kGenSink))
               return bad(segname + " has a sink flag that disagrees with its position");
           }
@@ -103,6 +114,10 @@ Status ManagedHeap::check() {
       for (uint32_t i = 0; i < seg.pinned_pages; ++i)
         if (!is_header(f.pages[i]) || pool_.desc(f.pages[i]).live != pt)
           return bad(name + " has a pinned page that is not a whole shared page");
+      for (int c = 0; c < KVGC_CLASS_COUNT && !pending; ++c)
+        if (shift[c] != seg.shift[c])
+          return bad(name + " is charged " + std::to_string(seg.shift[c]) + " tokens apart at " +
+                     class_name(uint32_t(c)) + " but its slots say " + std::to_string(shift[c]));
       for (int g = 0; g < 4 && !pending; ++g)
         if (tiers[g] != seg.tier[g])
           return bad(name + " tier " + std::to_string(g) + " count " + std::to_string(seg.tier[g]) +

@@ -165,8 +165,10 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   v.length = seg.length;
   uint64_t held = 0;  // bytes the segment's pages hold once compacted
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
-    // Tokens the prefix cache pays for are not the GC's (KVGC_PREFIX_CHARGE=cache).
-    v.live[c] = seg.table[c].live - (c == KVGC_CLASS_FP16 ? seg.pinned_live : 0);
+    // Tokens the prefix cache pays for are not the GC's (KVGC_PREFIX_CHARGE=cache); shared
+    // tokens demoted in place count at their charged class (=prune).
+    v.live[c] = uint64_t(int64_t(seg.table[c].live) + seg.shift[c]) -
+                (c == KVGC_CLASS_FP16 ? seg.pinned_live : 0);
     held += (v.live[c] + pt - 1) / pt * layout_[c].bytes;
   }
   for (int g = 0; g < 4; ++g) v.tier[g] = seg.tier[g] - seg.pinned_tier[g];
@@ -202,13 +204,18 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   runs_.clear();
   const bool reclaims = g.reclaim > 0 || v.bytes_over;
   size_t want_slots[KVGC_CLASS_COUNT] = {0, 0, 0};
-  uint64_t dearer = v.live[KVGC_CLASS_FP16];
+  // Tokens that could move into a class: those of dearer classes, less (=prune) those a
+  // shared page holds, which are demoted in place.
+  const bool in_place = opts_.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE;
+  uint64_t movable[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) movable[c] = in_place ? private_live(seg.table[c]) : v.live[c];
+  uint64_t dearer = movable[KVGC_CLASS_FP16];
   const uint64_t budget_units = budget.units != kNoBudget ? budget.units : budget.bytes * uint64_t(pt);
   for (uint32_t i = 1; reclaims && i < ladder_.n; ++i) {
     const int c = ladder_.cls[i];
     const uint64_t by_budget = budget_units / policy_.unit_cost[c] + 1;
     want_slots[c] = size_t(std::min(dearer, by_budget));
-    dearer += v.live[c];
+    dearer += movable[c];
   }
   // Every host container and the result block are sized before the first page is
   // taken, so running out of memory cannot strand a demotion page.
@@ -306,6 +313,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   op.retier = g.retier;
   op.retier_top = g.retier_top;
   op.age_intermediate = g.age_intermediate;
+  op.charge_shared = in_place;
   op.page_live = pend.page_live();
   op.result = pend.result();
   op.scratch = scratch_;  // device executors (shared with attention: same stream)

@@ -97,6 +97,7 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
       to.pinned_pages = from.pinned_pages;  // the copy decides as its source does
       to.pinned_live = from.pinned_live;
       std::memcpy(to.pinned_tier, from.pinned_tier, sizeof to.pinned_tier);
+      std::memcpy(to.shift, from.shift, sizeof to.shift);  // the headers' gen bytes are copied
     }
   } catch (...) {
     (void)seq_destroy(id);

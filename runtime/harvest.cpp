@@ -106,6 +106,7 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
   }
   f.live = r.live[KVGC_CLASS_FP16] + seg.pinned_live + (f.live - p.fp16_live);
   for (int c = 1; c < KVGC_CLASS_COUNT; ++c) seg.table[c].live = r.live[c];
+  std::copy(std::begin(r.shift), std::end(r.shift), seg.shift);  // appends since add none
   for (int g = 0; g < 4; ++g) seg.tier[g] = r.tier[g] + seg.pinned_tier[g] + (seg.tier[g] - p.tier[g]);
   for (PageTable& t : seg.table) free_empty_pages(tenant, t);  // incl. unwritten demotion pages
 

@@ -274,6 +274,7 @@ void ManagedHeap::free_pages(uint32_t tenant, Segment& s) {
   s.pinned_pages = 0;
   s.pinned_live = 0;
   std::fill(std::begin(s.pinned_tier), std::end(s.pinned_tier), 0);
+  std::fill(std::begin(s.shift), std::end(s.shift), 0);
 }
 
 uint64_t ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out,
@@ -488,10 +489,29 @@ Status ManagedHeap::read_classes(kvgc_seq seq, uint32_t layer, uint8_t* cls_out,
                                  " is smaller than the segment's " + std::to_string(live) +
                                  " live tokens");
   if (!cls_out || live == 0) return Status::Ok();
-  // Read order is class by class, so the host knows the answer from its own counts.
+  // Read order is class by class, so the host knows the answer from its own counts; a
+  // token charged at another class than its page's (KVGC_PREFIX_CHARGE=prune) reads as
+  // the class its ladder decided, from its gen byte (each page's header, read back).
   host::vector<uint8_t> cls;
   cls.reserve(live);
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) cls.insert(cls.end(), seg.table[c].live, uint8_t(c));
+  const bool charged = std::any_of(std::begin(seg.shift), std::end(seg.shift), [](int64_t x) { return x != 0; });
+  host::vector<uint8_t> header(charged ? header_bytes_ : 0);
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
+    if (!charged) {
+      cls.insert(cls.end(), seg.table[c].live, uint8_t(c));
+      continue;
+    }
+    const PageLayout& L = layout_[c];
+    for (PageId p : seg.table[c].pages) {
+      KVGC_TRY(backend_->copy(header.data(), page_ptr(p), header_bytes_, CopyKind::DeviceToHost, stream));
+      KVGC_TRY(backend_->synchronize(stream));
+      const auto* bits = reinterpret_cast<const uint32_t*>(header.data() + L.live_off);
+      for (uint32_t slot = 0; slot < opts_.page_tokens; ++slot)
+        if (bits[slot / 32] >> (slot % 32) & 1u)
+          cls.push_back(uint8_t(counted_class(header[L.gen_off + slot], uint32_t(c))));
+    }
+  }
+  if (cls.size() != live) return fail(KVGC_EINTERNAL, "kvgc_read_classes: the pages' live bits disagree with the counts");
   KVGC_TRY(backend_->copy(cls_out, cls.data(), live, CopyKind::HostToDevice, stream));
   return backend_->synchronize(stream);  // the host buffer dies here
 }

@@ -80,6 +80,10 @@ struct Segment {
   uint32_t pinned_pages = 0;
   uint64_t pinned_live = 0;
   uint64_t pinned_tier[4] = {0, 0, 0, 0};
+  // KVGC_PREFIX_CHARGE=prune: tokens of shared pages demoted in place are charged at the
+  // class their gen byte names, net per class (SelectResult::shift, from the last GC
+  // applied). table[c].live + shift[c] is what the GC plans from.
+  int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};
   // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
   // append only lengthens it, each with its first row (numbered by `used` while a GC is
   // pending, else by `live`). Valid while attn_epoch == epoch (ManagedHeap::attn_pages).
@@ -213,6 +217,13 @@ class ManagedHeap : public host::HostAllocated {
   // host's used/live counts are the header page's) that names the shared page here;
   // ops read K/V from the shared page (SegPage::kv) and everything else from the header.
   bool is_header(PageId p) const { return pool_.class_of(p) == kHeaderClass; }
+  // Live tokens of a table in pages of its own (not shared).
+  uint64_t private_live(const PageTable& t) const {
+    uint64_t n = t.live;
+    for (PageId p : t.pages)
+      if (is_header(p)) n -= pool_.desc(p).live;
+    return n;
+  }
   // The page holding p's K/V when p is a header page, else null (p holds its own).
   const uint8_t* kv_of(PageId p) const {
     return is_header(p) ? page_ptr(backing_.find(p)->second) : nullptr;

@@ -45,7 +45,8 @@ constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF},
 constexpr Choice kHarvests[] = {{"deferred", KVGC_HARVEST_DEFERRED},
                                 {"immediate", KVGC_HARVEST_IMMEDIATE}};
 constexpr Choice kPrefixCharges[] = {{"cache", KVGC_PREFIX_CHARGE_CACHE},
-                                     {"view", KVGC_PREFIX_CHARGE_VIEW}};
+                                     {"view", KVGC_PREFIX_CHARGE_VIEW},
+                                     {"prune", KVGC_PREFIX_CHARGE_PRUNE}};
 constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
                                     {"pyramid", KVGC_LAYER_BUDGET_PYRAMID},
                                     {"entropy", KVGC_LAYER_BUDGET_ENTROPY}};
@@ -221,9 +222,11 @@ const Row kRows[] = {
        int v;
        return parse_choice(kHarvests, s, &v) && (o->harvest = kvgc_harvest(v), true);
      }},
-    {{"KVGC_PREFIX_CHARGE", "cache|view", "cache",
+    {{"KVGC_PREFIX_CHARGE", "cache|view|prune", "cache",
       "who pays for tokens attached from the prefix cache: the cache (kept whole in every "
-      "holder's view, charged once) or each holder (pruned like its own tokens)"},
+      "holder's view, charged once), each holder (pruned like its own tokens, demoted ones "
+      "copied), or prune: each holder as view decides, a demoted shared token charged at "
+      "its rung but read from the shared page (no copy)"},
      [](const std::string& s, kvgc_heap_options* o) {
        int v;
        return parse_choice(kPrefixCharges, s, &v) && (o->prefix_charge = kvgc_prefix_charge(v), true);
@@ -326,8 +329,9 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("layer_budget", "must be KVGC_LAYER_BUDGET_UNIFORM, _PYRAMID or _ENTROPY");
   if (raw_enum(o.harvest) != KVGC_HARVEST_DEFERRED && raw_enum(o.harvest) != KVGC_HARVEST_IMMEDIATE)
     return bad("harvest", "must be KVGC_HARVEST_DEFERRED or _IMMEDIATE");
-  if (raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_CACHE && raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_VIEW)
-    return bad("prefix_charge", "must be KVGC_PREFIX_CHARGE_CACHE or _VIEW");
+  if (raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_CACHE && raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_VIEW &&
+      raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_PRUNE)
+    return bad("prefix_charge", "must be KVGC_PREFIX_CHARGE_CACHE, _VIEW or _PRUNE");
   if (o.cpu_threads < 1 || o.cpu_threads > kMaxThreads)
     return bad("cpu_threads", "must be in 1..256 (KVGC_THREADS=auto counts the CPUs of the "
                               "affinity mask)");

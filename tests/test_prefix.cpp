@@ -604,3 +604,101 @@ TEST_CASE("prefix cache, charged to the cache: a holder spends its whole length'
   }
   H.check();
 }
+
+TEST_CASE("prefix cache, charged as prune: holders decide as unshared, hold only their own tokens, and read the prefix at fp16") {
+  // KVGC_PREFIX_CHARGE=prune. Each holder's GC decides over its whole prompt as a sequence
+  // that appended it: the same positions kept, the same classes (a shared token's charged
+  // class), generations and scores, when both see the same attention mass per token (fed
+  // by kvgc_observe, by position: attention itself reads a demoted shared token at fp16,
+  // so its mass would differ by the quantisation error). Its demoted shared tokens stay
+  // in the shared pages, read at fp16; its tenant holds only headers and its own tokens.
+  for (int config = 0; config < 3; ++config) {
+    CAPTURE(config);
+    kvgc_heap_options o = config == 0 ? gc_options(KVGC_POLICY_H2O, 60) : gc_options(KVGC_POLICY_GENERATIONAL, config == 1 ? 70 : 0);
+    o.budget_bytes = 32 << 20;
+    o.demote = config == 0 ? KVGC_DEMOTE_OFF : KVGC_DEMOTE_LADDER;
+    if (config == 2) o.byte_budget_fraction = 0.3;
+    o.compact_threshold = 0.25;
+    o.prefix_charge = KVGC_PREFIX_CHARGE_PRUNE;
+    Heap H(o, model(2, 2, 32));
+    const uint32_t P = 150;
+    const auto ids = prompt_ids(P);
+    kvgc_seq keeper;
+    REQUIRE(kvgc_seq_create(H.h, 3, &keeper) == KVGC_OK);
+    append_prompt(H, keeper, 0, P);
+    keep(H, keeper, ids, /*salt=*/42);
+    REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+    constexpr int N = 3;
+    kvgc_seq shared[N], own[N];
+    for (int i = 0; i < N; ++i) {
+      REQUIRE(kvgc_seq_create(H.h, 1, &shared[i]) == KVGC_OK);
+      REQUIRE(kvgc_seq_create(H.h, 2, &own[i]) == KVGC_OK);
+      CHECK(attach(H, shared[i], ids, 42) == P);
+      append_prompt(H, own[i], 0, P);
+    }
+    // The same mass for the same position in both, whatever the rows' order.
+    auto observe = [&](kvgc_seq s, uint32_t l, int round) {
+      const Image im = image(H, s, l);
+      std::vector<float> mass(im.pos.size());
+      for (size_t j = 0; j < mass.size(); ++j) {
+        uint64_t h = uint64_t(im.pos[j]) * 0x9e3779b97f4a7c15ull ^ (uint64_t(round) * 7919 + l);
+        h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 32;
+        mass[j] = float(double(h >> 40) / double(1 << 24)) * (im.pos[j] % 13 == 0 ? 4.0f : 1.0f);
+      }
+      REQUIRE(kvgc_observe(H.h, s, l, mass.data(), mass.size(), nullptr) == KVGC_OK);
+    };
+    int64_t len = P;
+    for (int round = 0; round < 40; ++round) {
+      const uint32_t n = round == 0 ? 20 : 1 + round % 3;  // a private prompt part, then decode
+      for (int i = 0; i < N; ++i) {
+        const uint64_t key = 77 + uint64_t(i);
+        for (kvgc_seq s : {shared[i], own[i]})
+          for (uint32_t l = 0; l < 2; ++l) {
+            const auto k = gaussian(H.m, key, l, len, n, false), v = gaussian(H.m, key, l, len, n, true);
+            REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+            observe(s, l, round);
+          }
+        const kvgc_status a = H.step(shared[i]), b = H.step(own[i]);
+        CHECK(a == b);
+      }
+      len += n;
+      if (round % 10 == 0) H.check();
+    }
+    const size_t tok = token_bytes(H.m);
+    size_t charged_prompt = 0;  // prompt tokens the holders' ladders demoted in place
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < 2; ++l) {
+        const Image a = image(H, shared[i], l), b = image(H, own[i], l);
+        CHECK(a.pos.size() < size_t(len));  // the GC pruned
+        std::vector<size_t> ra(a.pos.size()), rb(b.pos.size());
+        std::iota(ra.begin(), ra.end(), 0);
+        std::iota(rb.begin(), rb.end(), 0);
+        std::sort(ra.begin(), ra.end(), [&](size_t x, size_t y) { return a.pos[x] < a.pos[y]; });
+        std::sort(rb.begin(), rb.end(), [&](size_t x, size_t y) { return b.pos[x] < b.pos[y]; });
+        REQUIRE(ra.size() == rb.size());
+        const auto src_k = gaussian(H.m, kPromptKey, l, 0, P, false);
+        for (size_t j = 0; j < ra.size(); ++j) {
+          CHECK(a.pos[ra[j]] == b.pos[rb[j]]);
+          CHECK(a.cls[ra[j]] == b.cls[rb[j]]);  // the charged class is the unshared class
+          CHECK(a.gen[ra[j]] == b.gen[rb[j]]);
+          CHECK(a.score[ra[j]] == b.score[rb[j]]);
+          // A prompt token reads as appended (fp16), whatever it is charged at.
+          charged_prompt += a.pos[ra[j]] < 144 && a.cls[ra[j]] != KVGC_CLASS_FP16;
+          if (a.pos[ra[j]] < 144)
+            CHECK(std::memcmp(a.k.data() + ra[j] * tok, src_k.data() + size_t(a.pos[ra[j]]) * tok, tok) == 0);
+        }
+      }
+    const kvgc_stats st = H.stats();
+    if (config) CHECK(st.tokens_demoted > 0);
+    CHECK((config == 0) == (charged_prompt == 0));
+    // The holders' tenant: header pages and their own tokens; the unshared tenant holds
+    // its prompt too, at its rungs.
+    uint64_t used_shared = 0, used_own = 0, limit = 0;
+    REQUIRE(kvgc_tenant_usage(H.h, 1, &used_shared, &limit) == KVGC_OK);
+    REQUIRE(kvgc_tenant_usage(H.h, 2, &used_own, &limit) == KVGC_OK);
+    MESSAGE("config " << config << ": holders " << used_shared << " B, unshared " << used_own << " B");
+    CHECK(used_shared < used_own);
+    H.check();
+  }
+}

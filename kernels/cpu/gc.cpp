@@ -93,7 +93,7 @@ void move_slot(const PageLayout& Ls, const SegPage& src, uint32_t s, const PageL
   pos_at(dst, Ld, d) = pos_at(src.page, Ls, s);
   score_at(dst, Ld, d) = score_at(src.page, Ls, s);
   recent_at(dst, Ld, d) = recent_at(src.page, Ls, s);
-  gen_at(dst, Ld, d) = gen_at(src.page, Ls, s);
+  gen_at(dst, Ld, d) = make_gen(gen_of(gen_at(src.page, Ls, s)), age_of(gen_at(src.page, Ls, s)));
 }
 
 // Pages a class needs for `live` tokens once compacted, and what they hold in bytes.
@@ -162,6 +162,8 @@ void select(const SelectOp& op) {
   struct Cand {
     double key;
     uint32_t page_index, slot;
+    uint32_t cls;  // the class it counts at (counted_class)
+    bool in_place;  // a shared page's slot under charge_shared: demotion only charges it
   };
   struct Dest {
     uint8_t* page;
@@ -216,14 +218,16 @@ void select(const SelectOp& op) {
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
+    const bool in_place = op.charge_shared && sp.kv;
     for_live(sp.page, L, [&](uint32_t s) {
-      ++live_cls[sp.cls];
       uint8_t& g = gen_at(sp.page, L, s);
+      const uint32_t cls = counted_class(g, sp.cls);
+      ++live_cls[cls];
       if (gen_of(g) == kGenYoung && pos_at(sp.page, L, s) < op.tenure_before) {
-        g = make_gen(kGenIntermediate, 0);
+        g = make_gen(kGenIntermediate, 0, g);
         ++r.tenured;
       }
-      if (op.candidates & gen_bit(gen_of(g))) cands.push_back({key_of(op, sp.page, L, s), p, s});
+      if (op.candidates & gen_bit(gen_of(g))) cands.push_back({key_of(op, sp.page, L, s), p, s, cls, in_place});
     });
   }
   r.ranked = cands.size();
@@ -244,7 +248,7 @@ void select(const SelectOp& op) {
     //    (which no heap holds: its ladder is fixed) is left as it is.
     size_t order = n;
     const bool all_fp16 = std::all_of(cands.begin(), cands.end(), [&](const Cand& c) {
-      return op.pages[c.page_index].cls == KVGC_CLASS_FP16;
+      return c.cls == KVGC_CLASS_FP16;
     });
     if (op.n_ladder == 1 && op.budget_bytes == 0 && all_fp16) {
       const uint64_t per = op.unit_cost[KVGC_CLASS_FP16];
@@ -258,7 +262,7 @@ void select(const SelectOp& op) {
     from.resize(order);
     for (size_t i = 0; i < order; ++i) {
       weight[i] = key_is_score(op.key) ? std::max(cands[i].key, 0.0) : 1.0;
-      const int pos = position_of[op.pages[cands[i].page_index].cls];
+      const int pos = position_of[cands[i].cls];
       from[i] = at[i] = uint8_t(pos < 0 ? op.n_ladder : pos);  // off the ladder: untouched
     }
     uint64_t walked[KVGC_CLASS_COUNT];  // the walk's own view; the assignment recounts
@@ -266,16 +270,17 @@ void select(const SelectOp& op) {
     ladder_walk(op, weight.data(), at.data(), order, walked);
     // 3. Assignment from the top: no candidate may be dearer than one ranked above it
     //    (floor), nor take a slot its class has no room for (then the next rung down;
-    //    eviction always has room).
+    //    eviction always has room; a token demoted in place takes no slot).
     const uint32_t evicted = op.n_ladder;
     size_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};
     uint32_t floor = 0;
     for (size_t i = order; i-- > 0;) {
       uint32_t to = std::max<uint32_t>(at[i], floor);
-      while (to < evicted && to != from[i] && taken[op.ladder[to]] == slots[op.ladder[to]].size()) ++to;
-      if (to < evicted && to != from[i]) ++taken[op.ladder[to]];
+      const bool moves = !cands[i].in_place;
+      while (moves && to < evicted && to != from[i] && taken[op.ladder[to]] == slots[op.ladder[to]].size()) ++to;
+      if (moves && to < evicted && to != from[i]) ++taken[op.ladder[to]];
       at[i] = uint8_t(floor = to);
-      --live_cls[op.pages[cands[i].page_index].cls];
+      --live_cls[cands[i].cls];
       if (to < evicted) ++live_cls[op.ladder[to]];
     }
     // 4. The byte budget: while the pages the segment would keep after compaction exceed
@@ -284,7 +289,7 @@ void select(const SelectOp& op) {
     for (size_t i = 0; op.budget_bytes > 0 && i < order && held_bytes(op, live_cls) > op.budget_bytes; ++i) {
       if (at[i] == evicted) continue;
       const int cls = op.ladder[at[i]];
-      if (at[i] != from[i]) --taken[cls];
+      if (at[i] != from[i] && !cands[i].in_place) --taken[cls];
       --live_cls[cls];
       at[i] = uint8_t(evicted);
     }
@@ -293,25 +298,34 @@ void select(const SelectOp& op) {
     dest.assign(order, Dest{nullptr, 0});
     size_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0};
     for (size_t i = order; i-- > 0;)
-      if (at[i] != from[i] && at[i] != evicted) dest[i] = slots[op.ladder[at[i]]][next_slot[op.ladder[at[i]]]++];
+      if (at[i] != from[i] && at[i] != evicted && !cands[i].in_place)
+        dest[i] = slots[op.ladder[at[i]]][next_slot[op.ladder[at[i]]]++];
     // 6. Apply: evictions clear live bits; demotions re-store the token one or more rungs
-    //    down (through the model dtype) and move its metadata.
+    //    down (through the model dtype) and move its metadata, or, in place, record the
+    //    class it is charged at.
     for (size_t i = 0; i < order; ++i) {
       if (at[i] == from[i]) continue;
       const SegPage& sp = op.pages[cands[i].page_index];
       const uint32_t s = cands[i].slot;
       if (at[i] == evicted) {
         set_live(sp.page, op.layout[sp.cls], s, false);
-        r.reclaimed += op.unit_cost[sp.cls];
+        uint8_t& g = gen_at(sp.page, op.layout[sp.cls], s);
+        g = make_gen(gen_of(g), age_of(g));
+        r.reclaimed += op.unit_cost[cands[i].cls];
         ++r.evicted;
         victim[i] = 1;
         continue;
       }
       const int cls = op.ladder[at[i]];
-      move_slot(op.layout[sp.cls], sp, s, op.layout[cls], dest[i].page, dest[i].slot, row);
-      set_live(dest[i].page, op.layout[cls], dest[i].slot, true);
-      set_live(sp.page, op.layout[sp.cls], s, false);
-      r.reclaimed += op.unit_cost[sp.cls] - op.unit_cost[cls];
+      if (cands[i].in_place) {
+        uint8_t& g = gen_at(sp.page, op.layout[sp.cls], s);
+        g = with_charged(g, uint32_t(cls));
+      } else {
+        move_slot(op.layout[sp.cls], sp, s, op.layout[cls], dest[i].page, dest[i].slot, row);
+        set_live(dest[i].page, op.layout[cls], dest[i].slot, true);
+        set_live(sp.page, op.layout[sp.cls], s, false);
+      }
+      r.reclaimed += op.unit_cost[cands[i].cls] - op.unit_cost[cls];
       ++r.demoted;
       victim[i] = 2;
     }
@@ -332,7 +346,7 @@ void select(const SelectOp& op) {
       uint8_t& g = gen_ref(rest[i]);
       const bool lt = i < top;
       if (lt && gen_of(g) != kGenLongTerm) ++r.promoted;
-      g = lt ? make_gen(kGenLongTerm, age_of(g)) : make_gen(kGenIntermediate, age_of(g));
+      g = make_gen(lt ? kGenLongTerm : kGenIntermediate, age_of(g), g);
     }
   } else if (op.promote > 0 || op.age_intermediate) {
     for (const Cand& c : rest) {
@@ -341,14 +355,14 @@ void select(const SelectOp& op) {
     }
     const size_t k = std::min<size_t>(eligible.size(), op.promote);
     if (k < eligible.size()) std::nth_element(eligible.begin(), eligible.begin() + k, eligible.end(), desc);
-    for (size_t i = 0; i < k; ++i) gen_ref(eligible[i]) = make_gen(kGenLongTerm, 0);
+    for (size_t i = 0; i < k; ++i) gen_ref(eligible[i]) = make_gen(kGenLongTerm, 0, gen_ref(eligible[i]));
     r.promoted = k;
     r.promote_eligible = eligible.size() - k;
   }
   if (op.age_intermediate)
     for (const Cand& c : rest) {
       uint8_t& g = gen_ref(c);
-      if (gen_of(g) == kGenIntermediate) g = make_gen(kGenIntermediate, uint8_t(age_of(g) + 1));
+      if (gen_of(g) == kGenIntermediate) g = make_gen(kGenIntermediate, uint8_t(age_of(g) + 1), g);
     }
   // 8. Page-granular results.
   for (uint32_t p = 0; p < op.n_pages; ++p) {
@@ -357,7 +371,9 @@ void select(const SelectOp& op) {
     uint32_t k = 0;
     for_live(sp.page, L, [&](uint32_t s) {
       ++k;
-      ++r.tier[gen_of(gen_at(sp.page, L, s))];
+      const uint8_t g = gen_at(sp.page, L, s);
+      ++r.tier[gen_of(g)];
+      if (charged_of(g)) ++r.shift[charged_of(g)], --r.shift[sp.cls];
     });
     op.page_live[p] = uint16_t(k);
     r.live[sp.cls] += k;

@@ -60,6 +60,8 @@ class PrefixCharge(enum.IntEnum):
     """Who pays for tokens attached from the prefix cache (KVGC_PREFIX_CHARGE, 0.7)."""
     CACHE = 0  # kept whole in every holder's view, never pruned there, held and charged once
     VIEW = 1   # each holder, as if it had appended them: its budgets count them, its GC prunes
+    PRUNE = 2  # 0.8: VIEW's decisions, but a demoted shared token is only charged at its
+               # rung and still read from the shared page: each holder holds its own tokens
 
 
 class Generation(enum.IntEnum):

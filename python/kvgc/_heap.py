@@ -111,10 +111,13 @@ class Heap(_kvgc.Heap):
         demote           "off", "int4", "int8", "int8,int4" (the ladder, default)
         layer_budget     "uniform", "pyramid", "entropy" (with layer_weights=[...])
         harvest          "deferred" (default) or "immediate"
-        prefix_charge    "cache" (default) or "view": who pays for tokens attached from the
-                         prefix cache (attach_prefix): the cache (kept whole in every
-                         holder's view, never pruned there, held once) or each holder (its
-                         budgets count them and its GC prunes them like its own)
+        prefix_charge    "cache" (default), "view" or "prune": who pays for tokens attached
+                         from the prefix cache (attach_prefix): the cache (kept whole in
+                         every holder's view, never pruned there, held once), each holder
+                         (its budgets count them and its GC prunes them like its own), or
+                         "prune": view's decisions, but a shared token the ladder demotes
+                         is only charged at its rung and read from the shared page, so a
+                         holder holds only its own tokens
         cpu_threads      int or "auto" (KVGC_THREADS)
         verbose          bool: print the effective configuration to stderr
         first_layer, total_layers   a pipeline rank's range of the model's layers
@@ -213,7 +216,8 @@ class Heap(_kvgc.Heap):
         any sequence (its first write into a shared partly filled page copies that page).
         Who pays for the attached tokens is the heap's prefix_charge option: "cache" (the
         default) keeps the attached whole pages whole in seq's view, never pruned by its
-        GC nor counted by its budgets; "view" prunes them as seq's own tokens. Attaching
+        GC nor counted by its budgets; "view" prunes them as seq's own tokens; "prune"
+        decides as "view" with no private copy of a demoted shared token. Attaching
         makes the prefix the most recently used. OutOfMemory / BudgetExceeded (seq's
         tenant pays its header pages) change nothing.
         """

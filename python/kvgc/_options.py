@@ -20,7 +20,8 @@ _CHOICES = {
     "layer_budget": {"uniform": LayerBudget.UNIFORM, "pyramid": LayerBudget.PYRAMID,
                      "entropy": LayerBudget.ENTROPY},
     "harvest": {"deferred": Harvest.DEFERRED, "immediate": Harvest.IMMEDIATE},
-    "prefix_charge": {"cache": PrefixCharge.CACHE, "view": PrefixCharge.VIEW},
+    "prefix_charge": {"cache": PrefixCharge.CACHE, "view": PrefixCharge.VIEW,
+                      "prune": PrefixCharge.PRUNE},
 }
 _ENUMS = {"device": Device, "policy": Policy, "demote": Demote, "layer_budget": LayerBudget,
           "harvest": Harvest, "prefix_charge": PrefixCharge}

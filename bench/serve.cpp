@@ -47,6 +47,7 @@ struct Args {
   bool observe = true;          // --prefill observe (default) or stream
   uint32_t shared_prefix = 0;   // tokens of the common prefix (0: the mixed stream)
   uint32_t private_min = 128, private_max = 512;
+  int prefix_charge = -1;       // --prefix-charge (-1: the heap's default)
   bool configs_given = false;
 };
 
@@ -57,7 +58,7 @@ void usage(FILE* out) {
       "                        [--arena BYTES] [--fraction F] [--configs LIST] [--threads N]\n"
       "                        [--step-tokens N] [--chunk N] [--max-running N] [--seed S]\n"
       "                        [--prefill observe|stream] [--shared-prefix N]\n"
-      "                        [--private-min N] [--private-max N]\n"
+      "                        [--private-min N] [--private-max N] [--prefix-charge C]\n"
       "  --requests N       requests in the stream (default 64)\n"
       "  --prompt-min/max   prompt tokens, drawn uniformly (default 256..4096)\n"
       "  --output-min/max   generated tokens, drawn uniformly (default 64..512)\n"
@@ -80,7 +81,9 @@ void usage(FILE* out) {
       "                     key A inside) + its own part (filler, its own pass key B), asking\n"
       "                     for A (even requests) or B (odd); outputs of the drawn length.\n"
       "                     Passkey accuracy is reported for A and B apart (+share needs observe)\n"
-      "  --private-min/max  tokens of each request's own part (default 128..512)\n");
+      "  --private-min/max  tokens of each request's own part (default 128..512)\n"
+      "  --prefix-charge C  cache, view or prune: who pays for attached tokens in the\n"
+      "                     bounded +share configurations (default: the heap's, cache)\n");
 }
 
 bool fail_flag(const std::string& flag, const std::string& value, const char* want) {
@@ -164,6 +167,11 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (f == "--passkey-every") ok = parse_u32(f, v, 0, &a->passkey_every);
     else if (f == "--arena") ok = parse_bytes(f, v, &a->arena);
     else if (f == "--fraction") ok = parse_double(f, v, 0.0, 1.0, true, &a->fraction);
+    else if (f == "--prefix-charge") {
+      a->prefix_charge = v == "cache" ? KVGC_PREFIX_CHARGE_CACHE : v == "view" ? KVGC_PREFIX_CHARGE_VIEW
+                         : v == "prune" ? KVGC_PREFIX_CHARGE_PRUNE : -1;
+      ok = a->prefix_charge >= 0 || fail_flag(f, v, "cache, view or prune");
+    }
     else if (f == "--threads") ok = parse_u32(f, v, 1, &a->threads) &&
                                     (a->threads <= 256 || fail_flag(f, v, "at most 256"));
     else if (f == "--step-tokens") ok = parse_u32(f, v, 1, &a->step_tokens);
@@ -237,6 +245,7 @@ kvgc_heap_options heap_options(const std::string& config, const Args& a) {
     return o;
   }
   o.byte_budget_fraction = a.fraction;
+  if (a.prefix_charge >= 0) o.prefix_charge = kvgc_prefix_charge(a.prefix_charge);
   if (name == "h2o" || name == "streaming" || name == "generational") {  // eviction only
     o.policy = name == "h2o" ? KVGC_POLICY_H2O
                : name == "streaming" ? KVGC_POLICY_STREAMING : KVGC_POLICY_GENERATIONAL;
@@ -386,9 +395,11 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
   so.prefix_cache = is_share(config);
   // What a sequence of n tokens holds, the first `cached` paid by the prefix cache: the
   // full cache every page of the rest; a byte budget its share of the f16 payload for its
-  // whole length (kvgc.h, kvgc_prefix_charge: spent on its own tokens), or the tokens no
-  // GC removes (sinks past the cached part, young window) if more, plus a step's chunk
-  // appended before the GC runs, in whole f16 pages; never more than every page of its own.
+  // whole length (kvgc.h, kvgc_prefix_charge: spent on its own tokens; under prune, where
+  // the budget is spent over the whole prompt and the attached part costs no byte, its
+  // own tokens' share of it: the rate that budget gives them), or the tokens no GC removes
+  // (sinks past the cached part, young window) if more, plus a step's chunk appended
+  // before the GC runs, in whole f16 pages; never more than every page of its own.
   const bool bounded = name != "full";
   so.prefill = a.observe ? engine::Engine::PrefillMode::Observe
                          : engine::Engine::PrefillMode::Stream;
@@ -398,7 +409,7 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
     uint64_t full = 0, raw = 0, kept = 0, chunk = 0;
     kvgc_kv_bytes(&kv, own, KVGC_CLASS_FP16, pt, &full);
     if (!bounded || (prefilling && a.observe)) return full;
-    kvgc_kv_bytes(&kv, n, KVGC_CLASS_FP16, 0, &raw);
+    kvgc_kv_bytes(&kv, eff.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE ? own : n, KVGC_CLASS_FP16, 0, &raw);
     const uint64_t protect =
         std::min<uint64_t>(own, eff.window + (eff.sinks > cached ? eff.sinks - cached : 0));
     kvgc_kv_bytes(&kv, protect, KVGC_CLASS_FP16, pt, &kept);

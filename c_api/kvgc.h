@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 7
-#define KVGC_VERSION_PATCH 1
-#define KVGC_VERSION_STRING "0.7.1"
+#define KVGC_VERSION_MINOR 8
+#define KVGC_VERSION_PATCH 0
+#define KVGC_VERSION_STRING "0.8.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 

@@ -59,6 +59,9 @@ const Workload kWorkloads[] = {
     // ... or each sequence does (VIEW): its GC evicts and demotes shared tokens too.
     {"prefix-view", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
      KVGC_PREFIX_CHARGE_VIEW},
+    // ... or each decides as VIEW and demotes shared tokens in place (PRUNE, 0.8).
+    {"prefix-prune", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
+     KVGC_PREFIX_CHARGE_PRUNE},
 };
 
 // What a child reports through its pipe.

@@ -21,8 +21,9 @@
 // cached prefixes are dropped now and then, while the arena's room comes from evicting
 // them. With CPU_THREADS odd the cache pays for attached pages (the default,
 // KVGC_PREFIX_CHARGE_CACHE: a sequence's GC leaves them whole); with CPU_THREADS even,
-// each sequence does (VIEW: its GC evicts and demotes them as its own), so that CI's two
-// configurations run both. An attached or forked sequence must read back the prompt's
+// each sequence does (PRUNE: its GC evicts them as its own and demotes them in place;
+// VIEW's private copies run in the fuzzer, the OOM sweep and the unit tests), so that
+// CI's two configurations run both. An attached or forked sequence must read back the prompt's
 // (or its source's) tokens with the K/V their appends would have given, score 0 for the
 // attached ones, and the token balance counts what attaches and forks hold without an
 // append. At the end every cached prefix is dropped: no shared page may be left.
@@ -457,7 +458,7 @@ int main(int argc, char** argv) {
   o.demote = KVGC_DEMOTE_INT4;
   o.compact_threshold = 0.2;
   o.cpu_threads = uint32_t(cpu_threads);
-  o.prefix_charge = cpu_threads % 2 ? KVGC_PREFIX_CHARGE_CACHE : KVGC_PREFIX_CHARGE_VIEW;
+  o.prefix_charge = cpu_threads % 2 ? KVGC_PREFIX_CHARGE_CACHE : KVGC_PREFIX_CHARGE_PRUNE;
   sh.sinks = o.sinks;
   sh.window = o.window;
   if (kvgc_heap_create(&sh.model, &o, &sh.heap) != KVGC_OK) {

@@ -92,6 +92,9 @@ TEST_CASE("every variable accepts its documented forms") {
   CHECK(o.seed == 0x1234);
   CHECK(o.verbose == 1);
   CHECK(options_validate(o).ok());
+  auto p = apply({{"KVGC_PREFIX_CHARGE", "prune"}}, &st);  // 0.8
+  REQUIRE(st.ok());
+  CHECK(p.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE);
 
   for (auto [v, p] : std::map<std::string, kvgc_policy>{{"generational", KVGC_POLICY_GENERATIONAL},
                                                          {"full", KVGC_POLICY_FULL},

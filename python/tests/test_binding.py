@@ -175,6 +175,8 @@ def test_every_option_reaches_the_heap():
     heap.close()
     with make_heap() as heap:
         assert heap.options["prefix_charge"] == kvgc.PrefixCharge.CACHE  # the default
+    with make_heap(prefix_charge="prune") as heap:  # 0.8
+        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.PRUNE
     heap = make_heap(byte_budget="10%", token_budget=100, budget=0.01,
                      layer_budget="entropy", layer_weights=[1.0, 3.0])
     o = heap.options
@@ -602,6 +604,28 @@ def test_prefix_keep_first_whole_pages():
         seq = heap.new_sequence()
         assert heap.attach_prefix(seq, ids) == 16
         np.testing.assert_array_equal(heap.read(seq, 0)[0], k[:16])
+        heap.check()
+
+
+def test_prefix_charge_prune_demotes_shared_tokens_in_place():
+    # prune (0.8): the holder's ladder demotes shared tokens as an unshared sequence's
+    # would (read_classes reports the class it charged), but their K/V stay the shared
+    # fp16 pages': read back exactly as appended, with no private copy.
+    with prefix_heap(policy="h2o", token_budget=8, window=4, sinks=2, demote="int4",
+                     prefix_charge="prune") as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap, n=48)
+        heap.keep_prefix(keeper, ids)
+        heap.free_sequence(keeper)
+        seq = heap.new_sequence()
+        assert heap.attach_prefix(seq, ids) == 48
+        for layer in range(L):
+            heap.observe(seq, layer, np.linspace(0.1, 1.0, 48, dtype=np.float32))
+        heap.step(seq)
+        cls = heap.read_classes(seq, 0)
+        assert (cls == kvgc.StorageClass.INT4).any() and len(cls) < 48  # demoted, evicted
+        rk, _, pos = heap.read(seq, 0)
+        np.testing.assert_array_equal(rk, k[pos])      # fp16 (here f32) bytes, not int4
+        assert heap.stats().classes["int4"]["pages_used"] == 0  # no private copy
         heap.check()
 
 

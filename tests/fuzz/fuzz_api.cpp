@@ -126,18 +126,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.window = in.byte() % 12;
   // Bytes keep their places (the corpus keeps its meaning): high values of the token
   // budget's byte ask for a byte budget instead, the demote byte's bit 6 for recent scores,
-  // its bit 7 for attached tokens charged to their sequences (the prefix cache, 0.7).
+  // its bit 7 for attached tokens charged to their sequences (the prefix cache, 0.7; how:
+  // below).
   const uint8_t budget = in.byte();
   o.token_budget = budget < 200 ? budget % 40 : 0;
   o.byte_budget_fraction = budget < 200 ? 0.0 : 0.1 + (budget - 200) / 100.0;
   const uint8_t demote = in.byte();
   o.demote = kvgc_demote(demote % 4);  // off, int4, int8, the ladder
   o.recent_decay = demote & 0x40 ? 0.9 : 1.0;
-  o.prefix_charge = demote & 0x80 ? KVGC_PREFIX_CHARGE_VIEW : KVGC_PREFIX_CHARGE_CACHE;
   o.compact_threshold = 0.05 + (in.byte() % 20) / 20.0;
-  const uint8_t noise_harvest = in.byte();  // one byte for both: the corpus keeps its layout
+  const uint8_t noise_harvest = in.byte();  // one byte for all three: the corpus keeps its layout
   o.score_noise = noise_harvest % 4 == 0 ? 0.1 : 0.0;
   o.harvest = noise_harvest & 4 ? KVGC_HARVEST_IMMEDIATE : KVGC_HARVEST_DEFERRED;
+  // Charged to the sequences: as VIEW, or (its bit 3, 0.8) PRUNE's demotion in place.
+  o.prefix_charge = !(demote & 0x80)       ? KVGC_PREFIX_CHARGE_CACHE
+                    : noise_harvest & 8 ? KVGC_PREFIX_CHARGE_PRUNE
+                                        : KVGC_PREFIX_CHARGE_VIEW;
   o.cpu_threads = 1 + (noise_harvest >> 3) % 3;  // split-K attention (bits 3-4: same layout)
   kvgc_heap* h = nullptr;
   if (kvgc_heap_create(&m, &o, &h) != KVGC_OK) return 0;

@@ -21,7 +21,9 @@ Server::Server(BatchEngine* engine, ServeOptions options)
   page_tokens_ = std::max(1u, o.page_tokens);
   kvgc_kv_bytes(&engine_->kv_model(), page_tokens_, KVGC_CLASS_FP16, page_tokens_, &page_bytes_);
   whole_kept_ = o.policy == KVGC_POLICY_FULL;
-  whole_attached_ = whole_kept_ || o.prefix_charge == KVGC_PREFIX_CHARGE_CACHE;
+  // Under view a holder's demoted shared tokens become copies of its own; under cache and
+  // prune its attached pages never cost it a byte but their headers.
+  whole_attached_ = whole_kept_ || o.prefix_charge != KVGC_PREFIX_CHARGE_VIEW;
   if (options_.prefix_cache && options_.prefill != Engine::PrefillMode::Observe)
     config_error_ = "Server: ServeOptions::prefix_cache needs the observe prefill "
                     "(prefill = Observe): a stream prefill's GC ranks the prompt before it is "

@@ -57,6 +57,14 @@ uint64_t attach(Heap& H, kvgc_seq s, const std::vector<int32_t>& ids, uint64_t s
 using Image = Heap::Image;
 Image image(Heap& H, kvgc_seq s, uint32_t layer) { return H.image(s, layer); }
 
+// An image's rows in position order (read order differs where pages do).
+std::vector<size_t> by_position(const Image& im) {
+  std::vector<size_t> rows(im.pos.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  std::sort(rows.begin(), rows.end(), [&](size_t x, size_t y) { return im.pos[x] < im.pos[y]; });
+  return rows;
+}
+
 // Attention of n_q queries (the segment's last positions) with scores; returns the output.
 std::vector<uint8_t> attend(Heap& H, kvgc_seq s, uint32_t layer, uint64_t qkey, int64_t at, uint32_t n_q) {
   kvgc_model_desc qm = H.m;
@@ -216,11 +224,7 @@ TEST_CASE("prefix cache, charged to the view: N attached sequences decide and an
           CHECK(a == b);
           continue;
         }
-        std::vector<size_t> ra(a.pos.size()), rb(b.pos.size());
-        std::iota(ra.begin(), ra.end(), 0);
-        std::iota(rb.begin(), rb.end(), 0);
-        std::sort(ra.begin(), ra.end(), [&](size_t x, size_t y) { return a.pos[x] < a.pos[y]; });
-        std::sort(rb.begin(), rb.end(), [&](size_t x, size_t y) { return b.pos[x] < b.pos[y]; });
+        const std::vector<size_t> ra = by_position(a), rb = by_position(b);
         REQUIRE(ra.size() == rb.size());
         for (size_t j = 0; j < ra.size(); ++j) {
           CHECK(a.pos[ra[j]] == b.pos[rb[j]]);
@@ -671,11 +675,7 @@ TEST_CASE("prefix cache, charged as prune: holders decide as unshared, hold only
       for (uint32_t l = 0; l < 2; ++l) {
         const Image a = image(H, shared[i], l), b = image(H, own[i], l);
         CHECK(a.pos.size() < size_t(len));  // the GC pruned
-        std::vector<size_t> ra(a.pos.size()), rb(b.pos.size());
-        std::iota(ra.begin(), ra.end(), 0);
-        std::iota(rb.begin(), rb.end(), 0);
-        std::sort(ra.begin(), ra.end(), [&](size_t x, size_t y) { return a.pos[x] < a.pos[y]; });
-        std::sort(rb.begin(), rb.end(), [&](size_t x, size_t y) { return b.pos[x] < b.pos[y]; });
+        const std::vector<size_t> ra = by_position(a), rb = by_position(b);
         REQUIRE(ra.size() == rb.size());
         const auto src_k = gaussian(H.m, kPromptKey, l, 0, P, false);
         for (size_t j = 0; j < ra.size(); ++j) {

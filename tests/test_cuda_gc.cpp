@@ -1,15 +1,19 @@
 // CUDA backend vs the CPU specification, the GC: observe, select (tenure, ranking,
-// eviction, int4 demotion, promotion), compaction and the dequantising read, through the
-// API (twin heaps under every policy) and op by op on random page images.
+// eviction, int4 demotion, promotion, charge_shared's in-place demotions), compaction and
+// the dequantising read, through the API (twin heaps under every policy) and op by op on
+// random page images (select alone and in batches).
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "../gc/compaction.hpp"
 #include "../gc/ladder.hpp"
@@ -536,40 +540,57 @@ void fill_page(Images& im, size_t i, int cls, uint32_t used, double density, int
     reinterpret_cast<float*>(p + L.recent_off)[s] =
         rng() % 10 == 0 ? special[rng() % 8] : float(rng() % 64) / 16.f;
     const uint32_t g = int64_t(first_pos) + s < 4 ? uint32_t(kvgc::kGenSink) : 1 + rng() % 3;
-    p[L.gen_off + s] = kvgc::make_gen(uint8_t(g), uint8_t(rng() % 5));
+    const uint32_t age = rng() % 8 == 0 ? 14 + rng() % 2 : rng() % 5;  // aging saturates at 15
+    p[L.gen_off + s] = kvgc::make_gen(uint8_t(g), uint8_t(age));
   }
 }
 
-}  // namespace
+// One random select op over its own page images: the CPU's op on the host images, the
+// CUDA op (gop) on the device copies, each with poisoned outputs. Some pages are shared
+// (SegPage::kv: their K/V on a page of their own, outside the op), some slots charged at
+// a cheaper ladder class (gen bits 6-7), and some ops charge_shared (demotions of shared
+// pages' tokens only charge them). Not movable: the ops point into it.
+struct RandomSelect {
+  std::unique_ptr<Images> im;
+  std::vector<kvgc::SegPage> hp, dp;
+  std::vector<kvgc::AppendRun> hr[KVGC_CLASS_COUNT], dr[KVGC_CLASS_COUNT];
+  kvgc::SelectOp op{}, gop{};
+  std::vector<uint16_t> live_cpu, live_gpu;
+  kvgc::SelectResult r_cpu, r_gpu;
+  std::vector<std::pair<size_t, uint32_t>> charged;  // (page, slot): live and charged before
+  uint32_t pt = 0;
 
-TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, infinities, every plan shape)") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda select: seed %u\n", seed);
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
-  const kvgc_model_desc models[] = {model(1, 2, 64, KVGC_DTYPE_F16), model(1, 3, 32, KVGC_DTYPE_BF16),
-                                    model(1, 1, 48, KVGC_DTYPE_F32)};
-  kvgc::SelectResult total;
-  for (int iter = 0; iter < 120; ++iter) {
-    CAPTURE(iter);
-    const kvgc_model_desc& m = models[iter % 3];
-    const uint32_t pt = std::array<uint32_t, 4>{8, 16, 33, 64}[rng() % 4];
+  RandomSelect(const kvgc_model_desc& m, uint32_t page_tokens, std::mt19937& rng) : pt(page_tokens) {
     // The ladder first: a heap holds pages of its ladder's classes only. Pages per class
     // (read order FP16, INT4, INT8) and fresh destination pages per class.
     const kvgc_demote demote = kvgc_demote(rng() % 4);
     const bool has8 = demote == KVGC_DEMOTE_INT8 || demote == KVGC_DEMOTE_LADDER;
     const bool has4 = demote == KVGC_DEMOTE_INT4 || demote == KVGC_DEMOTE_LADDER;
-    const uint32_t n_cls[KVGC_CLASS_COUNT] = {1 + rng() % 24, has4 ? rng() % 4 : 0, has8 ? rng() % 4 : 0};
-    const uint32_t n_fresh[KVGC_CLASS_COUNT] = {0, has4 ? rng() % 3 : 0, has8 ? rng() % 3 : 0};
+    const uint32_t n_cls[KVGC_CLASS_COUNT] = {uint32_t(1 + rng() % 24), uint32_t(has4 ? rng() % 4 : 0),
+                                              uint32_t(has8 ? rng() % 4 : 0)};
+    const uint32_t n_fresh[KVGC_CLASS_COUNT] = {0, uint32_t(has4 ? rng() % 3 : 0), uint32_t(has8 ? rng() % 3 : 0)};
     size_t n_pages = 0;
     for (int k = 0; k < KVGC_CLASS_COUNT; ++k) n_pages += n_cls[k] + n_fresh[k];
-    Images im(m, pt, n_pages);
-    std::vector<kvgc::SegPage> hp(n_pages), dp(n_pages);
-    std::vector<kvgc::AppendRun> hr[KVGC_CLASS_COUNT], dr[KVGC_CLASS_COUNT];
+    // Shared pages: never a destination (fresh, or a tail with room), as the runtime's.
+    const bool sharing = rng() % 2;
+    std::vector<bool> shared(n_pages, false);
+    size_t n_shared = 0;
+    for (size_t i = 0, k = 0; k < KVGC_CLASS_COUNT; ++k)
+      for (uint32_t j = 0; j < n_cls[k] + n_fresh[k]; ++j, ++i)
+        if (sharing && (k == KVGC_CLASS_FP16 || j + 1 < n_cls[k]) && rng() % 2) shared[i] = true, ++n_shared;
+    im = std::make_unique<Images>(m, pt, n_pages + n_shared);
+    uint64_t bytes[KVGC_CLASS_COUNT];
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) bytes[k] = im->L[k].bytes;
+    std::string note;
+    const kvgc::Ladder ladder = kvgc::make_ladder(demote, bytes, &note);
+    REQUIRE(note.empty());  // these head dims keep every rung
+    int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1};
+    for (uint32_t r = 0; r < ladder.n; ++r) position_of[ladder.cls[r]] = int(r);
+    const uint32_t charge_permille = rng() % 3 == 0 ? 0 : 100 + rng() % 400;
+    hp.resize(n_pages);
+    dp.resize(n_pages);
     int32_t pos = 0;
-    size_t i = 0;
+    size_t i = 0, kv_page = n_pages;
     for (int k = 0; k < KVGC_CLASS_COUNT; ++k) {
       const size_t first = i;
       uint32_t tail_used = pt;
@@ -577,36 +598,50 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
         const bool fresh = j >= n_cls[k];
         const bool tail = j + 1 == n_cls[k] && k != KVGC_CLASS_FP16;
         const uint32_t used = tail ? (tail_used = 1 + rng() % pt) : pt;
-        fill_page(im, i, k, fresh ? pt : used, 0.2 + 0.8 * double(rng() % 100) / 100, pos, m, rng);
+        fill_page(*im, i, k, fresh ? pt : used, 0.2 + 0.8 * double(rng() % 100) / 100, pos, m, rng);
         pos += int32_t(pt);
-        hp[i] = {im.h(i), uint32_t(k), 0};
-        dp[i] = {im.d(i), uint32_t(k), 0};
+        hp[i] = {im->h(i), uint32_t(k), 0};
+        dp[i] = {im->d(i), uint32_t(k), 0};
+        if (shared[i]) {  // its K/V on a page of the same class (its header part unused)
+          fill_page(*im, kv_page, k, pt, 1.0, 0, m, rng);
+          hp[i].kv = im->h(kv_page);
+          dp[i].kv = im->d(kv_page++);
+        }
+        if (fresh) continue;
+        // Charges: live slots counted at a ladder class below their page's, more often
+        // in shared pages (a private page holds them as a copied shared tail).
+        const kvgc::PageLayout& L = im->L[k];
+        uint8_t* p = im->h(i);
+        const auto* live = reinterpret_cast<const uint32_t*>(p + L.live_off);
+        const int below = int(ladder.n) - 1 - position_of[k];
+        for (uint32_t s = 0; below > 0 && s < pt; ++s)
+          if ((live[s / 32] >> (s % 32) & 1u) &&
+              rng() % 1000 < (shared[i] ? charge_permille : charge_permille / 4)) {
+            const uint8_t c = ladder.cls[position_of[k] + 1 + int(rng() % uint32_t(below))];
+            p[L.gen_off + s] = kvgc::with_charged(p[L.gen_off + s], c);
+            charged.push_back({i, s});
+          }
       }
       // Destination slots: the class's tail room, then its fresh pages (garbage, live
       // bits included: the op clears them, and scrubs what it uses).
       if (n_cls[k] && tail_used < pt && k != KVGC_CLASS_FP16) {
         const size_t t = first + n_cls[k] - 1;
-        hr[k].push_back({im.h(t), tail_used, pt - tail_used, 0});
-        dr[k].push_back({im.d(t), tail_used, pt - tail_used, 0});
+        hr[k].push_back({im->h(t), tail_used, pt - tail_used, 0});
+        dr[k].push_back({im->d(t), tail_used, pt - tail_used, 0});
       }
       for (uint32_t f = 0; f < n_fresh[k]; ++f) {
         const size_t t = first + n_cls[k] + f;
         const uint32_t count = f + 1 == n_fresh[k] ? 1 + rng() % pt : pt;
-        hr[k].push_back({im.h(t), 0, count, 0});
-        dr[k].push_back({im.d(t), 0, count, 0});
+        hr[k].push_back({im->h(t), 0, count, 0});
+        dr[k].push_back({im->d(t), 0, count, 0});
       }
     }
-    im.upload();
-    kvgc::SelectOp op{};
-    uint64_t bytes[KVGC_CLASS_COUNT];
+    im->upload();
     for (int k = 0; k < KVGC_CLASS_COUNT; ++k) {
-      op.layout[k] = im.L[k];
-      op.unit_cost[k] = bytes[k] = im.L[k].bytes;
+      op.layout[k] = im->L[k];
+      op.unit_cost[k] = bytes[k];
       op.n_demote_dst[k] = uint32_t(hr[k].size());
     }
-    std::string note;
-    const kvgc::Ladder ladder = kvgc::make_ladder(demote, bytes, &note);
-    REQUIRE(note.empty());  // these head dims keep every rung
     op.n_ladder = ladder.n;
     for (int r = 0; r < 3; ++r) {
       op.ladder[r] = ladder.cls[r];
@@ -630,14 +665,10 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     op.retier = rng() % 4 == 0;
     op.retier_top = rng() % (pos + 1);
     op.age_intermediate = rng() % 2;
-    CAPTURE(op.budget_bytes);
-    CAPTURE(int(op.n_ladder));
-    CAPTURE(op.reclaim);
-    CAPTURE(int(op.key));
-    CAPTURE(op.retier);
-    kvgc::SelectOp gop = op;
-    std::vector<uint16_t> live_cpu(n_pages, 0xFFFF), live_gpu(n_pages, 0xEEEE);
-    kvgc::SelectResult r_cpu, r_gpu;
+    op.charge_shared = sharing ? rng() % 4 != 0 : rng() % 4 == 0;
+    gop = op;
+    live_cpu.assign(n_pages, 0xFFFF);
+    live_gpu.assign(n_pages, 0xEEEE);
     std::memset(static_cast<void*>(&r_gpu), 0xAB, sizeof r_gpu);  // poison
     op.pages = hp.data();
     gop.pages = dp.data();
@@ -649,13 +680,19 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     op.result = &r_cpu;
     gop.page_live = live_gpu.data();
     gop.result = &r_gpu;
-    const size_t scratch = kvgc::cuda::gc_scratch_bytes(n_pages * pt, pt);
-    DeviceBuffer sb(scratch);
-    gop.scratch = sb.p;
-    gop.scratch_bytes = scratch;
-    kvgc::cpu::select(op);
-    REQUIRE(kvgc::cuda::select(gop, stream) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  }
+  RandomSelect(const RandomSelect&) = delete;
+  RandomSelect& operator=(const RandomSelect&) = delete;
+
+  // The CUDA op's results and page bytes (every page: the K/V pages of shared ones too)
+  // equal the CPU op's; after both ran.
+  void check() {
+    CAPTURE(op.budget_bytes);
+    CAPTURE(int(op.n_ladder));
+    CAPTURE(op.reclaim);
+    CAPTURE(int(op.key));
+    CAPTURE(op.retier);
+    CAPTURE(op.charge_shared);
     CHECK(r_gpu.ranked == r_cpu.ranked);
     CHECK(r_gpu.tenured == r_cpu.tenured);
     CHECK(r_gpu.evicted == r_cpu.evicted);
@@ -666,24 +703,147 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     for (int k = 0; k < KVGC_CLASS_COUNT; ++k) CHECK(r_gpu.demoted_to[k] == r_cpu.demoted_to[k]);
     for (int t = 0; t < 4; ++t) CHECK(r_gpu.tier[t] == r_cpu.tier[t]);
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c) CHECK(r_gpu.live[c] == r_cpu.live[c]);
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) CHECK(r_gpu.shift[c] == r_cpu.shift[c]);
+    CHECK(std::memcmp(&r_gpu, &r_cpu, sizeof r_cpu) == 0);  // every field, none missed
     CHECK(live_gpu == live_cpu);
-    const std::string diff = im.compare();
+    const std::string diff = im->compare();
     INFO(diff);
     REQUIRE(diff.empty());
-    total.tenured += r_cpu.tenured;
-    total.evicted += r_cpu.evicted;
-    total.demoted += r_cpu.demoted;
-    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) total.demoted_to[k] += r_cpu.demoted_to[k];
-    total.promoted += r_cpu.promoted;
-    total.promote_eligible += r_cpu.promote_eligible;
   }
-  CHECK(total.tenured > 0);  // every decision path was taken
-  CHECK(total.evicted > 0);
-  CHECK(total.demoted > 0);
-  CHECK(total.demoted_to[KVGC_CLASS_INT8] > 0);
-  CHECK(total.demoted_to[KVGC_CLASS_INT4] > 0);
-  CHECK(total.promoted > 0);
-  CHECK(total.promote_eligible > 0);
+  // Demotions that only charged a token (charge_shared), by the CPU.
+  uint64_t in_place() const {
+    uint64_t moved = 0;
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) moved += r_cpu.demoted_to[k];
+    return r_cpu.demoted - moved;
+  }
+  // Slots charged before the op that the CPU's op evicted.
+  uint64_t charged_evicted() {
+    uint64_t n = 0;
+    for (const auto& [i, s] : charged) {
+      const kvgc::PageLayout& L = im->L[hp[i].cls];
+      n += !(reinterpret_cast<const uint32_t*>(im->h(i) + L.live_off)[s / 32] >> (s % 32) & 1u);
+    }
+    return n;
+  }
+};
+
+// Sums over the random ops, so that the tests cannot pass without reaching each path.
+struct SelectTotals {
+  kvgc::SelectResult r;
+  uint64_t in_place = 0, charged_evicted = 0, shifted = 0;
+  void add(RandomSelect& s) {
+    r.tenured += s.r_cpu.tenured;
+    r.evicted += s.r_cpu.evicted;
+    r.demoted += s.r_cpu.demoted;
+    for (int k = 0; k < KVGC_CLASS_COUNT; ++k) r.demoted_to[k] += s.r_cpu.demoted_to[k];
+    r.promoted += s.r_cpu.promoted;
+    r.promote_eligible += s.r_cpu.promote_eligible;
+    in_place += s.in_place();
+    charged_evicted += s.charged_evicted();
+    shifted += s.r_cpu.shift[KVGC_CLASS_FP16] != 0;
+  }
+  void check() const {
+    CHECK(r.tenured > 0);  // every decision path was taken
+    CHECK(r.evicted > 0);
+    CHECK(r.demoted > 0);
+    CHECK(r.demoted_to[KVGC_CLASS_INT8] > 0);
+    CHECK(r.demoted_to[KVGC_CLASS_INT4] > 0);
+    CHECK(r.promoted > 0);
+    CHECK(r.promote_eligible > 0);
+    CHECK(in_place > 0);  // charge_shared's demotions in place
+    CHECK(charged_evicted > 0);
+    CHECK(shifted > 0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, infinities, every plan shape)") {
+  std::random_device rd;
+  const uint32_t seed = rd();
+  std::printf("test_cuda select: seed %u\n", seed);
+  std::mt19937 rng(seed);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  const kvgc_model_desc models[] = {model(1, 2, 64, KVGC_DTYPE_F16), model(1, 3, 32, KVGC_DTYPE_BF16),
+                                    model(1, 1, 48, KVGC_DTYPE_F32)};
+  SelectTotals total;
+  for (int iter = 0; iter < 160; ++iter) {
+    CAPTURE(iter);
+    const uint32_t pt = std::array<uint32_t, 4>{8, 16, 33, 64}[rng() % 4];
+    RandomSelect s(models[iter % 3], pt, rng);
+    const size_t scratch = kvgc::cuda::gc_scratch_bytes(s.op.n_pages * pt, pt);
+    DeviceBuffer sb(scratch);
+    s.gop.scratch = sb.p;
+    s.gop.scratch_bytes = scratch;
+    kvgc::cpu::select(s.op);
+    REQUIRE(kvgc::cuda::select(s.gop, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    s.check();
+    total.add(s);
+  }
+  total.check();
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("select_batch on CUDA equals the CPU op per segment on random batches (one launch set, or several)") {
+  // Segments of one page size, each its own random op (charge_shared or not, shared
+  // pages, charged slots): the batch's per-segment parameters carry every op's mode.
+  std::random_device rd;
+  const uint32_t seed = rd();
+  std::printf("test_cuda select_batch: seed %u\n", seed);
+  std::mt19937 rng(seed);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  const kvgc_model_desc models[] = {model(1, 2, 64, KVGC_DTYPE_F16), model(1, 3, 32, KVGC_DTYPE_BF16),
+                                    model(1, 1, 48, KVGC_DTYPE_F32)};
+  kvgc::cuda::SelectStaging stage(false);
+  SelectTotals total;
+  uint32_t split = 0;
+  for (int iter = 0; iter < 40; ++iter) {
+    CAPTURE(iter);
+    const uint32_t pt = std::array<uint32_t, 4>{8, 16, 33, 64}[rng() % 4];
+    const uint32_t n = 2 + rng() % 7;
+    std::vector<std::unique_ptr<RandomSelect>> segs;
+    std::vector<kvgc::SelectOp> gops;
+    uint64_t slots = 0;
+    size_t most = 0;  // the scratch of the largest segment alone
+    for (uint32_t k = 0; k < n; ++k) {
+      segs.push_back(std::make_unique<RandomSelect>(models[iter % 3], pt, rng));
+      slots += uint64_t(segs.back()->op.n_pages) * pt;
+      most = std::max(most, kvgc::cuda::select_scratch_bytes(segs.back()->gop));
+    }
+    // Every other batch in a scratch that holds one segment at a time: several launch sets.
+    const bool tight = iter % 2;
+    const size_t scratch = tight ? most : kvgc::cuda::gc_scratch_bytes(slots, pt);
+    DeviceBuffer sb(scratch);
+    for (auto& s : segs) {
+      s->gop.scratch = sb.p;
+      s->gop.scratch_bytes = scratch;
+      gops.push_back(s->gop);
+      kvgc::cpu::select(s->op);
+    }
+#ifdef KVGC_CUDA_EMU
+    const uint64_t sets_before = emu::select_sets;
+#endif
+    uint32_t launched = 0;
+    REQUIRE(kvgc::cuda::select_batch(gops.data(), n, stage, stream, &launched) == cudaSuccess);
+    REQUIRE(launched == n);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+#ifdef KVGC_CUDA_EMU
+    split += emu::select_sets - sets_before > 1;
+#endif
+    for (uint32_t k = 0; k < n; ++k) {
+      CAPTURE(k);
+      segs[k]->check();
+      total.add(*segs[k]);
+    }
+  }
+#ifdef KVGC_CUDA_EMU
+  CHECK(split > 0);
+#endif
+  (void)split;
+  total.check();
   cudaStreamDestroy(stream);
 }
 

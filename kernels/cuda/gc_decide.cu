@@ -5,12 +5,15 @@
 // A batch runs a block per segment for each (walk: one thread each), every segment's
 // Params read from the batch's device array.
 //
-//   walk (one thread): over the sorted candidates (prep_kernel's weights and ladder
-//     positions), the rungs in increasing (weight x slope, rung, rank) until the reclaim
-//     is met and the pages kept fit the byte budget; then from the top, each candidate's final rung (no dearer than any above
-//     it, within its class's reserved slots); then from the bottom, evictions while the
-//     pages kept after compaction exceed the byte budget; then from the top again, each
-//     mover's destination slot, listed in dem[] and its fate set.
+//   walk (one thread): over the sorted candidates (prep_kernel's weights, ladder
+//     positions and counted classes), the rungs in increasing (weight x slope, rung,
+//     rank) until the reclaim is met and the pages kept fit the byte budget; then from
+//     the top, each candidate's final rung (no dearer than any above it, within its
+//     class's reserved slots unless it is demoted in place); then from the bottom,
+//     evictions while the pages kept after compaction exceed the byte budget; then from
+//     the top again, each mover's destination slot, listed in dem[] and its fate set (in
+//     place: kCharged + class). Every count is at the slot's counted class (charged,
+//     else its page's).
 //   top (one block): from the highest downward among survivors: a major GC's top
 //     retier_top (long-term), or a minor GC's first `promote` eligible (intermediate, age
 //     >= promote_age): the sets gc.cpp's nth_element calls pick. Chunks of the sorted
@@ -22,8 +25,6 @@
 
 namespace kvgc::cuda::select_detail {
 namespace {
-
-__device__ __forceinline__ uint32_t class_of_g(const Params& p, uint32_t g) { return p.pages[g / p.pt].cls; }
 
 __global__ void walk_kernel(const Batch b) {
   const Params& p = b.ps[blockIdx.x];
@@ -62,27 +63,28 @@ __global__ void walk_kernel(const Batch b) {
   uint32_t floor = 0;
   for (uint64_t i = n; i-- > 0;) {
     const uint32_t from = p.from[i];
+    const bool moves = !(p.counted[i] & kInPlace);  // in place: takes no slot
     uint32_t to = p.at[i] > floor ? p.at[i] : floor;
-    while (to < evicted && to != from && taken[p.ladder[to]] == p.slot_count[p.ladder[to]]) ++to;
-    if (to < evicted && to != from) ++taken[p.ladder[to]];
+    while (moves && to < evicted && to != from && taken[p.ladder[to]] == p.slot_count[p.ladder[to]]) ++to;
+    if (moves && to < evicted && to != from) ++taken[p.ladder[to]];
     p.at[i] = uint8_t(floor = to);
-    --live[class_of_g(p, svals[i])];
+    --live[p.counted[i] & 3];
     if (to < evicted) ++live[p.ladder[to]];
   }
   // The byte budget, from the bottom.
   for (uint64_t i = 0; p.budget_bytes > 0 && i < n && held_bytes(p, live) > p.budget_bytes; ++i) {
     if (p.at[i] == evicted) continue;
     const int cls = p.ladder[p.at[i]];
-    if (p.at[i] != p.from[i]) --taken[cls];
+    if (p.at[i] != p.from[i] && !(p.counted[i] & kInPlace)) --taken[cls];
     --live[cls];
     p.at[i] = uint8_t(evicted);
   }
   // Destinations from the top, fates, counts.
-  uint64_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0}, n_dem = 0, n_evicted = 0, got = 0;
+  uint64_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0}, n_dem = 0, n_charged = 0, n_evicted = 0, got = 0;
   for (uint64_t i = n; i-- > 0;) {
     if (p.at[i] == p.from[i]) continue;
     const uint32_t g = svals[i];
-    const uint32_t c0 = class_of_g(p, g);
+    const uint32_t c0 = p.counted[i] & 3;
     if (p.at[i] == evicted) {
       p.fate[g] = kEvicted;
       got += p.unit_cost[c0];
@@ -90,12 +92,17 @@ __global__ void walk_kernel(const Batch b) {
       continue;
     }
     const uint8_t cls = p.ladder[p.at[i]];
-    p.dem[n_dem++] = Demotion{g, uint32_t(p.slot_base[cls] + next_slot[cls]++), cls};
-    p.fate[g] = kDemoted;
+    if (p.counted[i] & kInPlace) {
+      p.fate[g] = uint8_t(kCharged + cls);
+      ++n_charged;
+    } else {
+      p.dem[n_dem++] = Demotion{g, uint32_t(p.slot_base[cls] + next_slot[cls]++), cls};
+      p.fate[g] = kDemoted;
+    }
     got += p.unit_cost[c0] - p.unit_cost[cls];
   }
   st.n_dem = n_dem;
-  st.r.demoted = n_dem;
+  st.r.demoted = n_dem + n_charged;
   st.r.evicted = n_evicted;
   st.r.reclaimed = got;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) st.r.demoted_to[c] = taken[c];

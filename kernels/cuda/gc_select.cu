@@ -5,20 +5,21 @@
 //      (they stay in the segment's page tables until the results are applied: scrubbed
 //      when taken, as the CPU's select does).
 //   2. keys: a block per page tenures young slots that left the window, counts live slots
-//      per class, and writes each candidate's key as an order-preserving 64-bit integer
-//      (dead slots and other tiers: all ones, so they sort last), its index g, and its
-//      fate (survivor / not ranked).
+//      per counted class (a charged class, else the page's), and writes each candidate's
+//      key as an order-preserving 64-bit integer (dead slots and other tiers: all ones,
+//      so they sort last), its index g, and its fate (survivor / not ranked).
 //   3. CUB's stable radix sort of (key, g): the CPU's total order (key, page, slot).
 //   4. prep: per sorted candidate, the ladder walk's weight and ladder position; per
 //      reserved destination slot, its run and page slot.
 //   5. decide (gc_decide.cu): one thread walks the ladder, assigns rungs from the top
 //      (monotone, within capacity), meets the byte budget from the bottom and lists the
 //      demotions; one block picks the top survivors for promotion or a re-split.
-//   6. apply: per slot, clears evicted live bits and sets generations and ages.
+//   6. apply: per slot, clears evicted live bits (and charges), records in-place
+//      demotions' charged classes, and sets generations and ages.
 //   7. demote: a block per demotion re-stores K and V (through the model dtype) into its
 //      slot one or more rungs down, and moves the metadata and the live bit.
-//   8. count: per page, live slots and tiers; then page_live and the result are copied
-//      into the op's host memory.
+//   8. count: per page, live slots, tiers and charge shifts; then page_live and the
+//      result are copied into the op's host memory.
 // Nothing here waits: the runtime reads the results after an event (runtime/harvest.cpp).
 #include <cub/device/device_radix_sort.cuh>
 #ifndef KVGC_CUDA_EMU  // the emulation's shim has both sorts in device_radix_sort.cuh
@@ -68,18 +69,18 @@ __global__ void keys_kernel(const Batch b) {
   const float* score = reinterpret_cast<const float*>(sp.page + L.score_off);
   const float* recent = reinterpret_cast<const float*>(sp.page + L.recent_off);
   uint8_t* gen = sp.page + L.gen_off;
-  __shared__ unsigned int tenured, cands, n_live;
-  if (threadIdx.x == 0) tenured = cands = n_live = 0;
+  __shared__ unsigned int tenured, cands, n_live[KVGC_CLASS_COUNT];
+  if (threadIdx.x == 0) tenured = cands = n_live[0] = n_live[1] = n_live[2] = 0;
   __syncthreads();
   for (uint32_t s = threadIdx.x; s < p.pt; s += blockDim.x) {
     const uint32_t g = page * p.pt + s;
     uint64_t key = kNotRanked;
     uint8_t fate = kNone;
     if (live[s / 32] >> (s % 32) & 1u) {
-      atomicAdd(&n_live, 1u);
       uint8_t b = gen[s];
+      atomicAdd(&n_live[counted_class(b, sp.cls)], 1u);
       if (gen_of(b) == kGenYoung && pos[s] < p.tenure_before) {
-        b = make_gen(kGenIntermediate, 0);
+        b = make_gen(kGenIntermediate, 0, b);
         gen[s] = b;
         atomicAdd(&tenured, 1u);
       }
@@ -97,13 +98,14 @@ __global__ void keys_kernel(const Batch b) {
   if (threadIdx.x == 0) {
     if (tenured) atomicAdd(u64(&p.st->r.tenured), tenured);
     if (cands) atomicAdd(&p.st->n_cand, cands);
-    if (n_live) atomicAdd(&p.st->live_cls[sp.cls], n_live);
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+      if (n_live[c]) atomicAdd(&p.st->live_cls[c], n_live[c]);
   }
 }
 
 // Per sorted candidate: the walk's weight (the key for score keys, at least 0; 1 for
-// position and random keys) and its ladder position; a class off the ladder reads as
-// evicted (gc.cpp's step 2).
+// position and random keys), its counted class (and whether it is demoted in place) and
+// that class's ladder position; a class off the ladder reads as evicted (gc.cpp's step 2).
 // Over the batch's flat slots: a segment's candidates are the first n_cand of its range.
 __global__ void prep_kernel(const Batch b) {
   for (uint64_t f = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; f < b.n_slots;
@@ -113,8 +115,10 @@ __global__ void prep_kernel(const Batch b) {
     if (i >= p.st->n_cand) continue;
     const double key = key_value(sorted_keys(b, p)[i]);
     p.weight[i] = (p.key == KeyKind::Score || p.key == KeyKind::Recent) ? (key < 0.0 ? 0.0 : key) : 1.0;
-    const int pos = p.position_of[slot_cls(p, sorted_vals(b, p)[i])];
+    const uint8_t counted = slot_counted(p, sorted_vals(b, p)[i]);
+    const int pos = p.position_of[counted & 3];
     p.at[i] = p.from[i] = uint8_t(pos < 0 ? p.n_ladder : pos);
+    p.counted[i] = counted;  // the walk's single thread reads it in sorted order
   }
 }
 
@@ -131,8 +135,9 @@ __global__ void slots_kernel(const Batch b) {
   }
 }
 
-// Per slot, after decide: evictions clear live bits; survivors get their new
-// generation (promotion or re-split) and age, as gc.cpp's step 3.
+// Per slot, after decide: evictions clear live bits and charges; in-place demotions
+// record their charged class; survivors get their new generation (promotion or
+// re-split) and age, keeping their charge, as gc.cpp's steps 6 and 7.
 __global__ void apply_kernel(const Batch b) {
   const Params& p = b.ps[b.page_seg[blockIdx.x]];
   const uint32_t page = blockIdx.x - p.page_base;
@@ -148,23 +153,28 @@ __global__ void apply_kernel(const Batch b) {
     if (f == kNone || f == kDemoted) continue;  // demote_kernel moves the demoted
     if (f == kEvicted) {
       atomicAnd(&live[s / 32], ~(1u << (s % 32)));
+      gen[s] = make_gen(gen_of(gen[s]), age_of(gen[s]));
+      continue;
+    }
+    if (f >= kCharged) {
+      gen[s] = with_charged(gen[s], uint32_t(f - kCharged));
       continue;
     }
     uint8_t b = gen[s];
     if (p.retier) {
       const bool lt = f == kTop;
       if (lt && gen_of(b) != kGenLongTerm) atomicAdd(&promoted, 1u);
-      b = make_gen(lt ? kGenLongTerm : kGenIntermediate, age_of(b));
+      b = make_gen(lt ? kGenLongTerm : kGenIntermediate, age_of(b), b);
     } else if (p.promote > 0 || p.age_intermediate) {
       if (f == kTop) {
-        b = make_gen(kGenLongTerm, 0);
+        b = make_gen(kGenLongTerm, 0, b);
         atomicAdd(&promoted, 1u);
       } else if (gen_of(b) == kGenIntermediate && age_of(b) >= p.promote_age) {
         atomicAdd(&eligible, 1u);
       }
     }
     if (p.age_intermediate && gen_of(b) == kGenIntermediate)
-      b = make_gen(kGenIntermediate, uint8_t(age_of(b) + 1));
+      b = make_gen(kGenIntermediate, uint8_t(age_of(b) + 1), b);
     gen[s] = b;
   }
   __syncthreads();
@@ -222,24 +232,30 @@ __global__ void demote_kernel(const Batch b) {
     reinterpret_cast<int32_t*>(dst + Ld.pos_off)[d] = reinterpret_cast<const int32_t*>(src + Ls.pos_off)[s];
     reinterpret_cast<float*>(dst + Ld.score_off)[d] = reinterpret_cast<const float*>(src + Ls.score_off)[s];
     reinterpret_cast<float*>(dst + Ld.recent_off)[d] = reinterpret_cast<const float*>(src + Ls.recent_off)[s];
-    dst[Ld.gen_off + d] = src[Ls.gen_off + s];
+    const uint8_t g0 = src[Ls.gen_off + s];
+    dst[Ld.gen_off + d] = make_gen(gen_of(g0), age_of(g0));  // a copy counts at its own class
     atomicOr(reinterpret_cast<uint32_t*>(dst + Ld.live_off) + d / 32, 1u << (d % 32));
     atomicAnd(reinterpret_cast<uint32_t*>(src + Ls.live_off) + s / 32, ~(1u << (s % 32)));
   }
 }
 
-// Per page: live slots (page_live) and the tiers and classes of the live tokens.
+// Per page: live slots (page_live), the tiers and classes of the live tokens, and the
+// net shift of the charged ones (+1 their charged class, -1 the page's).
 __global__ void count_kernel(const Batch b) {
   const Params& p = b.ps[b.page_seg[blockIdx.x]];
   const uint32_t page = blockIdx.x - p.page_base;
   const SegPage sp = p.pages[page];
   const PageLayout& L = p.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
-  __shared__ unsigned int tier[4];
-  if (threadIdx.x < 4) tier[threadIdx.x] = 0;
+  __shared__ unsigned int tier[4], charged[4];
+  if (threadIdx.x < 4) tier[threadIdx.x] = charged[threadIdx.x] = 0;
   __syncthreads();
   for (uint32_t s = threadIdx.x; s < p.pt; s += blockDim.x)
-    if (live[s / 32] >> (s % 32) & 1u) atomicAdd(&tier[gen_of(sp.page[L.gen_off + s])], 1u);
+    if (live[s / 32] >> (s % 32) & 1u) {
+      const uint8_t g = sp.page[L.gen_off + s];
+      atomicAdd(&tier[gen_of(g)], 1u);
+      if (charged_of(g)) atomicAdd(&charged[charged_of(g)], 1u);
+    }
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned int n = tier[0] + tier[1] + tier[2] + tier[3];
@@ -247,6 +263,11 @@ __global__ void count_kernel(const Batch b) {
     if (n) atomicAdd(u64(&p.st->r.live[sp.cls]), n);
     for (int t = 0; t < 4; ++t)
       if (tier[t]) atomicAdd(u64(&p.st->r.tier[t]), tier[t]);
+    for (int c = 1; c < KVGC_CLASS_COUNT; ++c)  // two's complement: an unsigned add of -k subtracts k
+      if (charged[c]) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(&p.st->r.shift[c]), charged[c]);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&p.st->r.shift[sp.cls]), 0ull - charged[c]);
+      }
   }
 }
 
@@ -267,8 +288,8 @@ struct Totals {
 };
 struct Layout {
   size_t params, page_seg, run_seg, dem_end, seg_begin, seg_end, pages, runs, upload_end;
-  size_t state, page_live, keys0, keys1, vals0, vals1, fate, weight, at, from, dem, slot_run,
-      slot_in, cub, end;
+  size_t state, page_live, keys0, keys1, vals0, vals1, fate, weight, at, from, counted, dem,
+      slot_run, slot_in, cub, end;
 };
 Layout carve(const Totals& t, size_t cub_bytes) {
   Layout c{};
@@ -297,6 +318,7 @@ Layout carve(const Totals& t, size_t cub_bytes) {
   c.weight = take(t.slots * 8);
   c.at = take(t.slots);
   c.from = take(t.slots);
+  c.counted = take(t.slots);
   c.dem = take(t.dem * sizeof(Demotion));
   c.slot_run = take(t.dem * 4);
   c.slot_in = take(t.dem * 2);
@@ -376,6 +398,7 @@ Params params_of(const SelectOp& op, const OpSize& z) {
   p.retier = op.retier;
   p.retier_top = op.retier_top;
   p.age_intermediate = op.age_intermediate;
+  p.charge_shared = op.charge_shared;
   p.ordered = ordered_op(op);
   return p;
 }
@@ -423,6 +446,7 @@ cudaError_t launch_set(const SelectOp* ops, const OpSize* sizes, uint32_t n, con
     p.weight = reinterpret_cast<double*>(base + c.weight) + slot_at;
     p.at = base + c.at + slot_at;
     p.from = base + c.from + slot_at;
+    p.counted = base + c.counted + slot_at;
     p.dem = reinterpret_cast<Demotion*>(base + c.dem) + dem_at;
     p.slot_run = reinterpret_cast<uint32_t*>(base + c.slot_run) + dem_at;
     p.slot_in = reinterpret_cast<uint16_t*>(base + c.slot_in) + dem_at;

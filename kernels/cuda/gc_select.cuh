@@ -11,14 +11,16 @@
 namespace kvgc::cuda::select_detail {
 
 constexpr uint64_t kNotRanked = ~0ull;  // sort key of slots that are not candidates
-enum Fate : uint8_t { kSurvivor = 0, kEvicted = 1, kDemoted = 2, kTop = 3, kNone = 0xff };
+// kCharged + c: demoted in place (charge_shared), charged at class c; no copy to make.
+enum Fate : uint8_t { kSurvivor = 0, kEvicted = 1, kDemoted = 2, kTop = 3, kCharged = 4, kNone = 0xff };
+constexpr uint8_t kInPlace = 0x80;  // Params::counted: a demotion only charges it
 constexpr int kChunk = 1024;  // decide: entries loaded per round (one per thread)
 
 struct State {
   SelectResult r;  // accumulated on the device, copied back as the op's result
   unsigned long long n_cand;
-  unsigned long long live_cls[KVGC_CLASS_COUNT];  // live slots per class before the op
-  unsigned long long n_dem;                        // demotions listed in dem[]
+  unsigned long long live_cls[KVGC_CLASS_COUNT];  // live slots per counted class before the op
+  unsigned long long n_dem;                        // demotions listed in dem[] (moves only)
 };
 
 // One demotion: the candidate's slot g, and its destination: flat slot `flat` of class
@@ -49,6 +51,7 @@ struct Params {
   uint32_t promote;
   uint8_t promote_age;
   bool retier, age_intermediate;
+  bool charge_shared;  // SelectOp::charge_shared: shared pages' demotions only charge
   uint64_t retier_top;
   uint64_t* keys;         // read order (g), before the sort
   uint32_t* vals;
@@ -56,6 +59,7 @@ struct Params {
   double* weight;         // by sorted index: the ladder walk's weight
   uint8_t* at;            // by sorted index: ladder position (n_ladder: evicted)
   uint8_t* from;          // by sorted index: ladder position before the op
+  uint8_t* counted;       // by sorted index: the class it counts at, | kInPlace (charge_shared)
   Demotion* dem;          // demotions, at most sum(slot_count)
   uint32_t* slot_run;     // flat reserved slot -> run index
   uint16_t* slot_in;      // flat reserved slot -> slot in that run's page
@@ -148,6 +152,13 @@ __device__ __forceinline__ const uint8_t* slot_payload(const Params& p, uint32_t
 }
 __device__ __forceinline__ uint32_t slot_cls(const Params& p, uint32_t g) {
   return p.pages[g / p.pt].cls;
+}
+// The class slot g counts at (counted_class: a charged class, else its page's), and
+// whether a demotion of it only charges it (gc.cpp's Cand::in_place): Params::counted.
+__device__ __forceinline__ uint8_t slot_counted(const Params& p, uint32_t g) {
+  const SegPage& sp = p.pages[g / p.pt];
+  const uint32_t c = counted_class(sp.page[p.L[sp.cls].gen_off + g % p.pt], sp.cls);
+  return uint8_t(c | (p.charge_shared && sp.kv ? kInPlace : 0));
 }
 
 // The pages a class needs for `live` tokens once compacted, in bytes (gc.cpp's held_bytes).

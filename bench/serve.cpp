@@ -365,6 +365,7 @@ struct Row {
   uint32_t rejected = 0;
   double seconds = 0;
   double held_sum = 0, used_max = 0;  // bytes per running sequence (summed), peak bytes used
+  double own_sum = 0;                 // the same less shared pages (each held once)
   uint64_t held_samples = 0;
   double footprint_sum = 0;           // admission's estimate for each request's prompt
   int kind_correct[2] = {0, 0}, kind_total[2] = {0, 0};  // --shared-prefix: A, B
@@ -440,6 +441,7 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
     if (server.running() > 0 && kvgc_get_stats(eng.heap(), &hs) == KVGC_OK) {
       const double used = double(hs.arena_bytes - hs.scratch_bytes - hs.free_bytes);
       row->held_sum += used / double(server.running());
+      row->own_sum += (used - double(hs.shared_bytes)) / double(server.running());
       row->used_max = std::max(row->used_max, used);
       ++row->held_samples;
     }
@@ -534,20 +536,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "  %s done in %.1f s\n", name.c_str(), row.seconds);
     rows.push_back(row);
   }
-  std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %8s\n", "config",
+  std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %9s %8s\n", "config",
               "max_seq", "mean_seq", "gen_tok/s", "rows/s", "queue_s", "queue_p95", "passkey",
-              "preempt", "refused", "MiB/seq", "est/seq", "peakMiB");
+              "preempt", "refused", "MiB/seq", "own/seq", "est/seq", "peakMiB");
   for (const Row& r : rows) {
-    std::printf("%-12s %8u %9.2f %9.1f %9.1f %10.2f %9.2f %5d/%-3d %8llu %8u %9.2f %9.2f %8.1f\n",
+    std::printf("%-12s %8u %9.2f %9.1f %9.1f %10.2f %9.2f %5d/%-3d %8llu %8u %9.2f %9.2f %9.2f %8.1f\n",
                 r.name.c_str(), r.max_running, r.mean_running, r.tokens_per_s, r.rows_per_s,
                 r.queue_mean, r.queue_p95, r.passkey_correct, r.passkey_total,
                 (unsigned long long)r.preemptions, r.rejected,
                 r.held_samples ? r.held_sum / double(r.held_samples) / (1 << 20) : 0.0,
+                r.held_samples ? r.own_sum / double(r.held_samples) / (1 << 20) : 0.0,
                 r.footprint_sum / double(a.requests) / (1 << 20), r.used_max / (1 << 20));
   }
   std::printf("(max_seq, mean_seq: sequences in the heap per engine step; gen_tok/s: generated "
               "tokens per second, rows/s with the prompt rows; queue: arrival to first "
-              "admission; MiB/seq: pages held per running sequence, mean over steps; est/seq: "
+              "admission; MiB/seq: pages held per running sequence, mean over steps; own/seq: "
+              "the same less the shared pages (held once, by the cache and holders); est/seq: "
               "admission's estimate for a prompt, mean over requests)\n");
   // RESULT: ratios of "default" to "full" first, then every row's figures.
   const Row* full = nullptr;

@@ -444,14 +444,16 @@ int main() {
     // Under a pruning policy a prompt keeps only the whole pages it shares with another
     // prompt seen: the first keeps the common 100 tokens' whole pages (the others wait
     // behind it), the later two attach them and keep nothing; no request's own part is
-    // cached, so its GC's pruning frees its pages.
-    {
+    // cached, so its GC's pruning frees its pages. The same under both charges that
+    // prune with sharing (cache, the default; prune, 0.8).
+    for (const kvgc_prefix_charge charge : {KVGC_PREFIX_CHARGE_CACHE, KVGC_PREFIX_CHARGE_PRUNE}) {
       engine::BatchEngine eng;
       engine::EngineOptions eo;
       eo.threads = 1;
       kvgc_heap_options o = heap_options(64ull << 20);
       o.token_budget = 0;
       o.byte_budget_fraction = 0.3;
+      o.prefix_charge = charge;
       std::vector<engine::ServeRequest> reqs = make();
       engine::ServeOptions so;
       so.chunk_tokens = 32;
@@ -469,12 +471,14 @@ int main() {
         ss = server.stats();
         ok = ok && kvgc_get_stats(eng.heap(), &st) == KVGC_OK;
       }
-      check(ok, "served under a pruning policy with the prefix cache: " + err);
+      const std::string mode = charge == KVGC_PREFIX_CHARGE_PRUNE ? " (prune)" : " (cache)";
+      check(ok && kvgc_heap_check(eng.heap()) == KVGC_OK,
+            "served under a pruning policy with the prefix cache" + mode + ": " + err);
       const uint64_t common_pages = 100 / o.page_tokens;
       check(ss.prefix_keeps == 1 && ss.prefix_hits == 2 &&
                 ss.prefix_tokens_attached == 2 * common_pages * o.page_tokens &&
                 st.prefixes == 1 && st.shared_pages == uint64_t(eng.kv_model().n_layers) * common_pages,
-            "the shared whole pages are kept once, no own part (keeps " + std::to_string(ss.prefix_keeps) +
+            "the shared whole pages are kept once, no own part" + mode + " (keeps " + std::to_string(ss.prefix_keeps) +
                 ", hits " + std::to_string(ss.prefix_hits) + ", attached " +
                 std::to_string(ss.prefix_tokens_attached) + ", prefixes " + std::to_string(st.prefixes) +
                 ", shared pages " + std::to_string(st.shared_pages) + ")");

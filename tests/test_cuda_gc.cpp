@@ -479,6 +479,229 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
   cudaStreamDestroy(stream);
 }
 
+TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (generational, ladder, token and byte budgets, batch)") {
+  // KVGC_PREFIX_CHARGE_PRUNE through kvgc.h: a keeper's 150-token prompt (18 whole pages
+  // and a partly filled tail) kept, three sequences attach it, one is forked; rounds of
+  // appends, masses and steps (some rounds through the batch API), under budgets that
+  // demote and evict prompt tokens. Masses go in through kvgc_observe and
+  // kvgc_batch_observe (the same bits on both heaps) and attention runs without scores
+  // (its outputs within check_attention's bound), so the decisions must match: statuses,
+  // stats, every row (positions, scores, generations, K/V) and every class (a shared
+  // token's charged class). Prompt tokens the ladder demoted read back the prompt's bytes.
+  std::random_device rd;
+  const uint32_t seed = rd();
+  std::printf("test_cuda prune: seed %u\n", seed);
+  std::mt19937 rng(seed);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16, 2);
+  constexpr uint32_t pt = 8, P = 150, whole = P / pt * pt;  // 144 tokens in whole shared pages
+  const size_t tb = token_bytes(m), q_bytes = size_t(m.n_q_heads) * m.head_dim * elem_bytes(m);
+  auto classes = [&](kvgc_heap* h, kvgc_seq s, uint32_t layer, bool device) {
+    uint64_t n = 0;
+    REQUIRE(kvgc_read_classes(h, s, layer, nullptr, 0, &n, device ? stream : nullptr) == KVGC_OK);
+    std::vector<uint8_t> cls(n + 1, 0xCC);
+    DeviceBuffer d(n + 1);
+    REQUIRE(cudaMemset(d.p, 0xCC, n + 1) == cudaSuccess);
+    REQUIRE(kvgc_read_classes(h, s, layer, device ? d.get() : cls.data(), n + 1, &n, device ? stream : nullptr) == KVGC_OK);
+    if (device) REQUIRE(cudaMemcpy(cls.data(), d.p, n + 1, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cls[n] == 0xCC);
+    cls.resize(n);
+    return cls;
+  };
+  for (int config = 0; config < 2; ++config) {  // a token budget, then a byte budget
+    CAPTURE(config);
+    kvgc_heap_options o = cpu_options(32 << 20, pt);
+    o.policy = KVGC_POLICY_GENERATIONAL;
+    o.demote = KVGC_DEMOTE_LADDER;
+    o.prefix_charge = KVGC_PREFIX_CHARGE_PRUNE;
+    o.token_budget = config == 0 ? 60 : 0;
+    o.byte_budget_fraction = config == 0 ? 0 : 0.3;
+    o.sinks = 4;
+    o.window = 8;
+    o.recent_decay = 0.9;
+    o.compact_threshold = 0.25;
+    o.seed = seed;
+    kvgc_heap* cpu = make_heap(m, KVGC_DEVICE_CPU, pt, 0, &o);
+    kvgc_heap* gpu = make_heap(m, KVGC_DEVICE_CUDA, pt, 0, &o);
+#ifdef KVGC_CUDA_EMU
+    emu::tight_select_scratch = config == 1;  // batch steps' selects in several launch sets
+#endif
+    std::vector<kvgc_seq> sc, sg;  // [0] the keeper, [1, 4) attached, [4] a fork of [1]
+    auto create = [&] {
+      sc.push_back(0), sg.push_back(0);
+      REQUIRE(kvgc_seq_create(cpu, 0, &sc.back()) == KVGC_OK);
+      REQUIRE(kvgc_seq_create(gpu, 0, &sg.back()) == KVGC_OK);
+    };
+    auto append = [&](size_t i, uint32_t layer, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, uint32_t n) {
+      DeviceBuffer dk(k.size()), dv(v.size());
+      REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(kvgc_append(cpu, sc[i], layer, k.data(), v.data(), n, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_append(gpu, sg[i], layer, dk.p, dv.p, n, stream) == KVGC_OK);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    };
+    create();
+    std::vector<uint8_t> prompt_k[2];
+    for (uint32_t layer = 0; layer < m.n_layers; ++layer) {  // specials in layer 1 only, as run_twin
+      prompt_k[layer] = random_kv(m, P, rng, layer == 1);
+      append(0, layer, prompt_k[layer], random_kv(m, P, rng, layer == 1), P);
+    }
+    std::vector<int32_t> ids(P);
+    for (auto& id : ids) id = int32_t(rng() % 50000);
+    REQUIRE(kvgc_prefix_keep(cpu, sc[0], ids.data(), P, 0, 0, nullptr, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_prefix_keep(gpu, sg[0], ids.data(), P, 0, 0, nullptr, stream) == KVGC_OK);
+    for (int i = 0; i < 3; ++i) {
+      create();
+      uint64_t nc = 0, ng = 0;
+      REQUIRE(kvgc_prefix_attach(cpu, sc.back(), ids.data(), P, 0, &nc, nullptr) == KVGC_OK);
+      REQUIRE(kvgc_prefix_attach(gpu, sg.back(), ids.data(), P, 0, &ng, stream) == KVGC_OK);
+      CHECK(nc == P);
+      CHECK(ng == P);
+    }
+    kvgc_batch *bc, *bg;
+    REQUIRE(kvgc_batch_create(cpu, &bc) == KVGC_OK);
+    REQUIRE(kvgc_batch_create(gpu, &bg) == KVGC_OK);
+    for (int round = 0; round < 24; ++round) {
+      CAPTURE(round);
+      if (round == 10) {
+        sc.push_back(0), sg.push_back(0);
+        REQUIRE(kvgc_seq_fork(cpu, sc[1], 0, &sc.back(), nullptr) == KVGC_OK);
+        REQUIRE(kvgc_seq_fork(gpu, sg[1], 0, &sg.back(), stream) == KVGC_OK);
+      }
+      const uint32_t B = uint32_t(sc.size());
+      if (round % 6 == 5) {  // the batch API: plan, append, attend, export, observe, step
+        std::vector<uint32_t> n_new(B);
+        uint32_t rows = 0;
+        for (auto& x : n_new) rows += x = 1 + rng() % 2;
+        uint32_t failed = 0;
+        REQUIRE(kvgc_batch_plan(bc, sc.data(), n_new.data(), B, &failed, nullptr) == KVGC_OK);
+        REQUIRE(kvgc_batch_plan(bg, sg.data(), n_new.data(), B, &failed, stream) == KVGC_OK);
+        kvgc_attend_params params;
+        kvgc_attend_params_init(&params);
+        params.flags = KVGC_ATTEND_NO_SCORES;
+        for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+          const auto k = random_kv(m, rows, rng, layer == 1), v = random_kv(m, rows, rng, layer == 1);
+          std::vector<uint8_t> q(rows * q_bytes), out_c(q.size()), out_g(q.size());
+          std::normal_distribution<float> gauss(0.f, 1.f);
+          for (size_t j = 0; j < q.size() / 2; ++j) kvgc::cpu::store(&q[j * 2], m.dtype, gauss(rng));
+          DeviceBuffer dk(k.size()), dv(v.size()), dq(q.size()), dout(q.size());
+          REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(cudaMemcpy(dq.p, q.data(), q.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(cudaMemset(dout.p, 0xA5, q.size()) == cudaSuccess);  // poison
+          REQUIRE(kvgc_batch_append(bc, layer, k.data(), v.data(), nullptr) == KVGC_OK);
+          REQUIRE(kvgc_batch_append(bg, layer, dk.p, dv.p, stream) == KVGC_OK);
+          REQUIRE(kvgc_batch_attend(bc, layer, q.data(), out_c.data(), &params, nullptr) == KVGC_OK);
+          REQUIRE(kvgc_batch_attend(bg, layer, dq.p, dout.p, &params, stream) == KVGC_OK);
+          REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+          REQUIRE(cudaMemcpy(out_g.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+          if (layer == 0) CHECK(rel_rms(out_c, out_g, q.size() / 2, m.dtype) <= 5e-3);  // check_attention's bound
+          // Masses by slot of the exported pages, which must be the same pages on both.
+          kvgc_batch_view vc, vg;
+          std::memset(&vc, 0, sizeof vc);
+          std::memset(&vg, 0, sizeof vg);
+          vc.struct_size = vg.struct_size = sizeof vc;
+          REQUIRE(kvgc_batch_export(bc, layer, &vc) == KVGC_OK);
+          REQUIRE(kvgc_batch_export(bg, layer, &vg) == KVGC_OK);
+          REQUIRE(vg.n_pages == vc.n_pages);
+          std::vector<uint8_t> cls(vg.n_pages);
+          REQUIRE(cudaMemcpy(cls.data(), vg.page_class, vg.n_pages, cudaMemcpyDeviceToHost) == cudaSuccess);
+          CHECK(std::equal(cls.begin(), cls.end(), vc.page_class));
+          const std::vector<float> w = random_mass(uint64_t(vc.n_pages) * vc.page_tokens + 1, rng);
+          DeviceBuffer dw(w.size() * 4);
+          REQUIRE(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(kvgc_batch_observe(bc, layer, w.data(), nullptr) == KVGC_OK);
+          REQUIRE(kvgc_batch_observe(bg, layer, dw.get<float>(), stream) == KVGC_OK);
+          REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);  // before dk, dv, dq, dw go
+        }
+        const kvgc_status st_cpu = kvgc_batch_step(bc, nullptr), st_gpu = kvgc_batch_step(bg, stream);
+        INFO("cpu: " << kvgc_status_str(st_cpu) << ", cuda: " << kvgc_status_str(st_gpu) << " " << kvgc_errmsg(gpu));
+        REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
+        REQUIRE(st_gpu == st_cpu);
+      } else {  // each sequence: append (a private prompt part first), observe, step
+        for (uint32_t i = 0; i < B; ++i) {
+          CAPTURE(i);
+          const uint32_t n = round == 0 ? 20 : 1 + rng() % 3;
+          for (uint32_t layer = 0; layer < m.n_layers; ++layer)
+            append(i, layer, random_kv(m, n, rng, layer == 1), random_kv(m, n, rng, layer == 1), n);
+          for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+            uint64_t live = 0;
+            REQUIRE(kvgc_seq_tokens(cpu, sc[i], layer, &live, nullptr) == KVGC_OK);
+            const auto w = random_mass(live, rng);
+            DeviceBuffer dw(live * 4);
+            REQUIRE(cudaMemcpy(dw.p, w.data(), live * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+            REQUIRE(kvgc_observe(cpu, sc[i], layer, w.data(), live, nullptr) == KVGC_OK);
+            REQUIRE(kvgc_observe(gpu, sg[i], layer, dw.get<float>(), live, stream) == KVGC_OK);
+            REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+          }
+          const kvgc_status st_cpu = kvgc_step(cpu, sc[i], nullptr), st_gpu = kvgc_step(gpu, sg[i], stream);
+          INFO("cpu: " << kvgc_status_str(st_cpu) << ", cuda: " << kvgc_status_str(st_gpu) << " " << kvgc_errmsg(gpu));
+          REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
+          REQUIRE(st_gpu == st_cpu);
+        }
+        const uint32_t i = rng() % B;
+        check_attention(cpu, sc[i], gpu, sg[i], m, rng, KVGC_ATTEND_NO_SCORES, stream);
+      }
+      require_check(cpu);
+      require_check(gpu);
+      const std::string stats = compare_stats(get_stats(cpu), get_stats(gpu));
+      INFO("stats (cpu vs cuda):" << stats);
+      REQUIRE(stats.empty());
+      for (uint32_t i = 0; i < B; ++i)
+        for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+          CAPTURE(i);
+          CAPTURE(layer);
+          const std::string diff =
+              compare_rows(read_cpu(cpu, sc[i], layer, m), read_gpu(gpu, sg[i], layer, m, stream), m);
+          INFO(diff);
+          REQUIRE(diff.empty());
+          const std::vector<uint8_t> cc = classes(cpu, sc[i], layer, false), cg = classes(gpu, sg[i], layer, true);
+          REQUIRE(cc.size() == cg.size());
+          const size_t at = size_t(std::mismatch(cc.begin(), cc.end(), cg.begin()).first - cc.begin());
+          INFO("classes differ first at row " << at);
+          REQUIRE(at == cc.size());
+        }
+    }
+    // Demoted in place: the attached sequences' and the fork's prompt tokens in whole
+    // pages read back the prompt's bytes whatever class they are charged at; the GC
+    // demoted some of them and evicted others.
+    uint64_t charged = 0, evicted = 0;
+    for (size_t i = 1; i < sg.size(); ++i)
+      for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+        CAPTURE(i);
+        CAPTURE(layer);
+        const Rows r = read_gpu(gpu, sg[i], layer, m, stream);
+        const std::vector<uint8_t> cls = classes(gpu, sg[i], layer, true);
+        REQUIRE(cls.size() == r.n);
+        uint64_t prompt_live = 0;
+        for (uint64_t j = 0; j < r.n; ++j) {
+          if (r.pos[j] >= int32_t(whole)) continue;
+          ++prompt_live;
+          charged += cls[j] != KVGC_CLASS_FP16;
+          CHECK(std::memcmp(&r.k[j * tb], &prompt_k[layer][size_t(r.pos[j]) * tb], tb) == 0);
+        }
+        evicted += whole - prompt_live;
+      }
+    MESSAGE("config " << config << ": " << charged << " prompt tokens charged below fp16, " << evicted << " evicted");
+    CHECK(charged > 0);
+    CHECK(evicted > 0);
+    const kvgc_stats st = get_stats(gpu);
+    CHECK(st.tokens_demoted > 0);
+    CHECK(st.tokens_evicted > 0);
+#ifdef KVGC_CUDA_EMU
+    emu::tight_select_scratch = false;
+#endif
+    kvgc_batch_destroy(bc);
+    kvgc_batch_destroy(bg);
+    require_check(cpu);
+    require_check(gpu);
+    kvgc_heap_destroy(cpu);
+    kvgc_heap_destroy(gpu);
+  }
+  cudaStreamDestroy(stream);
+}
+
 namespace {
 
 // Page images for the op-level tests: pages_ of both classes in one host buffer (each

@@ -371,6 +371,7 @@ struct Row {
   int kind_correct[2] = {0, 0}, kind_total[2] = {0, 0};  // --shared-prefix: A, B
   uint64_t prefix_hits = 0, prefix_tokens = 0, prefix_keeps = 0, prefix_keep_failed = 0;
   uint64_t prompt_rows = 0;
+  engine::ServeStats serve;           // the server's own counts (what admission waited on)
   double passkey() const { return passkey_total ? double(passkey_correct) / passkey_total : 0; }
   double kind(int k) const { return kind_total[k] ? double(kind_correct[k]) / kind_total[k] : 0; }
 };
@@ -459,6 +460,7 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
   row->prefix_keeps = st.prefix_keeps;
   row->prefix_keep_failed = st.prefix_keep_failed;
   row->prompt_rows = st.prompt_tokens;
+  row->serve = st;
   std::vector<double> delays;
   for (size_t i = 0; i < stream.requests.size(); ++i) {
     const engine::ServeRequest& r = stream.requests[i];
@@ -553,6 +555,21 @@ int main(int argc, char** argv) {
               "admission; MiB/seq: pages held per running sequence, mean over steps; own/seq: "
               "the same less the shared pages (held once, by the cache and holders); est/seq: "
               "admission's estimate for a prompt, mean over requests)\n");
+  // What bounds concurrency: at the steps where the queue's head waited for room, what the
+  // arena was projected to hold.
+  std::printf("\nWhen the queue's head waited for room (mean over those steps, MiB of %.1f):\n",
+              double(a.arena) / (1 << 20));
+  std::printf("%-16s %8s %14s %14s %12s\n", "config", "waits", "mid-prompt", "decoding",
+              "head needs");
+  for (const Row& r : rows) {
+    const engine::ServeStats& s = r.serve;
+    const double n = s.waits_for_room ? double(s.waits_for_room) * (1 << 20) : 1.0;
+    std::printf("%-16s %8llu %14.2f %14.2f %12.2f\n", r.name.c_str(),
+                (unsigned long long)s.waits_for_room, s.wait_prefill_bytes / n,
+                s.wait_decode_bytes / n, s.wait_head_bytes / n);
+  }
+  std::printf("(mid-prompt: sequences still in their prompt, held whole until its end under the "
+              "observe prefill; decoding: the others, at their projected bytes)\n");
   // RESULT: ratios of "default" to "full" first, then every row's figures.
   const Row* full = nullptr;
   const Row* def = nullptr;

@@ -111,8 +111,17 @@ bool Server::admit(double now, std::string* err) {
     // a watermark of free blocks for the same reason): without it admission packs the
     // arena to its last page and the next step's growth preempts what it just admitted.
     const uint64_t headroom = uint64_t(running_.size() + 1) * page_bytes_;
-    if (!options_.prefix_cache && !running_.empty() && projected_ + run.footprint + headroom > arena_bytes_)
+    // Counted once per step (admit runs once a step): what the head waits behind.
+    auto wait_for_room = [&] {
+      ++stats_.waits_for_room;
+      stats_.wait_head_bytes += double(run.footprint);
+      for (const Running& x : running_)
+        (x.done < x.prompt_end ? stats_.wait_prefill_bytes : stats_.wait_decode_bytes) += double(x.footprint);
+    };
+    if (!options_.prefix_cache && !running_.empty() && projected_ + run.footprint + headroom > arena_bytes_) {
+      wait_for_room();
       break;
+    }
     const kvgc_status s = kvgc_seq_create(engine_->heap(), 0, &run.seq);
     if (s == KVGC_ENOMEM) break;  // host memory: try again next step
     if (s != KVGC_OK) {
@@ -137,6 +146,7 @@ bool Server::admit(double now, std::string* err) {
       if (!running_.empty() &&
           projected_ + run.footprint + cache_held() + headroom > arena_bytes_) {
         kvgc_seq_destroy(engine_->heap(), run.seq);  // undoes the attach
+        wait_for_room();
         break;
       }
       ++stats_.prefix_lookups;

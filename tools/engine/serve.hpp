@@ -92,6 +92,11 @@ struct ServeStats {
   uint64_t prefix_tokens_attached = 0;  // = prompt rows skipped (not prefilled)
   uint64_t prefix_keeps = 0;      // prompts kept (kvgc_prefix_keep KVGC_OK)
   uint64_t prefix_keep_failed = 0;  // keeps refused (KVGC_EINVAL, _ENOMEM, _EBUDGET): ignored
+  // What bounds concurrency: the admissions that waited for room (the queue's head had
+  // arrived and did not fit), and at each, the projected bytes of the running sequences
+  // still in their prompt and of those decoding, and the head's own need, summed.
+  uint64_t waits_for_room = 0;
+  double wait_prefill_bytes = 0, wait_decode_bytes = 0, wait_head_bytes = 0;
   double mean_running() const { return steps ? running_sum / double(steps) : 0.0; }
 };
 

@@ -42,7 +42,7 @@ struct Args {
   double fraction = 0.15;       // byte budget of the bounded configurations
   std::vector<std::string> configs = {"full", "default", "h2o", "streaming"};
   uint32_t threads = 2;
-  uint32_t step_tokens = 256, chunk = 64, max_running = 256;
+  uint32_t step_tokens = 256, chunk = 64, max_running = 256, max_prefilling = 0;
   uint64_t seed = 1;
   bool observe = true;          // --prefill observe (default) or stream
   uint32_t shared_prefix = 0;   // tokens of the common prefix (0: the mixed stream)
@@ -57,6 +57,7 @@ void usage(FILE* out) {
       "                        [--output-min N] [--output-max N] [--rate R] [--passkey-every K]\n"
       "                        [--arena BYTES] [--fraction F] [--configs LIST] [--threads N]\n"
       "                        [--step-tokens N] [--chunk N] [--max-running N] [--seed S]\n"
+      "                        [--max-prefilling N]\n"
       "                        [--prefill observe|stream] [--shared-prefix N]\n"
       "                        [--private-min N] [--private-max N] [--prefix-charge C]\n"
       "  --requests N       requests in the stream (default 64)\n"
@@ -73,6 +74,7 @@ void usage(FILE* out) {
       "  --threads N        matmul threads (and kvgc attention threads) (default 2)\n"
       "  --step-tokens N    rows per engine step (default 256); --chunk N prompt tokens a\n"
       "                     sequence brings per step (default 64); --max-running N (default 256)\n"
+      "  --max-prefilling N sequences in their prompt at once (0: no limit, the default)\n"
       "  --seed S           the stream's seed (default 1)\n"
       "  --prefill MODE     observe (default): prompt chunks unscored but their last 32 tokens,\n"
       "                     no GC until the prompt's end, then pooled scores and one step (as\n"
@@ -177,6 +179,7 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (f == "--step-tokens") ok = parse_u32(f, v, 1, &a->step_tokens);
     else if (f == "--chunk") ok = parse_u32(f, v, 1, &a->chunk);
     else if (f == "--max-running") ok = parse_u32(f, v, 1, &a->max_running);
+    else if (f == "--max-prefilling") ok = parse_u32(f, v, 0, &a->max_prefilling);
     else if (f == "--shared-prefix") ok = parse_u32(f, v, 64, &a->shared_prefix);
     else if (f == "--private-min") ok = parse_u32(f, v, 32, &a->private_min);
     else if (f == "--private-max") ok = parse_u32(f, v, 32, &a->private_max);
@@ -393,6 +396,7 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
   so.chunk_tokens = a.chunk;
   so.max_step_tokens = a.step_tokens;
   so.max_running = a.max_running;
+  so.max_prefilling = a.max_prefilling;
   so.stop = quality::stop_tokens(tok);
   so.prefix_cache = is_share(config);
   // What a sequence of n tokens holds, the first `cached` paid by the prefix cache: the
@@ -400,8 +404,9 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
   // whole length (kvgc.h, kvgc_prefix_charge: spent on its own tokens; under prune, where
   // the budget is spent over the whole prompt and the attached part costs no byte, its
   // own tokens' share of it: the rate that budget gives them), or the tokens no GC removes
-  // (sinks past the cached part, young window) if more, plus a step's chunk appended
-  // before the GC runs, in whole f16 pages; never more than every page of its own.
+  // (sinks past the cached part, young window) if more, plus, while a stream prefill
+  // brings its prompt, a step's chunk appended before the GC runs, in whole f16 pages;
+  // never more than every page of its own.
   const bool bounded = name != "full";
   so.prefill = a.observe ? engine::Engine::PrefillMode::Observe
                          : engine::Engine::PrefillMode::Stream;
@@ -415,7 +420,9 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
     const uint64_t protect =
         std::min<uint64_t>(own, eff.window + (eff.sinks > cached ? eff.sinks - cached : 0));
     kvgc_kv_bytes(&kv, protect, KVGC_CLASS_FP16, pt, &kept);
-    kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, pt, &chunk);
+    // A stream prefill's chunk goes in before its GC runs; a decoding sequence adds a
+    // token a step, which the server's page of headroom per sequence covers.
+    if (prefilling) kvgc_kv_bytes(&kv, a.chunk, KVGC_CLASS_FP16, pt, &chunk);
     return std::min(full, std::max(uint64_t(a.fraction * double(raw)), kept) + chunk);
   };
   Stream stream = a.shared_prefix ? make_shared_stream(a, tok) : make_stream(a, tok, prose);

@@ -484,6 +484,41 @@ int main() {
                 ", shared pages " + std::to_string(st.shared_pages) + ")");
     }
   }
+  // ServeOptions::max_prefilling: with 1, requests arriving together enter their prompts
+  // one at a time (the next is admitted once the previous is in); without a limit, side
+  // by side. Every request completes either way.
+  for (const uint32_t limit : {0u, 1u}) {
+    engine::BatchEngine eng;
+    engine::EngineOptions eo;
+    eo.threads = 1;
+    kvgc_heap_options o = heap_options(64ull << 20);
+    o.token_budget = 0;
+    o.byte_budget_fraction = 0.3;
+    std::vector<engine::ServeRequest> reqs(3);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].prompt.assign(all.begin() + 40 * i, all.begin() + 40 * i + 96);
+      reqs[i].max_new = 8;
+      reqs[i].stop_at_eos = false;
+    }
+    engine::ServeOptions so;
+    so.chunk_tokens = 32;
+    so.max_prefilling = limit;
+    so.prefill = engine::Engine::PrefillMode::Observe;
+    bool ok = eng.init(model, &o, &err, eo);
+    engine::ServeStats ss;
+    if (ok) {
+      engine::Server server(&eng, so);
+      for (engine::ServeRequest& r : reqs) ok = ok && server.submit(&r, &err);
+      for (int steps = 0; ok && !server.idle(); ++steps) ok = steps <= 2000 && server.step(0.0, &err);
+      ss = server.stats();
+    }
+    bool complete = ok;
+    for (const engine::ServeRequest& r : reqs) complete = complete && r.done && r.output.size() == 8;
+    check(complete, "every request completes with max_prefilling " + std::to_string(limit) + ": " + err);
+    check(limit ? ss.max_in_prompt == 1 : ss.max_in_prompt == 3,
+          "max_prefilling " + std::to_string(limit) + ": at most " + std::to_string(ss.max_in_prompt) +
+              " sequences were in their prompt at once");
+  }
   if (g_failures) std::printf("%d check(s) failed\n", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -25,7 +25,7 @@ void usage(FILE* out) {
   std::fprintf(out,
       "usage: kvgc-serve FILE [--model PATH] [--chat] [--max-tokens N] [--ignore-eos]\n"
       "                  [--threads N] [--step-tokens N] [--chunk N] [--max-running N]\n"
-      "                  [--prefill observe|stream] [--prefix-cache]\n"
+      "                  [--max-prefilling N] [--prefill observe|stream] [--prefix-cache]\n"
       "  FILE            prompts, one a line (empty lines skipped); at most 64 MiB\n"
       "  --model PATH    GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
       "  --chat          wrap each prompt in the model's ChatML template\n"
@@ -35,6 +35,7 @@ void usage(FILE* out) {
       "  --step-tokens N rows per engine step (default 256)\n"
       "  --chunk N       prompt tokens a sequence brings per step (default 64)\n"
       "  --max-running N sequences in the heap at most (default 256)\n"
+      "  --max-prefilling N  sequences in their prompt at once (default 0: no limit)\n"
       "  --prefill MODE  observe (default, as kvgc-run): a prompt's chunks unscored but its\n"
       "                  last 32 tokens, one GC at its end; stream: chunks are scored batch\n"
       "                  rows, GC every step\n"
@@ -101,6 +102,8 @@ int main(int argc, char** argv) {
       ok = parse_count(a, v, 1, 1u << 20, &so.chunk_tokens);
     } else if (a == "--max-running") {
       ok = parse_count(a, v, 1, 1u << 20, &so.max_running);
+    } else if (a == "--max-prefilling") {
+      ok = parse_count(a, v, 0, 1u << 20, &so.max_prefilling);
     } else if (a.rfind("--", 0) != 0 && file_path.empty()) {
       file_path = a;
       continue;

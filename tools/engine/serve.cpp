@@ -67,6 +67,11 @@ size_t Server::tokens_to_keep(const Running& r) const {
   return keep > r.attached ? keep : 0;
 }
 
+size_t Server::in_prompt() const {
+  return size_t(std::count_if(running_.begin(), running_.end(),
+                              [](const Running& x) { return x.done < x.prompt_end; }));
+}
+
 uint64_t Server::cache_held() const {
   // The shared pages some running sequence holds, each once: kvgc_stats counts them
   // exactly (pages only cached prefixes hold are free: the heap evicts them for room).
@@ -94,6 +99,7 @@ bool Server::submit(ServeRequest* request, std::string* err) {
 bool Server::admit(double now, std::string* err) {
   while (!waiting_.empty() && waiting_.front()->arrival <= now &&
          running_.size() < options_.max_running) {
+    if (options_.max_prefilling && in_prompt() >= options_.max_prefilling) break;
     ServeRequest* r = waiting_.front();
     Running run{r, 0, r->prompt, 0, 0, 0};
     run.context.insert(run.context.end(), r->output.begin(), r->output.end());
@@ -247,6 +253,7 @@ bool Server::step(double now, std::string* err) {
     ++stats_.steps;
     stats_.running_sum += double(running_.size());
     stats_.max_running = std::max<uint32_t>(stats_.max_running, uint32_t(running_.size()));
+    stats_.max_in_prompt = std::max<uint32_t>(stats_.max_in_prompt, uint32_t(in_prompt()));
     std::vector<size_t> finished;
     for (size_t j = 0; j < items_.size(); ++j) {
       Running& r = running_[item_of_[j]];

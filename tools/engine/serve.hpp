@@ -40,6 +40,12 @@ struct ServeOptions {
   uint32_t chunk_tokens = Engine::kChunkTokens;  // prompt tokens a sequence brings per step
   uint32_t max_step_tokens = 256;  // rows per step: decode rows first, then prompt chunks
   uint32_t max_running = 256;      // sequences in the heap at most
+  // Sequences admitted while others are still in their prompt: at most this many in
+  // their prompt at once (0: no limit). An observe prefill holds its whole prompt until
+  // its end, so prompts entering side by side hold several whole prompts; one at a time
+  // (with a chunk as large as the step) each is in and pruned sooner, and the room goes
+  // to decoding sequences (vLLM's max_num_partial_prefills).
+  uint32_t max_prefilling = 0;
   // How prompts enter the cache. Stream (default): every chunk is a batch row like any
   // other, scoring, and the GC runs each step. Observe: SnapKV-style as Engine::prefill's
   // default (BatchItem::observe): unscored chunks but the last Engine::kObserveTokens,
@@ -85,6 +91,7 @@ struct ServeStats {
   uint64_t generated_tokens = 0;
   uint64_t preemptions = 0;
   uint32_t max_running = 0;       // sequences in one step at most
+  uint32_t max_in_prompt = 0;     // ... of them still in their prompt
   double running_sum = 0;         // sum over steps of the sequences in the step
   // The prefix cache (ServeOptions::prefix_cache), counted at admission.
   uint64_t prefix_lookups = 0;    // admissions that looked the context up
@@ -139,6 +146,7 @@ class Server {
   uint64_t own_footprint(const Running& r, bool prefilling) const;
   // What a finished prompt keeps in the prefix cache (see ServeOptions::prefix_cache).
   size_t tokens_to_keep(const Running& r) const;
+  size_t in_prompt() const;        // running sequences still in their prompt
   // Bytes of the shared pages the running sequences hold, each page once.
   uint64_t cache_held() const;
 

@@ -91,6 +91,18 @@ std::vector<std::vector<float>> run_alone(const engine::Model& model, const Scri
   return out;
 }
 
+// Serves every request to the end (at most 2000 steps) and returns the server's counts.
+bool serve_all(engine::BatchEngine* eng, const engine::ServeOptions& so,
+               std::vector<engine::ServeRequest>* reqs, engine::ServeStats* stats, std::string* err) {
+  engine::Server server(eng, so);
+  for (engine::ServeRequest& r : *reqs)
+    if (!server.submit(&r, err)) return false;
+  for (int steps = 0; !server.idle(); ++steps)
+    if (steps > 2000 || !server.step(0.0, err)) return false;
+  *stats = server.stats();
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -296,13 +308,7 @@ int main() {
       if (!eng.init(model, &o, &err, eo)) return false;
       engine::ServeOptions so;
       so.chunk_tokens = 32;
-      engine::Server server(&eng, so);
-      for (engine::ServeRequest& r : *reqs)
-        if (!server.submit(&r, &err)) return false;
-      for (int steps = 0; !server.idle(); ++steps)
-        if (steps > 2000 || !server.step(0.0, &err)) return false;
-      *stats = server.stats();
-      return true;
+      return serve_all(&eng, so, reqs, stats, &err);
     };
     auto make = [&](bool huge) {
       std::vector<engine::ServeRequest> reqs(3);
@@ -376,13 +382,7 @@ int main() {
       so.max_running = 1;  // one at a time: each later request finds the earlier prompts
       so.prefix_cache = cache;
       so.prefill = engine::Engine::PrefillMode::Observe;
-      engine::Server server(&eng, so);
-      for (engine::ServeRequest& r : *reqs)
-        if (!server.submit(&r, &err)) return false;
-      for (int steps = 0; !server.idle(); ++steps)
-        if (steps > 2000 || !server.step(0.0, &err)) return false;
-      *stats = server.stats();
-      return true;
+      return serve_all(&eng, so, reqs, stats, &err);
     };
     auto make = [&] {
       std::vector<engine::ServeRequest> reqs(3);
@@ -464,13 +464,7 @@ int main() {
       kvgc_stats st;
       kvgc_stats_init(&st);
       engine::ServeStats ss;
-      if (ok) {
-        engine::Server server(&eng, so);
-        for (engine::ServeRequest& r : reqs) ok = ok && server.submit(&r, &err);
-        for (int steps = 0; ok && !server.idle(); ++steps) ok = steps <= 2000 && server.step(0.0, &err);
-        ss = server.stats();
-        ok = ok && kvgc_get_stats(eng.heap(), &st) == KVGC_OK;
-      }
+      ok = ok && serve_all(&eng, so, &reqs, &ss, &err) && kvgc_get_stats(eng.heap(), &st) == KVGC_OK;
       const std::string mode = charge == KVGC_PREFIX_CHARGE_PRUNE ? " (prune)" : " (cache)";
       check(ok && kvgc_heap_check(eng.heap()) == KVGC_OK,
             "served under a pruning policy with the prefix cache" + mode + ": " + err);
@@ -506,12 +500,7 @@ int main() {
     so.prefill = engine::Engine::PrefillMode::Observe;
     bool ok = eng.init(model, &o, &err, eo);
     engine::ServeStats ss;
-    if (ok) {
-      engine::Server server(&eng, so);
-      for (engine::ServeRequest& r : reqs) ok = ok && server.submit(&r, &err);
-      for (int steps = 0; ok && !server.idle(); ++steps) ok = steps <= 2000 && server.step(0.0, &err);
-      ss = server.stats();
-    }
+    ok = ok && serve_all(&eng, so, &reqs, &ss, &err);
     bool complete = ok;
     for (const engine::ServeRequest& r : reqs) complete = complete && r.done && r.output.size() == 8;
     check(complete, "every request completes with max_prefilling " + std::to_string(limit) + ": " + err);

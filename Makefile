@@ -42,7 +42,7 @@ test: build
 	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
 # The Python package installed with pip into its own venv (torch, transformers 4.57.x,
-# kvpress 0.5.5, gguf; ~8 GB, reused), then the binding's, transformers and kvpress tests.
+# kvpress 0.5.5, gguf; ~6 GB fetched by uv, reused), then the binding's, transformers and kvpress tests.
 test-python: deps model
 	tools/test-python.sh
 

@@ -68,6 +68,13 @@ BatchPlan::Arrays arrays_at(uint8_t* base, const ArrayOffsets& o) {
   return a;
 }
 
+// Room for k more elements, growing geometrically (vector::reserve is exact, so reserving
+// a page at a time would copy the whole list at every page a segment takes).
+template <class V>
+void reserve_more(V& v, size_t k) {
+  if (v.size() + k > v.capacity()) v.reserve(std::max(v.size() + k, 2 * v.capacity()));
+}
+
 }  // namespace
 
 size_t batch_arrays_size(uint64_t n_runs, uint64_t n_pages, uint32_t n_layers, uint32_t n_seqs) {
@@ -221,13 +228,6 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
                                    std::to_string(seqs[i]) + " appears twice in the batch");
     }
     s.batch_mark = serial;
-    for (const Segment& seg : s.layers)
-      if (seg.length + n_new[i] > uint64_t(INT32_MAX)) {
-        at(i);
-        return fail(KVGC_EINVAL, std::string(fn) + ": n_new[" + std::to_string(i) + "] = " +
-                                     std::to_string(n_new[i]) + " would take seq " +
-                                     std::to_string(seqs[i]) + " past 2^31 positions");
-      }
     b.seqs.push_back({&s, seqs[i], n_new[i], uint32_t(rows), s.slot, s.tenant,
                       scored ? std::min(scored[i], n_new[i]) : n_new[i],
                       flags && (flags[i] & KVGC_BATCH_SEQ_DEFER_STEP)});
@@ -250,6 +250,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   b.rows.resize(LB);
   b.tail.resize(LB);
   b.epoch.resize(LB);
+  b.decay.resize(n);
   host::vector<uint64_t>& need = b.need;  // kept across steps: no allocation per plan
   need.resize(n);
   uint64_t new_pages = 0, n_pages = 0, cows = 0;
@@ -260,19 +261,28 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       need[i] = 0;
       for (uint32_t l = 0; l < L; ++l) {
         Segment& seg = e.s->layers[l];
-        KVGC_TRY(settle(e.tenant, seg));  // usually long complete
+        // (Checked here, where the segment is read anyway: a failure may leave earlier
+        // segments settled, which applies decided results and changes nothing visible.)
+        if (seg.length + e.n_new > uint64_t(INT32_MAX)) {
+          at(i);
+          return fail(KVGC_EINVAL, std::string(fn) + ": n_new[" + std::to_string(i) + "] = " +
+                                       std::to_string(e.n_new) + " would take seq " +
+                                       std::to_string(e.id) + " past 2^31 positions");
+        }
+        if (seg.gc.active) KVGC_TRY(settle(e.tenant, seg));  // usually long complete
         seg.plan_mark = serial;  // from now on a change to it makes the plan stale (touch)
-        const PageTable& f = seg.table[KVGC_CLASS_FP16];
+        const Tail t = fp16_tail(seg);
         const size_t x = size_t(l) * n + i;
-        if (e.n_new && tail_shared(f)) {  // copied before the append writes (copy-on-write)
+        if (e.n_new && t.header && t.used < pt) {  // a shared tail: copied before the append writes
           ++need[i];
           ++cows;
         }
-        b.cnt_new[x] = uint32_t(f.pages_needed(pool_, pt, e.n_new));
-        b.tail_room[x] = e.n_new ? f.tail_room(pool_, pt) : 0;
-        b.tail[x] = b.tail_room[x] ? page_ptr(f.pages.back()) : nullptr;
+        const uint32_t room = t.page == kNoPage ? 0 : pt - t.used;
+        b.cnt_new[x] = e.n_new <= room ? 0 : (e.n_new - room + pt - 1) / pt;
+        b.tail_room[x] = e.n_new ? room : 0;
+        b.tail[x] = b.tail_room[x] ? page_ptr(t.page) : nullptr;
         const host::vector<SegPage>& list = attn_pages(seg);  // appends will extend it
-        seg.attn.reserve(list.size() + b.cnt_new[x]);
+        reserve_more(seg.attn, b.cnt_new[x]);  // (the list is seg.attn)
         b.cnt_pages[x] = uint32_t(list.size()) + b.cnt_new[x];
         b.length[x] = seg.length;
         b.rows[x] = seg.attn_rows;
@@ -407,11 +417,14 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   // Each (layer, sequence): runs (the tail's room, then each reserved page from slot 0),
   // the attention work, positions; on a device also its pages in attention order with the
   // new tokens counted, and the export.
-  for (uint32_t i = 0; i < n; ++i) {
-    const BatchPlan::Entry& e = b.seqs[i];
-    // As kvgc_attend of the scoring rows (an unscored chunk decays nothing: ^0 = 1).
-    const float seq_decay = float(std::pow(opts_.recent_decay, double(e.scored)));
-    for (uint32_t l = 0; l < L; ++l) {
+  // Layer-major, as the arrays are: on the CPU this touches no segment, and every array
+  // is read and written in order.
+  for (uint32_t i = 0; i < n; ++i)  // as kvgc_attend of the scoring rows (^0 = 1: unscored)
+    b.decay[i] = float(std::pow(opts_.recent_decay, double(b.seqs[i].scored)));
+  for (uint32_t l = 0; l < L; ++l) {
+    for (uint32_t i = 0; i < n; ++i) {
+      const BatchPlan::Entry& e = b.seqs[i];
+      const float seq_decay = b.decay[i];
       const size_t x = size_t(l) * n + i;
       const int32_t delta = int32_t(int64_t(b.length[x]) - int64_t(e.row0));
       const uint32_t in_tail = std::min(b.tail_room[x], e.n_new);
@@ -483,8 +496,8 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
   for (uint32_t i = 0; i < B; ++i) {  // may throw: nothing changed yet
     Segment& seg = b.seqs[i].s->layers[layer];
     const uint32_t k = b.cnt_new[size_t(layer) * B + i];
-    seg.table[KVGC_CLASS_FP16].pages.reserve(seg.table[KVGC_CLASS_FP16].pages.size() + k);
-    seg.attn.reserve(seg.attn.size() + k);
+    reserve_more(seg.table[KVGC_CLASS_FP16].pages, k);
+    reserve_more(seg.attn, k);
   }
   const uint32_t r0 = b.run_off[layer], r1 = b.run_off[layer + 1];
   if (r1 > r0) {
@@ -503,12 +516,15 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
     }
     PageTable& f = seg.table[KVGC_CLASS_FP16];
     const bool list_valid = seg.attn_epoch == seg.epoch;  // the plan made it so
+    // The plan's tail (its cache, made valid by the walk, is still: nothing touched it).
+    const Tail t = fp16_tail(seg);
     uint32_t left = e.n_new;
-    if (const uint32_t room = f.tail_room(pool_, pt); room) {
+    if (const uint32_t room = b.tail_room[size_t(layer) * B + i]; room) {
       const uint32_t c = std::min(room, left);
-      PageDesc& d = pool_.desc(f.pages.back());
+      PageDesc& d = pool_.desc(t.page);
       d.used = uint16_t(d.used + c);
       d.live = uint16_t(d.live + c);
+      seg.tail_used = d.used;
       left -= c;
     }
     uint64_t row = seg.attn_rows + (e.n_new - left);  // the tail's new rows are its own
@@ -523,6 +539,12 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
       left -= c;
     }
     seg.attn_rows = row;
+    if (f.pages.size() > seg.tail_count) {  // the cache follows: the last reserved page
+      seg.tail_count = uint32_t(f.pages.size());
+      seg.tail_page = f.pages.back();
+      seg.tail_used = pool_.desc(seg.tail_page).used;
+      seg.tail_header = false;
+    }
     a.host_pages = attn_pages(seg).data();  // extended in place, or rebuilt if it was stale
     f.used += e.n_new;
     f.live += e.n_new;

@@ -42,6 +42,7 @@ struct BatchPlan : host::HostAllocated {
   host::vector<uint64_t> length, rows;  // [L*B] each segment's length and attention rows
   host::vector<uint8_t*> tail;          // [L*B] its FP16 tail page when it has room
   host::vector<uint64_t> need;          // [B] new pages per sequence, all layers
+  host::vector<float> decay;            // [B] recent_decay^(scored rows)
   host::vector<std::pair<uint32_t, uint64_t>> tenant_need;  // the plan's bytes per limited tenant
   host::vector<uint64_t> epoch;         // [L*B] each segment's epoch at plan
   host::vector<uint32_t> res_off;       // [L*B + 1] into reserved

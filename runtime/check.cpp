@@ -114,6 +114,15 @@ Status ManagedHeap::check() {
       for (uint32_t i = 0; i < seg.pinned_pages; ++i)
         if (!is_header(f.pages[i]) || pool_.desc(f.pages[i]).live != pt)
           return bad(name + " has a pinned page that is not a whole shared page");
+      // The plan's tail cache (heap.hpp), whenever it claims to be valid.
+      const bool tail_cache_wrong =
+          seg.tail_count != f.pages.size() ||
+          (f.pages.empty() ? seg.tail_page != kNoPage || seg.tail_used
+                           : seg.tail_page != f.pages.back() ||
+                                 seg.tail_used != pool_.desc(f.pages.back()).used ||
+                                 seg.tail_header != is_header(f.pages.back()));
+      if (seg.tail_epoch == seg.epoch && tail_cache_wrong)
+        return bad(name + " has a stale FP16 tail cache that claims to be current");
       for (int c = 0; c < KVGC_CLASS_COUNT && !pending; ++c)
         if (shift[c] != seg.shift[c])
           return bad(name + " is charged " + std::to_string(seg.shift[c]) + " tokens apart at " +

@@ -275,6 +275,7 @@ void ManagedHeap::free_pages(uint32_t tenant, Segment& s) {
   s.pinned_live = 0;
   std::fill(std::begin(s.pinned_tier), std::end(s.pinned_tier), 0);
   std::fill(std::begin(s.shift), std::end(s.shift), 0);
+  s.tail_epoch = UINT64_MAX;
 }
 
 uint64_t ManagedHeap::segment_pages(const Segment& s, host::vector<SegPage>* out,

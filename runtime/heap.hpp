@@ -59,19 +59,40 @@ struct PendingGc {
 
 // One (sequence, layer): its pages per storage class (read order: FP16, INT4, INT8), and
 // the host's page-granular view the GC plans from.
-struct Segment {
-  PageTable table[KVGC_CLASS_COUNT];
-  uint64_t length = 0;              // tokens appended: the next position
-  uint64_t tier[4] = {0, 0, 0, 0};  // live tokens per SlotGen
-  uint32_t since_minor = 0;         // tokens appended since the last minor GC
-  uint32_t minors_since_major = 0;
-  bool promote_blocked = false;
-  PendingGc gc;
+// What a batch plan reads of every segment comes first, in the first two cache lines of
+// an aligned 128-byte pair (the pending GC's flag last): at B x L segments a decode
+// step's plan is bound by the lines it misses a segment (issue 22, the host cost).
+struct alignas(128) Segment {
+  //
   // Bumped by every change to the segment's pages or their counts outside a batch's own
   // calls (append, a GC, its harvest, compaction), through ManagedHeap::touch: a batch
   // plan made before is stale.
   uint64_t epoch = 0;
   uint64_t plan_mark = 0;  // the serial of the last plan that took it (touch: stale plans)
+  uint64_t length = 0;     // tokens appended: the next position
+  // The FP16 tail as the last plan or batch append saw it (tail_count: the table's pages
+  // then), valid while tail_epoch == epoch (ManagedHeap::fp16_tail). A plan reads
+  // it instead of the table's page list and the page's descriptor: once a decode step's
+  // appends have evicted them from the cache, those two loads were most of a plan's time
+  // a segment. The walker checks it whenever it claims to be valid: a change to the FP16
+  // table that bypassed touch() would show there.
+  uint64_t tail_epoch = UINT64_MAX;
+  uint32_t tail_count = 0;
+  PageId tail_page = kNoPage;
+  uint16_t tail_used = 0;    // the tail page's used slots
+  bool tail_header = false;  // the tail is a header page (its K/V in a shared page)
+  // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
+  // append only lengthens it, each with its first row (numbered by `used` while a GC is
+  // pending, else by `live`). Valid while attn_epoch == epoch (ManagedHeap::attn_pages).
+  uint64_t attn_rows = 0;
+  uint64_t attn_epoch = UINT64_MAX;
+  host::vector<SegPage> attn;
+  PendingGc gc;  // its `active` flag first
+  PageTable table[KVGC_CLASS_COUNT];
+  uint64_t tier[4] = {0, 0, 0, 0};  // live tokens per SlotGen
+  uint32_t since_minor = 0;         // tokens appended since the last minor GC
+  uint32_t minors_since_major = 0;
+  bool promote_blocked = false;
   uint64_t draws = 0;  // rankings so far: salts the score noise of the next
   // Whole pages attached from the prefix cache under KVGC_PREFIX_CHARGE=cache (prefix.cpp):
   // the first pinned_pages pages of the FP16 table, header pages of full shared pages. Its
@@ -84,12 +105,6 @@ struct Segment {
   // class their gen byte names, net per class (SelectResult::shift, from the last GC
   // applied). table[c].live + shift[c] is what the GC plans from.
   int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};
-  // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
-  // append only lengthens it, each with its first row (numbered by `used` while a GC is
-  // pending, else by `live`). Valid while attn_epoch == epoch (ManagedHeap::attn_pages).
-  host::vector<SegPage> attn;
-  uint64_t attn_rows = 0;
-  uint64_t attn_epoch = UINT64_MAX;
 
   uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
 };
@@ -238,6 +253,24 @@ class ManagedHeap : public host::HostAllocated {
   // Copy-on-write of a partly filled shared tail: the segment's class-`cls` tail becomes a
   // private copy before anything writes into it. ENOMEM when no page is free.
   Status unshare_tail(SequenceState& s, uint32_t layer, int cls, void* stream);
+  // The segment's FP16 tail (page kNoPage when the table is empty), from the cache
+  // above when it is valid, else from the pool, and cached.
+  struct Tail {
+    PageId page;
+    uint32_t used;
+    bool header;
+  };
+  Tail fp16_tail(Segment& seg) const {
+    const PageTable& f = seg.table[KVGC_CLASS_FP16];
+    if (seg.tail_epoch != seg.epoch) {
+      seg.tail_epoch = seg.epoch;
+      seg.tail_count = uint32_t(f.pages.size());
+      seg.tail_page = f.pages.empty() ? kNoPage : f.pages.back();
+      seg.tail_used = f.pages.empty() ? 0 : pool_.desc(seg.tail_page).used;
+      seg.tail_header = !f.pages.empty() && is_header(seg.tail_page);
+    }
+    return {seg.tail_page, seg.tail_used, seg.tail_header};
+  }
   bool tail_shared(const PageTable& t) const {
     return !t.pages.empty() && is_header(t.pages.back()) &&
            pool_.desc(t.pages.back()).used < opts_.page_tokens;

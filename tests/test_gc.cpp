@@ -400,6 +400,47 @@ TEST_CASE("a byte budget is met exactly: pages held after each step, page slack 
     }
 }
 
+TEST_CASE("after a prompt's eviction a byte budget is used: at least 95% of it, or every token") {
+  // Issue 23: the default GC (generational, the ladder) at the end of an observed prompt,
+  // one step: the pages held fit the budget and fill at least 95% of it, unless the
+  // protected tokens alone (sinks and the young window, fp16) are over it, which is
+  // KVGC_EBUDGET with nothing else kept. SmolLM2's KV shape, two layers.
+  const kvgc_model_desc m = model(2, 3, 64);
+  const uint64_t raw_token = 3 * 64 * 2 * 2;  // heads x dims x (K, V) x f16, one layer
+  for (uint32_t length : {1024u, 4096u})
+    for (double fraction : {0.025, 0.05, 0.1, 0.2, 0.5}) {
+      CAPTURE(length);
+      CAPTURE(fraction);
+      kvgc_heap_options o = cpu_options(64 << 20);
+      o.demote = KVGC_DEMOTE_LADDER;  // the defaults otherwise: generational, 4 sinks, window 32
+      o.byte_budget_fraction = fraction;
+      o.harvest = KVGC_HARVEST_IMMEDIATE;
+      Heap H(o, m);
+      kvgc_seq s;
+      REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+      for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+        for (uint32_t at = 0; at < length; at += 256) H.append(s, layer, at, 256);
+        // Heavy-tailed mass (as attention is): a few tokens carry most of it.
+        H.observe(s, layer, [](int32_t pos) { return 1.0 / (0.002 + weight(pos)); });
+      }
+      const kvgc_status rc = H.step(s);
+      H.check();
+      const kvgc_stats st = H.stats();
+      const uint64_t held = st.cls[0].used_bytes + st.cls[1].used_bytes + st.cls_int8.used_bytes;
+      const double budget = fraction * double(length) * double(raw_token) * m.n_layers;
+      const uint64_t protect = uint64_t(o.sinks + o.window) * m.n_layers;
+      INFO("held " << held << " of a budget of " << budget << ", live " << st.live_tokens);
+      if (rc == KVGC_EBUDGET) {  // the fixed part does not fit: only it is kept
+        CHECK(st.live_tokens == protect);
+        CHECK(double(protect) * double(st.cls[0].page_bytes) / o.page_tokens > budget);
+        continue;
+      }
+      REQUIRE(rc == KVGC_OK);
+      CHECK(double(held) <= budget);
+      CHECK((double(held) >= 0.95 * budget || st.live_tokens == uint64_t(length) * m.n_layers));
+    }
+}
+
 TEST_CASE("a full arena: append is ENOMEM, the GC evicts and compacts in place, the same append succeeds") {
   for (const kvgc_harvest harvest : {KVGC_HARVEST_IMMEDIATE, KVGC_HARVEST_DEFERRED}) {
     CAPTURE(harvest);

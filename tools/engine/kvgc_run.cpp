@@ -371,17 +371,20 @@ static int run(int argc, char** argv) {
   kvgc_stats_init(&stats);
   kvgc_heap_options options;
   kvgc_heap_options_init(&options);
-  uint64_t full_bytes = 0;
+  uint64_t full_bytes = 0, raw_bytes = 0;
   if (kvgc_get_stats(engine.heap(), &stats) != KVGC_OK ||
       kvgc_heap_get_options(engine.heap(), &options) != KVGC_OK ||
       kvgc_kv_bytes(&engine.kv_model(), engine.position(), KVGC_CLASS_FP16, options.page_tokens,
-                    &full_bytes) != KVGC_OK) {
+                    &full_bytes) != KVGC_OK ||
+      kvgc_kv_bytes(&engine.kv_model(), engine.position(), KVGC_CLASS_FP16, 0, &raw_bytes) != KVGC_OK) {
     std::fprintf(stderr, "kvgc-run: reading kvgc statistics: %s\n", kvgc_errmsg(engine.heap()));
     return 1;
   }
   static const char* kPolicies[] = {"generational", "full", "streaming", "h2o", "random"};
+  // Every page class: fp16, int4, int8 (cls_int8, the struct grew) and header pages.
   const uint64_t held = stats.cls[KVGC_CLASS_FP16].used_bytes +
-                        stats.cls[KVGC_CLASS_INT4].used_bytes;
+                        stats.cls[KVGC_CLASS_INT4].used_bytes + stats.cls_int8.used_bytes +
+                        stats.cls_header.used_bytes;
   const double total_s = prefill_s + decode_s;
   const double mib = 1024.0 * 1024.0;
   std::fprintf(stderr, "\n");
@@ -396,8 +399,11 @@ static int run(int argc, char** argv) {
   std::fprintf(stderr, "  live KV tokens       %.1f of %llu (per layer)\n",
                double(stats.live_tokens) / config.n_layers,
                (unsigned long long)engine.position());
-  std::fprintf(stderr, "  KV bytes held        %.2f MiB of %.2f MiB full cache (%.0f%%)\n",
-               held / mib, full_bytes / mib, full_bytes ? 100.0 * held / full_bytes : 0.0);
+  // Both ratios: to the full cache's pages, and to its raw K/V bytes (what a
+  // KVGC_BYTE_BUDGET fraction is of).
+  std::fprintf(stderr, "  KV bytes held        %.2f MiB of %.2f MiB full cache (%.1f%%; %.1f%% of its "
+               "raw K/V)\n", held / mib, full_bytes / mib,
+               full_bytes ? 100.0 * held / full_bytes : 0.0, raw_bytes ? 100.0 * held / raw_bytes : 0.0);
   std::fprintf(stderr, "  tokens evicted       %llu\n",
                (unsigned long long)stats.tokens_evicted);
   std::fprintf(stderr, "  tokens demoted       %llu\n",

@@ -542,7 +542,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "kvgc-bench-serve: %s: %s\n", name.c_str(), err.c_str());
       return 1;
     }
-    std::fprintf(stderr, "  %s done in %.1f s\n", name.c_str(), row.seconds);
+    // Its figures at once (stderr is unbuffered): a run stopped before the table below
+    // keeps the configurations it finished.
+    std::fprintf(stderr,
+                 "  %s done in %.1f s: max_seq %u, mean_seq %.2f, passkey %d/%d, preempt %llu, "
+                 "MiB/seq %.2f, peak MiB %.1f, gen_tok/s %.1f\n",
+                 name.c_str(), row.seconds, row.max_running, row.mean_running, row.passkey_correct,
+                 row.passkey_total, (unsigned long long)row.preemptions,
+                 row.held_samples ? row.held_sum / double(row.held_samples) / (1 << 20) : 0.0,
+                 row.used_max / (1 << 20), row.tokens_per_s);
     rows.push_back(row);
   }
   std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %9s %8s\n", "config",

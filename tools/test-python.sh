@@ -31,7 +31,11 @@ if [ ! -f "$venv/.installed" ] || ! cmp -s "$reqs" "$venv/.installed"; then
   fi
   cp "$reqs" "$venv/.installed"
 fi
-# The package as a user installs it (pip install .), built incrementally in build-pip.
+# The package as a user installs it (pip install .), built incrementally in build-pip,
+# by the venv's meson (pyproject.toml asks >= 1.1; meson-python would otherwise take the
+# first on PATH, Debian's 1.0.1, which mistakes a venv whose path starts with the source
+# tree's, such as /tmp/ci-pyvenv beside /tmp/ci, for a directory inside it).
+export MESON="${MESON:-$venv/bin/meson}"
 echo "test-python: pip install . (build dir build-pip)" >&2
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation --force-reinstall \
   -Cbuild-dir=build-pip .

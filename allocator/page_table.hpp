@@ -24,9 +24,11 @@ struct PageTable {
     return pages.empty() ? 0u : page_tokens - pool.desc(pages.back()).used;
   }
   // Pages an append of n tokens needs beyond the tail's room.
-  uint64_t pages_needed(const PagePool& pool, uint32_t page_tokens, uint64_t n) const {
-    const uint64_t room = tail_room(pool, page_tokens);
+  static uint64_t pages_for(uint64_t n, uint64_t room, uint32_t page_tokens) {
     return n <= room ? 0 : (n - room + page_tokens - 1) / page_tokens;
+  }
+  uint64_t pages_needed(const PagePool& pool, uint32_t page_tokens, uint64_t n) const {
+    return pages_for(n, tail_room(pool, page_tokens), page_tokens);
   }
 };
 

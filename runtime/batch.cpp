@@ -273,12 +273,12 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
         seg.plan_mark = serial;  // from now on a change to it makes the plan stale (touch)
         const Tail t = fp16_tail(seg);
         const size_t x = size_t(l) * n + i;
-        if (e.n_new && t.header && t.used < pt) {  // a shared tail: copied before the append writes
+        if (e.n_new && t.shared(pt)) {  // copied before the append writes (copy-on-write)
           ++need[i];
           ++cows;
         }
-        const uint32_t room = t.page == kNoPage ? 0 : pt - t.used;
-        b.cnt_new[x] = e.n_new <= room ? 0 : (e.n_new - room + pt - 1) / pt;
+        const uint32_t room = t.room(pt);
+        b.cnt_new[x] = uint32_t(PageTable::pages_for(e.n_new, room, pt));
         b.tail_room[x] = e.n_new ? room : 0;
         b.tail[x] = b.tail_room[x] ? page_ptr(t.page) : nullptr;
         const host::vector<SegPage>& list = attn_pages(seg);  // appends will extend it

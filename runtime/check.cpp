@@ -115,13 +115,10 @@ Status ManagedHeap::check() {
         if (!is_header(f.pages[i]) || pool_.desc(f.pages[i]).live != pt)
           return bad(name + " has a pinned page that is not a whole shared page");
       // The plan's tail cache (heap.hpp), whenever it claims to be valid.
-      const bool tail_cache_wrong =
-          seg.tail_count != f.pages.size() ||
-          (f.pages.empty() ? seg.tail_page != kNoPage || seg.tail_used
-                           : seg.tail_page != f.pages.back() ||
-                                 seg.tail_used != pool_.desc(f.pages.back()).used ||
-                                 seg.tail_header != is_header(f.pages.back()));
-      if (seg.tail_epoch == seg.epoch && tail_cache_wrong)
+      const Tail tail = tail_of(f);
+      if (seg.tail_epoch == seg.epoch &&
+          (seg.tail_count != f.pages.size() || seg.tail_page != tail.page ||
+           seg.tail_used != tail.used || seg.tail_header != tail.header))
         return bad(name + " has a stale FP16 tail cache that claims to be current");
       for (int c = 0; c < KVGC_CLASS_COUNT && !pending; ++c)
         if (shift[c] != seg.shift[c])

@@ -63,7 +63,6 @@ struct PendingGc {
 // an aligned 128-byte pair (the pending GC's flag last): at B x L segments a decode
 // step's plan is bound by the lines it misses a segment (issue 22, the host cost).
 struct alignas(128) Segment {
-  //
   // Bumped by every change to the segment's pages or their counts outside a batch's own
   // calls (append, a GC, its harvest, compaction), through ManagedHeap::touch: a batch
   // plan made before is stale.
@@ -253,28 +252,35 @@ class ManagedHeap : public host::HostAllocated {
   // Copy-on-write of a partly filled shared tail: the segment's class-`cls` tail becomes a
   // private copy before anything writes into it. ENOMEM when no page is free.
   Status unshare_tail(SequenceState& s, uint32_t layer, int cls, void* stream);
-  // The segment's FP16 tail (page kNoPage when the table is empty), from the cache
-  // above when it is valid, else from the pool, and cached.
+  // A table's tail page (kNoPage when it is empty): its used slots, and whether it is a
+  // header page (its K/V in a shared page).
   struct Tail {
     PageId page;
     uint32_t used;
     bool header;
+    uint32_t room(uint32_t pt) const { return page == kNoPage ? 0 : pt - used; }
+    // A partly filled shared page: copied before anything writes into it.
+    bool shared(uint32_t pt) const { return header && used < pt; }
   };
+  Tail tail_of(const PageTable& t) const {
+    if (t.pages.empty()) return {kNoPage, 0, false};
+    return {t.pages.back(), pool_.desc(t.pages.back()).used, is_header(t.pages.back())};
+  }
+  // The segment's FP16 tail, from the cache above when it is valid, else from the pool,
+  // and cached.
   Tail fp16_tail(Segment& seg) const {
-    const PageTable& f = seg.table[KVGC_CLASS_FP16];
     if (seg.tail_epoch != seg.epoch) {
+      const PageTable& f = seg.table[KVGC_CLASS_FP16];
+      const Tail t = tail_of(f);
       seg.tail_epoch = seg.epoch;
       seg.tail_count = uint32_t(f.pages.size());
-      seg.tail_page = f.pages.empty() ? kNoPage : f.pages.back();
-      seg.tail_used = f.pages.empty() ? 0 : pool_.desc(seg.tail_page).used;
-      seg.tail_header = !f.pages.empty() && is_header(seg.tail_page);
+      seg.tail_page = t.page;
+      seg.tail_used = uint16_t(t.used);
+      seg.tail_header = t.header;
     }
     return {seg.tail_page, seg.tail_used, seg.tail_header};
   }
-  bool tail_shared(const PageTable& t) const {
-    return !t.pages.empty() && is_header(t.pages.back()) &&
-           pool_.desc(t.pages.back()).used < opts_.page_tokens;
-  }
+  bool tail_shared(const PageTable& t) const { return tail_of(t).shared(opts_.page_tokens); }
   void unref_shared(PageId shared);
   // Bytes the tenant is charged: its tables' pages (private and header) and the shared
   // pages it created.

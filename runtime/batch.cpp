@@ -251,47 +251,86 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   b.tail.resize(LB);
   b.epoch.resize(LB);
   b.decay.resize(n);
+  b.res_off.resize(LB + 1);
+  b.run_start.resize(LB);
+  b.run_off.resize(L + 1);
+  b.page_off.resize(L + 1);
   host::vector<uint64_t>& need = b.need;  // kept across steps: no allocation per plan
   need.resize(n);
   uint64_t new_pages = 0, n_pages = 0, cows = 0;
+  // A sequence whose mirror is current (nothing but batch appends changed it since a plan
+  // last walked it: a decode loop's usual case) is planned from its mirror, a few
+  // contiguous lines; any other is walked segment by segment first, which settles its
+  // pending GCs, makes its tail cache and attention lists current, and writes its mirror.
+  // Then the plan's counts are written layer-major, in the order they are laid out (the
+  // batch's mirrors, a few hundred KB at B = 256, stay in the cache between layers).
   auto walk = [&]() -> Status {
     new_pages = n_pages = cows = 0;
     for (uint32_t i = 0; i < n; ++i) {
       const BatchPlan::Entry& e = b.seqs[i];
-      need[i] = 0;
-      for (uint32_t l = 0; l < L; ++l) {
-        Segment& seg = e.s->layers[l];
-        // (Checked here, where the segment is read anyway: a failure may leave earlier
-        // segments settled, which applies decided results and changes nothing visible.)
-        if (seg.length + e.n_new > uint64_t(INT32_MAX)) {
+      SequenceState& s = *e.s;
+      if (s.mirror_changes != s.changes) {
+        // Segments are far apart and cold in a decode loop: the lines of the segment
+        // kPrefetchAhead places on are asked for early, so that misses overlap.
+        constexpr uint32_t kPrefetchAhead = 4;
+        for (uint32_t l = 0; l < L; ++l) {
+          if (l + kPrefetchAhead < L) {
+            __builtin_prefetch(&s.layers[l + kPrefetchAhead], 1);
+            __builtin_prefetch(reinterpret_cast<const char*>(&s.layers[l + kPrefetchAhead]) + 64, 1);
+          }
+          Segment& seg = s.layers[l];
+          // (A failure below may leave earlier segments settled, which applies decided
+          // results and changes nothing visible.)
+          if (seg.gc.active) KVGC_TRY(settle(s.tenant, seg));  // usually long complete
+          const Tail t = fp16_tail(seg);
+          const uint32_t pages = uint32_t(attn_pages(seg).size());  // makes attn_rows current
+          s.mirror[l] = mirror_of(seg, t, pages);
+        }
+        s.mirror_changes = s.changes;
+      }
+      for (uint32_t l = 0; l < L; ++l)
+        if (s.mirror[l].length + e.n_new > uint64_t(INT32_MAX)) {
           at(i);
           return fail(KVGC_EINVAL, std::string(fn) + ": n_new[" + std::to_string(i) + "] = " +
                                        std::to_string(e.n_new) + " would take seq " +
                                        std::to_string(e.id) + " past 2^31 positions");
         }
-        if (seg.gc.active) KVGC_TRY(settle(e.tenant, seg));  // usually long complete
-        seg.plan_mark = serial;  // from now on a change to it makes the plan stale (touch)
-        const Tail t = fp16_tail(seg);
+      need[i] = 0;
+    }
+    uint32_t nr = 0, nres = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+      b.run_off[l] = nr;
+      b.page_off[l] = uint32_t(n_pages);
+      for (uint32_t i = 0; i < n; ++i) {
+        const BatchPlan::Entry& e = b.seqs[i];
+        const PlanMirror& m = e.s->mirror[l];
         const size_t x = size_t(l) * n + i;
-        if (e.n_new && t.shared(pt)) {  // copied before the append writes (copy-on-write)
-          ++need[i];
+        if (e.n_new && m.tail_header && m.tail_used < pt) {  // Tail::shared: copied before the
+          ++need[i];                                         // append writes (copy-on-write)
           ++cows;
         }
-        const uint32_t room = t.room(pt);
+        const uint32_t room = m.tail ? pt - m.tail_used : 0;  // Tail::room
         b.cnt_new[x] = uint32_t(PageTable::pages_for(e.n_new, room, pt));
         b.tail_room[x] = e.n_new ? room : 0;
-        b.tail[x] = b.tail_room[x] ? page_ptr(t.page) : nullptr;
-        const host::vector<SegPage>& list = attn_pages(seg);  // appends will extend it
-        reserve_more(seg.attn, b.cnt_new[x]);  // (the list is seg.attn)
-        b.cnt_pages[x] = uint32_t(list.size()) + b.cnt_new[x];
-        b.length[x] = seg.length;
-        b.rows[x] = seg.attn_rows;
-        b.epoch[x] = seg.epoch;
+        b.tail[x] = b.tail_room[x] ? m.tail : nullptr;
+        if (b.cnt_new[x]) reserve_more(e.s->layers[l].attn, b.cnt_new[x]);  // appends extend it
+        b.cnt_pages[x] = m.pages + b.cnt_new[x];
+        b.length[x] = m.length;
+        b.rows[x] = m.rows;
+        b.epoch[x] = m.epoch;
         need[i] += b.cnt_new[x];
         n_pages += b.cnt_pages[x];
+        // Where its runs and reserved pages go (the arrays are layer-major).
+        b.res_off[x] = nres;
+        b.run_start[x] = nr;
+        nres += b.cnt_new[x];
+        nr += (b.tail_room[x] ? 1 : 0) + b.cnt_new[x];
       }
-      new_pages += need[i];
     }
+    b.res_off[LB] = nres;
+    b.run_off[L] = nr;
+    b.page_off[L] = uint32_t(n_pages);
+    for (uint32_t i = 0; i < n; ++i) new_pages += need[i];
     return Status::Ok();
   };
   KVGC_TRY(walk());
@@ -354,39 +393,14 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
         if (b.seqs[i].n_new) KVGC_TRY(unshare_tail(*b.seqs[i].s, l, KVGC_CLASS_FP16, stream));
     KVGC_TRY(walk());
   }
-  // Every host container before the first page is taken; arrays are layer-major, so each
-  // (layer, sequence) entry's place comes from prefix sums of the counts.
-  const uint64_t n_runs = new_pages + LB;  // at most one tail run per segment
+  // Every host container before the first page is taken (the walk placed each entry).
+  const uint64_t n_runs = b.run_off[L];
   KVGC_TRY(batch_arrays(b, size_t(n_runs), size_t(n_pages)));
   b.appended.assign(L, 0);
   b.exported.assign(L, device ? 1 : 0);  // the device's arrays are written here; the CPU's on demand
-  b.res_off.resize(LB + 1);
-  b.run_start.resize(LB);
-  b.run_off.resize(L + 1);
-  b.page_off.resize(L + 1);
   b.reserved.clear();
   b.reserved.resize(new_pages);
   const BatchPlan::Arrays& A = b.host;
-  uint32_t nr = 0, np = 0, nres = 0;
-  for (uint32_t l = 0; l < L; ++l) {
-    b.run_off[l] = nr;
-    b.page_off[l] = np;
-    A.page_indptr[l * (n + 1)] = 0;
-    for (uint32_t i = 0; i < n; ++i) {
-      const size_t x = size_t(l) * n + i;
-      b.res_off[x] = nres;
-      b.run_start[x] = nr;
-      const uint32_t in_tail = std::min(b.tail_room[x], b.seqs[i].n_new);
-      nres += b.cnt_new[x];
-      nr += (in_tail ? 1 : 0) + b.cnt_new[x];
-      A.aseqs[x].first_page = np - b.page_off[l];
-      np += b.cnt_pages[x];
-      A.page_indptr[l * (n + 1) + i + 1] = np - b.page_off[l];
-    }
-  }
-  b.res_off[LB] = nres;
-  b.run_off[L] = nr;
-  b.page_off[L] = np;
 
   // Gives back the pages reserved so far (entries in sequence order, up to `upto`).
   size_t taken = 0;
@@ -399,7 +413,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       }
     b.reserved.clear();
   };
-  for (uint32_t i = 0; i < n; ++i)
+  for (uint32_t i = 0; i < n && new_pages; ++i)
     for (uint32_t l = 0; l < L; ++l) {
       const size_t x = size_t(l) * n + i;
       for (uint32_t j = 0; j < b.cnt_new[x]; ++j) {
@@ -422,10 +436,15 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   for (uint32_t i = 0; i < n; ++i)  // as kvgc_attend of the scoring rows (^0 = 1: unscored)
     b.decay[i] = float(std::pow(opts_.recent_decay, double(b.seqs[i].scored)));
   for (uint32_t l = 0; l < L; ++l) {
+    uint32_t first_page = 0;  // within the layer
+    A.page_indptr[l * (n + 1)] = 0;
     for (uint32_t i = 0; i < n; ++i) {
       const BatchPlan::Entry& e = b.seqs[i];
       const float seq_decay = b.decay[i];
       const size_t x = size_t(l) * n + i;
+      A.aseqs[x].first_page = first_page;
+      first_page += b.cnt_pages[x];
+      A.page_indptr[l * (n + 1) + i + 1] = first_page;
       const int32_t delta = int32_t(int64_t(b.length[x]) - int64_t(e.row0));
       const uint32_t in_tail = std::min(b.tail_room[x], e.n_new);
       uint32_t r = b.run_start[x];
@@ -554,6 +573,8 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
     seg.tier[kGenYoung] += e.n_new - sinks;
     seg.length += e.n_new;
     seg.since_minor = uint32_t(std::min<uint64_t>(uint64_t(seg.since_minor) + e.n_new, UINT32_MAX));
+    if (e.s->mirror_changes == e.s->changes)  // the plan's mirror follows, as the tail cache does
+      e.s->mirror[layer] = mirror_of(seg, fp16_tail(seg), uint32_t(seg.attn.size()));
     counters_.appends += 1;
     counters_.tokens_appended += e.n_new;
   }

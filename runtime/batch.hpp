@@ -33,7 +33,7 @@ struct BatchPlan : host::HostAllocated {
   bool planned = false;   // a plan is live (not spent, not cancelled)
   bool stale = false;     // a planned segment changed since (ManagedHeap::touch): every
                           // call on the plan fails, whichever layer it names
-  uint64_t serial = 0;    // the plan's serial (Segment::plan_mark)
+  uint64_t serial = 0;    // the plan's serial (SequenceState::batch_mark)
   uint32_t n_rows = 0;
   host::vector<Entry> seqs;
   host::vector<uint8_t> appended;       // [L]

@@ -120,6 +120,15 @@ Status ManagedHeap::check() {
           (seg.tail_count != f.pages.size() || seg.tail_page != tail.page ||
            seg.tail_used != tail.used || seg.tail_header != tail.header))
         return bad(name + " has a stale FP16 tail cache that claims to be current");
+      // The plan's mirror (heap.hpp), whenever it claims to be current.
+      if (s.mirror_changes == s.changes) {
+        const PlanMirror& m = s.mirror[layer];
+        const PlanMirror want = mirror_of(seg, tail, uint32_t(seg.attn.size()));
+        if (m.length != want.length || m.epoch != want.epoch || seg.attn_epoch != seg.epoch ||
+            m.rows != want.rows || m.pages != want.pages || m.tail != want.tail ||
+            m.tail_used != want.tail_used || m.tail_header != want.tail_header)
+          return bad(name + " has a stale plan mirror that claims to be current");
+      }
       for (int c = 0; c < KVGC_CLASS_COUNT && !pending; ++c)
         if (shift[c] != seg.shift[c])
           return bad(name + " is charged " + std::to_string(seg.shift[c]) + " tokens apart at " +

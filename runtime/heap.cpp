@@ -191,11 +191,13 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   s.tenant = tenant;
   s.slot = slot;
   s.layers.resize(model_.n_layers);
+  s.mirror.resize(model_.n_layers);
   // Reserve every container before the first mutation: a bad_alloc here changes nothing.
   if (free_slots_.empty()) seq_slots_.reserve(seq_slots_.size() + 1);
   seqs_.reserve(seqs_.size() + 1);
   const kvgc_seq id = next_seq_;
   SequenceState* raw = &seqs_.emplace(id, std::move(s)).first->second;  // may throw: nothing changed yet
+  for (Segment& seg : raw->layers) seg.owner = raw;
   ++next_seq_;
   if (free_slots_.empty()) seq_slots_.push_back(raw);
   else {

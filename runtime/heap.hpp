@@ -62,12 +62,14 @@ struct PendingGc {
 // What a batch plan reads of every segment comes first, in the first two cache lines of
 // an aligned 128-byte pair (the pending GC's flag last): at B x L segments a decode
 // step's plan is bound by the lines it misses a segment (issue 22, the host cost).
+struct SequenceState;
+
 struct alignas(128) Segment {
   // Bumped by every change to the segment's pages or their counts outside a batch's own
   // calls (append, a GC, its harvest, compaction), through ManagedHeap::touch: a batch
   // plan made before is stale.
   uint64_t epoch = 0;
-  uint64_t plan_mark = 0;  // the serial of the last plan that took it (touch: stale plans)
+  SequenceState* owner = nullptr;  // touch: the sequence's change count and plan mark
   uint64_t length = 0;     // tokens appended: the next position
   // The FP16 tail as the last plan or batch append saw it (tail_count: the table's pages
   // then), valid while tail_epoch == epoch (ManagedHeap::fp16_tail). A plan reads
@@ -108,9 +110,29 @@ struct alignas(128) Segment {
   uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
 };
 
+// What a batch plan reads of one segment, kept per sequence in one array (the plan's
+// mirror), so that a plan over a sequence nothing but batch appends changed reads a few
+// contiguous lines instead of two lines of each of its segments (runtime/batch.cpp).
+struct PlanMirror {         // 32 bytes: two a line
+  uint64_t epoch = 0;       // Segment::epoch
+  uint8_t* tail = nullptr;  // the FP16 tail page's address (ManagedHeap::tail_of), or none
+  uint32_t length = 0;      // Segment::length (a plan keeps positions under 2^31)
+  uint32_t rows = 0;        // Segment::attn_rows (<= length)
+  uint32_t pages = 0;       // Segment::attn.size(): the attention list's pages
+  uint16_t tail_used = 0;
+  bool tail_header = false;
+};
+
 struct SequenceState {
   kvgc_seq id = 0;
-  uint64_t batch_mark = 0;         // the serial of the last plan that took it (duplicates)
+  uint64_t batch_mark = 0;         // the serial of the last plan that took it (duplicates,
+                                   // and touch: a change to a planned sequence)
+  // Bumped by touch on any of its segments. The mirror is current while mirror_changes
+  // equals it: a plan's walk over the segments makes it so, the batch appends keep it so,
+  // and the walker checks it whenever it claims to be.
+  uint64_t changes = 1;
+  uint64_t mirror_changes = 0;
+  host::vector<PlanMirror> mirror;  // one per layer
   uint32_t tenant = 0;
   uint32_t slot = 0;               // index into ManagedHeap::seq_slots_; segment ids derive from it
   host::vector<Segment> layers;    // one segment per layer
@@ -280,6 +302,11 @@ class ManagedHeap : public host::HostAllocated {
     }
     return {seg.tail_page, seg.tail_used, seg.tail_header};
   }
+  // A segment's plan mirror entry (its attention list current, `pages` long).
+  PlanMirror mirror_of(const Segment& seg, const Tail& t, uint32_t pages) const {
+    return {seg.epoch, t.page == kNoPage ? nullptr : page_ptr(t.page), uint32_t(seg.length),
+            uint32_t(seg.attn_rows), pages, uint16_t(t.used), t.header};
+  }
   bool tail_shared(const PageTable& t) const { return tail_of(t).shared(opts_.page_tokens); }
   void unref_shared(PageId shared);
   // Bytes the tenant is charged: its tables' pages (private and header) and the shared
@@ -296,7 +323,8 @@ class ManagedHeap : public host::HostAllocated {
   // KVGC_EINVAL), whichever layer changed.
   void touch(Segment& seg) {
     ++seg.epoch;
-    if (planned_ && seg.plan_mark == planned_->serial) planned_->stale = true;
+    ++seg.owner->changes;
+    if (planned_ && seg.owner->batch_mark == planned_->serial) planned_->stale = true;
   }
   void free_pages(uint32_t tenant, Segment& s);
   // Every page a segment takes or gives back goes through these two: they keep the

@@ -289,7 +289,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
         s.mirror_changes = s.changes;
       }
       for (uint32_t l = 0; l < L; ++l)
-        if (s.mirror[l].length + e.n_new > uint64_t(INT32_MAX)) {
+        if (uint64_t(s.mirror[l].length) + e.n_new > uint64_t(INT32_MAX)) {
           at(i);
           return fail(KVGC_EINVAL, std::string(fn) + ": n_new[" + std::to_string(i) + "] = " +
                                        std::to_string(e.n_new) + " would take seq " +

@@ -237,10 +237,9 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       return fail(KVGC_EINVAL, std::string(fn) + ": the batch's rows (sum of n_new) pass 2^31");
     }
   }
-  // One walk over the batch's segments (sequence-major: a sequence's segments are
-  // contiguous, and at B x L segments every other order misses the cache on each one):
-  // apply the previous step's GC results, count the pages each needs, make its attention
-  // list current, and note what the layout below needs, so nothing else touches them.
+  // One walk over the batch (below): apply the previous step's GC results, count the
+  // pages each segment needs, make its attention list current, and note what the layout
+  // below needs, so that nothing after it reads a segment.
   const bool device = batch_region_ != nullptr;
   const size_t LB = size_t(L) * n;
   b.cnt_new.resize(LB);

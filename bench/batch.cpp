@@ -7,11 +7,11 @@
 //      kvgc_batch_append of a decode row per sequence per layer (the copy is one row: the
 //      time is the host's), against B kvgc_append calls per layer; every layer appended
 //      each step, so pages are taken as decode takes them (one per 16 tokens).
-//   3. The same plan in a decode loop under the default policy (generational, the ladder,
-//      no budget: a minor GC per 16 tokens), whose GCs change each sequence every 16th
-//      step so that its next plan walks its segments: the mean over 48 steps (three GC
-//      cycles, after one untimed: the first GC ranks the whole prompt), with
-//      kvgc_batch_step's GC timed apart.
+//   3. The same loop's means over 48 steps (three cycles of 16, after one untimed: the
+//      first GC ranks the whole prompt), the steps that take pages included, under full
+//      and under the default policy (generational, the ladder, no budget: a minor GC per
+//      16 tokens, which changes each sequence so that its next plan walks its segments),
+//      with kvgc_batch_step's GC timed apart.
 //
 // Usage: kvgc-bench-batch [--quick] [--threads N] [--batch B]
 #include <cstdio>
@@ -183,38 +183,47 @@ int main(int argc, char** argv) {
   kvgc_batch_destroy(b2);
   kvgc_heap_destroy(h2);
 
-  // 3. The plan under the default policy: mean over whole GC cycles.
+  // 3. Means over whole cycles of 16 steps (a page taken and, under generational, a GC
+  // run by every segment at one step of each), full against generational.
   const uint32_t steps = quick ? 16 : 48;
-  kvgc_heap* h3 = heap_for(m2, (quick ? 512ull : 4096ull) << 20, 1, KVGC_POLICY_GENERATIONAL);
-  std::vector<kvgc_seq> s4(HB);
-  for (kvgc_seq& s : s4) {
-    check(kvgc_seq_create(h3, 0, &s), "kvgc_seq_create");
-    for (uint32_t l = 0; l < L; ++l) check(kvgc_append(h3, s, l, kc.data(), kc.data(), ctx, nullptr), "kvgc_append");
-  }
-  kvgc_batch* b3 = nullptr;
-  check(kvgc_batch_create(h3, &b3), "kvgc_batch_create");
-  double plan_gen_ns = 0, step_gen_ns = 0;
-  for (uint32_t r = 0; r < 16 + steps; ++r) {  // the first cycle untimed: its GC ranks the whole prompt
-    if (r == 16) plan_gen_ns = step_gen_ns = 0;
-    Timer t;
-    check(kvgc_batch_plan(b3, s4.data(), ones2.data(), HB, &failed, nullptr), "kvgc_batch_plan");
-    plan_gen_ns += t.elapsed_ns();
-    for (uint32_t l = 0; l < L; ++l) check(kvgc_batch_append(b3, l, k2.data(), k2.data(), nullptr), "kvgc_batch_append");
-    t.restart();
-    check(kvgc_batch_step(b3, nullptr), "kvgc_batch_step");
-    step_gen_ns += t.elapsed_ns();
-  }
-  const double plan_gen_us = plan_gen_ns / 1e3 / steps / HB, step_gen_us = step_gen_ns / 1e3 / steps / HB;
-  std::printf("  under generational (mean of %u steps): kvgc_batch_plan %6.3f us per sequence per step,"
-              " kvgc_batch_step (the GC) %7.3f us\n", steps, plan_gen_us, step_gen_us);
-  kvgc_batch_destroy(b3);
-  kvgc_heap_destroy(h3);
+  auto loop_means = [&](kvgc_policy policy, double* plan_us, double* step_us) {
+    kvgc_heap* h3 = heap_for(m2, (quick ? 512ull : 4096ull) << 20, 1, policy);
+    std::vector<kvgc_seq> s4(HB);
+    for (kvgc_seq& s : s4) {
+      check(kvgc_seq_create(h3, 0, &s), "kvgc_seq_create");
+      for (uint32_t l = 0; l < L; ++l) check(kvgc_append(h3, s, l, kc.data(), kc.data(), ctx, nullptr), "kvgc_append");
+    }
+    kvgc_batch* b3 = nullptr;
+    check(kvgc_batch_create(h3, &b3), "kvgc_batch_create");
+    double plan_ns = 0, step_ns = 0;
+    for (uint32_t r = 0; r < 16 + steps; ++r) {  // the first cycle untimed: its GC ranks the whole prompt
+      if (r == 16) plan_ns = step_ns = 0;
+      Timer t;
+      check(kvgc_batch_plan(b3, s4.data(), ones2.data(), HB, &failed, nullptr), "kvgc_batch_plan");
+      plan_ns += t.elapsed_ns();
+      for (uint32_t l = 0; l < L; ++l) check(kvgc_batch_append(b3, l, k2.data(), k2.data(), nullptr), "kvgc_batch_append");
+      t.restart();
+      check(kvgc_batch_step(b3, nullptr), "kvgc_batch_step");
+      step_ns += t.elapsed_ns();
+    }
+    *plan_us = plan_ns / 1e3 / steps / HB;
+    *step_us = step_ns / 1e3 / steps / HB;
+    kvgc_batch_destroy(b3);
+    kvgc_heap_destroy(h3);
+  };
+  double plan_full_mean = 0, step_full_mean = 0, plan_gen_us = 0, step_gen_us = 0;
+  loop_means(KVGC_POLICY_FULL, &plan_full_mean, &step_full_mean);
+  loop_means(KVGC_POLICY_GENERATIONAL, &plan_gen_us, &step_gen_us);
+  std::printf("  means over %u steps, pages taken included: kvgc_batch_plan %6.3f us (full), %6.3f us"
+              " (generational); kvgc_batch_step (the GC) %7.3f us\n",
+              steps, plan_full_mean, plan_gen_us, step_gen_us);
 
   ResultLine res;
   res.add("attend_batched_speedup", ratio(ms.median, mb.median));
   res.add("plan_us_per_seq", plan_us, 3);
   res.add("batch_append_us_per_seq", bapp_us, 3);
   res.add("single_append_us_per_seq", sapp_us, 3);
+  res.add("plan_mean_us_per_seq", plan_full_mean, 3);
   res.add("plan_generational_us_per_seq", plan_gen_us, 3);
   res.add("step_generational_us_per_seq", step_gen_us, 3);
   res.add("batch", B, 0);

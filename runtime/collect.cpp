@@ -157,7 +157,8 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
                                void* stream, bool* short_of_budget) {
   Segment& seg = s.layers[layer];
   if (seg.gc.queued) KVGC_TRY(gc_flush(stream));  // its result block is in a queued op
-  touch(seg);
+  // settle and compaction touch the segment when they change it; the GC below, when it
+  // runs. A step that changes nothing leaves its epoch (and a batch plan's mirror) be.
   KVGC_TRY(settle(s.tenant, seg));  // the previous GC's results, usually long complete
   KVGC_TRY(compact_fragmented(s.tenant, seg, stream));
   const uint32_t pt = opts_.page_tokens;
@@ -179,6 +180,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   v.bytes_over = budget.bytes && held > budget.bytes;
   const GcPlan g = plan_gc(policy_, v);
   if (!g.run) return Status::Ok();
+  touch(seg);
   // Known before the op runs: once every candidate is gone, the protected tokens (sinks
   // and the young window, all fp16) are what is left.
   // (Less those the prefix cache pins: sinks, and window tokens still in the prefix.)

@@ -22,6 +22,12 @@ std::vector<Config> retrieval_configs() {
 #if QUALITY_HAVE_LADDER
       {.name = "default@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
        .library_defaults = true},
+      {.name = "default+window32@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .budget = Budget::Bytes, .library_defaults = true, .window_override = 32},
+      {.name = "default+window16@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .budget = Budget::Bytes, .library_defaults = true, .window_override = 16},
+      {.name = "default+window8@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+       .budget = Budget::Bytes, .library_defaults = true, .window_override = 8},
 #endif
       {.name = "generational", .policy = KVGC_POLICY_GENERATIONAL},
       {.name = "h2o", .policy = KVGC_POLICY_H2O},
@@ -150,6 +156,11 @@ kvgc_heap_options base_options(const Bench& bench, const Config& config, uint64_
     options.demote = kvgc_demote(config.demote);
 #if QUALITY_HAVE_LADDER
     options.recent_decay = config.recent_decay;
+#endif
+  } else if (config.window_override != 0) {  // a fixed window (0.8's default: 32)
+    options.window = config.window_override;
+#if KVGC_VERSION_NUMBER >= 900
+    options.window_min = config.window_override;
 #endif
   }
   options.layer_budget = config.split;

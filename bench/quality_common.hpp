@@ -49,6 +49,10 @@ struct Config {
   // What a user gets: policy, sinks, young window, ladder and recent decay as
   // kvgc_heap_options_init sets them (the fields above are ignored but the budget's kind).
   bool library_defaults = false;
+  // Issue 23 part 2's measurement: a library-defaults row with a fixed young window of
+  // this many tokens (0: the library's, scaled to a byte budget since 0.9). Every other
+  // row uses kWindow.
+  uint32_t window_override = 0;
 };
 
 Config full_config();

@@ -1,5 +1,6 @@
 #include "quality_report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -27,15 +28,25 @@ std::string pareto_blocks(const std::vector<std::string>& rows,
   return data;
 }
 
+// The 95% Wilson score interval of correct/total, in percent: small samples (20 prompts a
+// cell) and rates near 0 or 1, where the normal approximation fails.
+std::string wilson_95(int correct, int total) {
+  if (total <= 0) return "-";
+  const double z = 1.959964, n = total, p = correct / n;
+  const double mid = (p + z * z / (2 * n)) / (1 + z * z / n);
+  const double half = z * std::sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n);
+  return fmt("%.0f-%.0f%%", 100 * std::max(0.0, mid - half), 100 * std::min(1.0, mid + half));
+}
+
 }  // namespace
 
 bool report_retrieval(const Bench& bench, const RetrievalResult& r, std::string* err) {
   for (size_t m = 0; m < r.modes.size(); ++m) {
-    std::printf("%s, prefill %s%s: correct/total, and KV bytes held after the prefill as %% of "
-                "an f16 full cache of the prompt\n", r.task.c_str(), r.modes[m].c_str(),
+    std::printf("%s, prefill %s%s: correct/total, its 95%% (Wilson) interval, and KV bytes held "
+                "after the prefill as %% of an f16 full cache of the prompt\n", r.task.c_str(), r.modes[m].c_str(),
                 m == 0 ? " (shared prefill, replayed per configuration)" : " (one per configuration)");
     std::printf("%-36s", "configuration \\ budget");
-    for (const double f : r.fractions) std::printf("  %13.1f%%", 100.0 * f);
+    for (const double f : r.fractions) std::printf("  %22.1f%%", 100.0 * f);
     std::printf("\n");
     for (size_t p = 0; p < r.policies.size(); ++p) {
       std::printf("%-36s", (r.policies[p] + (p ? " [" + r.budget_kinds[p] + "]" : "")).c_str());
@@ -43,7 +54,8 @@ bool report_retrieval(const Bench& bench, const RetrievalResult& r, std::string*
         const Cell& cell = r.cells[m][p][f];
         char buf[32];
         std::snprintf(buf, sizeof buf, "%d/%d", cell.correct, cell.total);
-        std::printf("  %7s %5.1f%%", buf, 100.0 * cell.kv_fraction());
+        std::printf("  %7s %8s %5.1f%%", buf, wilson_95(cell.correct, cell.total).c_str(),
+                    100.0 * cell.kv_fraction());
         if (p == 0) break;  // full: one column
       }
       std::printf("\n");

@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 8
+#define KVGC_VERSION_MINOR 9
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.8.0"
+#define KVGC_VERSION_STRING "0.9.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -226,7 +226,8 @@ typedef struct kvgc_heap_options {
   uint64_t token_budget;   /* 0: none. Live tokens per segment, absolute */
   double token_budget_fraction; /* 0: none. Live tokens per segment / sequence length */
   uint32_t sinks;          /* 4 */
-  uint32_t window;         /* 32 (0.4; 64 before): the young window, never evicted */
+  uint32_t window;         /* 32 (0.4; 64 before): the young window, never evicted; under
+                            * a byte budget at most window, see window_min (0.9) */
   uint32_t page_tokens;    /* 16: slots per page, 1..256 */
   double compact_threshold;/* 0.25: segment fragmentation that triggers compaction */
   kvgc_demote demote;      /* LADDER (0.4; OFF before): int8, then int4, then eviction */
@@ -278,6 +279,14 @@ typedef struct kvgc_heap_options {
   uint32_t total_layers;         /* 0: model->n_layers */
   /* Added in 0.7: kvgc_prefix_charge above. */
   kvgc_prefix_charge prefix_charge; /* CACHE */
+  /* Added in 0.9 (KVGC_WINDOW_MIN): the young window scales with a byte budget. With a
+   * byte budget set, a segment's young window is an eighth of its budget counted in fp16
+   * tokens (its token budget, if tighter, counts too), never more than `window` and never
+   * less than window_min: at 5% of a 1K-token prompt the sinks and a 32-token window took
+   * most of the budget. window_min >= window keeps the window fixed (0.8 and before);
+   * without a byte budget the window is always `window`. 0..16777216. In what was tail
+   * padding, as harvest was in 0.2. */
+  uint32_t window_min;              /* 8 */
 } kvgc_heap_options;
 
 /* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads), 0.3 (no byte budget) and 0.4 (no
@@ -285,7 +294,8 @@ typedef struct kvgc_heap_options {
 #define KVGC_HEAP_OPTIONS_0_2_SIZE (offsetof(kvgc_heap_options, cpu_threads))
 #define KVGC_HEAP_OPTIONS_0_3_SIZE (offsetof(kvgc_heap_options, byte_budget))
 #define KVGC_HEAP_OPTIONS_0_4_SIZE (offsetof(kvgc_heap_options, first_layer))
-/* ... and of 0.5 and 0.6 (no prefix_charge). */
+/* ... and of 0.5 and 0.6 (no prefix_charge). (window_min took what was tail padding in
+ * 0.7 and 0.8, so their size is 0.9's: their kvgc_heap_options_init sets it.) */
 #define KVGC_HEAP_OPTIONS_0_6_SIZE (offsetof(kvgc_heap_options, prefix_charge))
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */

@@ -13,14 +13,23 @@ uint64_t segment_cost(const PolicyParams& p, const SegmentView& s) {
   return cost;
 }
 
+uint64_t young_window(const PolicyParams& p, uint64_t budget) {
+  if (!p.window_scales || budget == kNoBudget || p.window_min >= p.window) return p.window;
+  const uint64_t eighth = budget / p.unit_cost[KVGC_CLASS_FP16] / 8;
+  return std::min<uint64_t>(p.window, std::max<uint64_t>(p.window_min, eighth));
+}
+
 uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s) {
   const uint64_t sinks = std::min<uint64_t>(p.sinks, s.length);
-  const uint64_t young = std::min<uint64_t>(p.window, s.length - sinks);
+  const uint64_t young = std::min<uint64_t>(young_window(p, s.budget), s.length - sinks);
   return sinks + young;
 }
 
 uint64_t intermediate_target(const PolicyParams& p, uint64_t budget) {
-  const uint64_t protect = uint64_t(p.sinks) + p.window;
+  const uint64_t units =
+      budget >= kNoBudget / p.unit_cost[KVGC_CLASS_FP16] ? kNoBudget
+                                                         : budget * p.unit_cost[KVGC_CLASS_FP16];
+  const uint64_t protect = uint64_t(p.sinks) + young_window(p, units);
   const uint64_t rest = budget > protect ? budget - protect : 0;
   // Half of what the protected tokens leave: recency is what prediction needs most
   // (streaming perplexity, 2K tokens of the Jargon File with a 256-token cache, minors by
@@ -33,7 +42,8 @@ GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
   GcPlan g;
   if (p.policy == KVGC_POLICY_FULL) return g;
   // Tokens leave the young window once `window` newer tokens exist (sinks never do).
-  const int64_t window_start = int64_t(s.length) - int64_t(p.window);
+  const uint64_t window = young_window(p, s.budget);
+  const int64_t window_start = int64_t(s.length) - int64_t(window);
   const uint64_t cost = segment_cost(p, s);
   const uint64_t over = s.budget == kNoBudget || cost <= s.budget ? 0 : cost - s.budget;
   g.tenure_before = std::max<int64_t>(window_start, 0);
@@ -59,7 +69,7 @@ GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
   // The tiers are sized in fp16 tokens: the budget's worth of them.
   const uint64_t budget =
       s.budget == kNoBudget ? UINT64_MAX / 2 : s.budget / p.unit_cost[KVGC_CLASS_FP16];
-  const uint64_t protect = uint64_t(p.sinks) + p.window;
+  const uint64_t protect = uint64_t(p.sinks) + window;
   const uint64_t lt_cap =
       budget > protect + intermediate_target(p, budget)
           ? budget - protect - intermediate_target(p, budget)

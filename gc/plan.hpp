@@ -33,6 +33,10 @@ constexpr uint32_t kMajorEveryMinors = 8;  // at most one promotion-driven major
 struct PolicyParams {
   kvgc_policy policy = KVGC_POLICY_GENERATIONAL;
   uint32_t sinks = 4, window = 64, page_tokens = 16;
+  // Under a byte budget the young window is an eighth of the budget in fp16 tokens,
+  // within window_min..window (kvgc.h, window_min); otherwise it is `window`.
+  bool window_scales = false;
+  uint32_t window_min = 8;
   uint64_t unit_cost[KVGC_CLASS_COUNT] = {1, 1, 1};  // page bytes per class
   bool recent = false;  // generational: the intermediate tier is ranked by recent score
 };
@@ -64,9 +68,14 @@ struct GcPlan {
 };
 
 uint64_t segment_cost(const PolicyParams& p, const SegmentView& s);
+// The young window of a segment whose budget is `budget` units (kNoBudget: none). A
+// budget that grows with the length (a fraction) grows the window by at most one token
+// per eight, so a window's start never moves back: no token re-enters it.
+uint64_t young_window(const PolicyParams& p, uint64_t budget);
 // Tokens no policy may evict: the sinks and the young window.
 uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s);
-// The intermediate tier's share of a generational budget: what long-term leaves free.
+// The intermediate tier's share of a generational budget of `budget` fp16 tokens: what
+// long-term leaves free.
 uint64_t intermediate_target(const PolicyParams& p, uint64_t budget);
 
 GcPlan plan_gc(const PolicyParams& p, const SegmentView& s);

@@ -27,6 +27,7 @@ Status ManagedHeap::check() {
   for (const auto& [id, s] : seqs_) {
     if (s.slot >= seq_slots_.size() || seq_slots_[s.slot] != &s)
       return bad("sequence " + std::to_string(id) + " is not in its slot");
+    const host::vector<LayerBudget> budgets = layer_budgets(s);  // their young windows
     for (uint32_t layer = 0; layer < model_.n_layers; ++layer) {
       const Segment& seg = s.layers[layer];
       const bool pending = seg.gc.active;
@@ -140,7 +141,8 @@ Status ManagedHeap::check() {
       // Sinks and the young window are never evicted: all of them must still be live.
       const uint64_t sinks = std::min<uint64_t>(opts_.sinks, seg.length);
       if (tiers[kGenSink] != sinks) return bad(name + " lost a sink");
-      for (uint64_t p = seg.length > opts_.window ? seg.length - opts_.window : 0; p < seg.length; ++p)
+      const uint64_t window = young_window(policy_, budgets[layer].units);
+      for (uint64_t p = seg.length > window ? seg.length - window : 0; p < seg.length; ++p)
         if (!positions.count(int32_t(p))) return bad(name + " lost position " + std::to_string(p) + " of its young window");
     }
   }

@@ -45,14 +45,15 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   // beside a whole prefix: docs/PERF.md, "Serving with the prefix cache".)
   uint64_t length = 0;
   for (const Segment& seg : s.layers) length = std::max(length, seg.length);
-  // The split keeps each layer at least its protected tokens where the mean allows.
-  const uint64_t floor = uint64_t(opts_.sinks) + opts_.window;
+  const uint64_t fp16 = policy_.unit_cost[KVGC_CLASS_FP16];
+  // The split keeps each layer at least its protected tokens (the young window the mean
+  // budget gives) where the mean allows.
   auto split = [&](uint64_t mean) {
+    const uint64_t floor = uint64_t(opts_.sinks) + young_window(policy_, mean * fp16);
     if (opts_.layer_budget == KVGC_LAYER_BUDGET_ENTROPY)
       return split_by_weights(layer_weights_.data(), n, mean, floor);
     return split_layer_budget(opts_.layer_budget, n, mean, floor);
   };
-  const uint64_t fp16 = policy_.unit_cost[KVGC_CLASS_FP16];
   uint64_t tokens = kNoBudget;
   if (opts_.token_budget) tokens = opts_.token_budget;
   else if (opts_.token_budget_fraction > 0)
@@ -186,7 +187,8 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   // (Less those the prefix cache pins: sinks, and window tokens still in the prefix.)
   uint64_t protect = protected_tokens(policy_, v);
   if (seg.pinned_live) {
-    const uint64_t start = std::max<uint64_t>(seg.length > opts_.window ? seg.length - opts_.window : 0, opts_.sinks);
+    const uint64_t window = young_window(policy_, v.budget);
+    const uint64_t start = std::max<uint64_t>(seg.length > window ? seg.length - window : 0, opts_.sinks);
     protect -= std::min<uint64_t>(protect, std::min<uint64_t>(seg.pinned_live, opts_.sinks) +
                                                (seg.pinned_live > start ? seg.pinned_live - start : 0));
   }

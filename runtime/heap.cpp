@@ -79,6 +79,8 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->policy_.policy = h->opts_.policy;
   h->policy_.sinks = h->opts_.sinks;
   h->policy_.window = h->opts_.window;
+  h->policy_.window_min = h->opts_.window_min;
+  h->policy_.window_scales = h->opts_.byte_budget || h->opts_.byte_budget_fraction > 0;
   h->policy_.page_tokens = h->opts_.page_tokens;
   h->policy_.recent = h->opts_.recent_decay < 1.0;
   uint64_t page_bytes[KVGC_CLASS_COUNT];

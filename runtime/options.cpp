@@ -167,6 +167,12 @@ const Row kRows[] = {
      [](const std::string& s, kvgc_heap_options* o) {
        return parse_u32_range(s, 0, kMaxWindow, &o->window);
      }},
+    {{"KVGC_WINDOW_MIN", "integer 0..16777216", "8",
+      "under a byte budget the young window is 1/8 of a segment's budget in fp16 tokens, "
+      "within window_min..KVGC_WINDOW (>= KVGC_WINDOW: fixed)"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       return parse_u32_range(s, 0, kMaxWindow, &o->window_min);
+     }},
     {{"KVGC_PAGE_TOKENS", "integer 1..256", "16", "token slots per page"},
      [](const std::string& s, kvgc_heap_options* o) {
        return parse_u32_range(s, 1, kMaxPageTokens, &o->page_tokens);
@@ -281,6 +287,9 @@ void options_defaults(kvgc_heap_options* o) {
   // 0.4 (64 before): at a 10% byte budget of a 1K-token prompt a 64-token window left too
   // little for the pillars (docs/QUALITY.md).
   o->window = 32;
+  // 0.9: at 5% of a 1K-token prompt's bytes a 32-token window took most of the budget;
+  // an 8-token one kept the word key in 19 prompts of 20 against 0 (docs/QUALITY.md).
+  o->window_min = 8;
   o->page_tokens = 16;
   o->compact_threshold = 0.25;
   // The full ladder: at equal bytes it measured best (docs/QUALITY.md); without a budget
@@ -312,6 +321,7 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("token_budget", "set token_budget or token_budget_fraction, not both");
   if (o.sinks > kMaxSinks) return bad("sinks", "must be <= 1048576");
   if (o.window > kMaxWindow) return bad("window", "must be <= 16777216");
+  if (o.window_min > kMaxWindow) return bad("window_min", "must be <= 16777216");
   if (o.page_tokens < 1 || o.page_tokens > kMaxPageTokens)
     return bad("page_tokens", "must be in 1..256");
   if (!(o.compact_threshold > 0 && o.compact_threshold <= 1))
@@ -441,13 +451,13 @@ std::string options_describe(const kvgc_heap_options& o) {
                           : "none";
   std::snprintf(buf, sizeof buf,
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
-                "KVGC_BYTE_BUDGET=%s\nKVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_PAGE_TOKENS=%u\n"
+                "KVGC_BYTE_BUDGET=%s\nKVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_WINDOW_MIN=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
                 "KVGC_HARVEST=%s\nKVGC_PREFIX_CHARGE=%s\nKVGC_THREADS=%u%s\nKVGC_RECENT_DECAY=%g\n"
                 "KVGC_SCORE_NOISE=%g\n"
                 "KVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
-                bytes.c_str(), o.sinks, o.window, o.page_tokens, o.compact_threshold,
+                bytes.c_str(), o.sinks, o.window, o.window_min, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
                 choice_name(kHarvests, o.harvest), choice_name(kPrefixCharges, o.prefix_charge),
                 o.cpu_threads,

@@ -412,8 +412,8 @@ TEST_CASE("after a prompt's eviction a byte budget is used: at least 95% of it, 
       CAPTURE(length);
       CAPTURE(fraction);
       kvgc_heap_options o = cpu_options(64 << 20);
-      o.demote = KVGC_DEMOTE_LADDER;  // the defaults otherwise: generational, 4 sinks, window 32
-      o.byte_budget_fraction = fraction;
+      o.demote = KVGC_DEMOTE_LADDER;  // the defaults otherwise: generational, 4 sinks, window
+      o.byte_budget_fraction = fraction;  // 32 scaled to the budget (window_min 8)
       o.harvest = KVGC_HARVEST_IMMEDIATE;
       Heap H(o, m);
       kvgc_seq s;
@@ -428,7 +428,7 @@ TEST_CASE("after a prompt's eviction a byte budget is used: at least 95% of it, 
       const kvgc_stats st = H.stats();
       const uint64_t held = st.cls[0].used_bytes + st.cls[1].used_bytes + st.cls_int8.used_bytes;
       const double budget = fraction * double(length) * double(raw_token) * m.n_layers;
-      const uint64_t protect = uint64_t(o.sinks + o.window) * m.n_layers;
+      const uint64_t protect = uint64_t(o.sinks + o.window_min) * m.n_layers;  // at most
       INFO("held " << held << " of a budget of " << budget << ", live " << st.live_tokens);
       if (rc == KVGC_EBUDGET) {  // the fixed part does not fit: only it is kept
         CHECK(st.live_tokens == protect);
@@ -437,8 +437,49 @@ TEST_CASE("after a prompt's eviction a byte budget is used: at least 95% of it, 
       }
       REQUIRE(rc == KVGC_OK);
       CHECK(double(held) <= budget);
-      CHECK((double(held) >= 0.95 * budget || st.live_tokens == uint64_t(length) * m.n_layers));
+      // A budget of a few pages (1K at 2.5% and 5%: under two fp16 pages a segment, since
+      // 0.9's young window scales with it) cannot always be filled to 95% by whole pages:
+      // then what is left is less than one page of the cheapest class, per segment.
+      const double page = double(std::min(st.cls[KVGC_CLASS_INT4].page_bytes, st.cls_int8.page_bytes));
+      CHECK((double(held) >= 0.95 * budget || st.live_tokens == uint64_t(length) * m.n_layers ||
+             budget - double(held) < page * m.n_layers));
     }
+}
+
+TEST_CASE("under a byte budget the young window scales with it: the newest tokens beyond it are ranked") {
+  // 0.9: at 5% of a 1K-token prompt the window is window_min (8), not 32. The newest 32
+  // tokens carry no mass, so whatever the window does not protect ranks last and goes:
+  // with the window fixed (window_min = window) all 32 stay fp16 and live.
+  const kvgc_model_desc m = model(2, 3, 64);
+  for (const uint32_t window_min : {8u, 32u}) {
+    CAPTURE(window_min);
+    kvgc_heap_options o = cpu_options(64 << 20);
+    o.byte_budget_fraction = 0.05;
+    o.window_min = window_min;
+    o.harvest = KVGC_HARVEST_IMMEDIATE;
+    Heap H(o, m);
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    const int32_t length = 1024;
+    for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+      for (int32_t at = 0; at < length; at += 256) H.append(s, layer, at, 256);
+      H.observe(s, layer, [](int32_t pos) { return pos >= length - 32 ? 0.0 : 1.0 / (0.002 + weight(pos)); });
+    }
+    REQUIRE(H.step(s) == KVGC_OK);
+    H.check();  // the walker checks the scaled window's positions are live
+    for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+      std::vector<int32_t> pos(length);
+      uint64_t n = 0;
+      REQUIRE(kvgc_read(H.h, s, layer, nullptr, nullptr, pos.data(), uint64_t(length), &n, nullptr) == KVGC_OK);
+      uint64_t newest = 0, window = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        newest += pos[i] >= length - 32;
+        window += pos[i] >= length - int32_t(window_min);
+      }
+      CHECK(window == window_min);             // the window is kept whole
+      CHECK(newest == window_min);             // and nothing beyond it of the massless 32
+    }
+  }
 }
 
 TEST_CASE("a full arena: append is ENOMEM, the GC evicts and compacts in place, the same append succeeds") {

@@ -361,3 +361,36 @@ TEST_CASE("the storage ladder: classes by demote option, convex slopes, tiny hea
   CHECK(note.find("int4 left out") != std::string::npos);
   CHECK(note.find("int8 left out") != std::string::npos);
 }
+
+TEST_CASE("young window: fixed without a byte budget; under one an eighth of it, within window_min..window") {
+  PolicyParams p = params(KVGC_POLICY_GENERATIONAL);
+  p.window = 32;
+  p.window_min = 8;
+  p.unit_cost[KVGC_CLASS_FP16] = 10;
+  const auto tokens = [&](uint64_t t) { return t * p.unit_cost[KVGC_CLASS_FP16]; };
+  // No byte budget (a token budget only, or none): always `window`.
+  CHECK(young_window(p, tokens(40)) == 32);
+  CHECK(young_window(p, kNoBudget) == 32);
+  p.window_scales = true;
+  CHECK(young_window(p, kNoBudget) == 32);
+  CHECK(young_window(p, tokens(51)) == 8);    // 5% of 1K tokens: the floor
+  CHECK(young_window(p, tokens(102)) == 12);  // 10%
+  CHECK(young_window(p, tokens(205)) == 25);  // 5% of 4K
+  CHECK(young_window(p, tokens(4096)) == 32); // capped at window
+  p.window_min = 32;                          // window_min >= window: fixed (0.8)
+  CHECK(young_window(p, tokens(51)) == 32);
+  p.window_min = 8;
+  // A budget that grows with the length never moves the window's start back.
+  for (uint64_t length = 100, before = 0; length < 3000; ++length) {
+    const uint64_t start = length - young_window(p, tokens(length / 20));  // 5%, a fraction
+    CHECK(start >= before);
+    before = start;
+  }
+  // The plan protects, tenures and sizes the tiers by the scaled window.
+  SegmentView v = view(1024, tokens(51));
+  CHECK(protected_tokens(p, v) == 4 + 8);
+  v.since_minor = p.page_tokens;
+  const GcPlan g = plan_gc(p, v);
+  CHECK(g.run);
+  CHECK(g.tenure_before == 1024 - 8);
+}

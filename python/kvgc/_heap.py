@@ -108,6 +108,9 @@ class Heap(_kvgc.Heap):
         token_budget     live tokens per segment: an int, or a fraction of the length (0.25, "25%")
         byte_budget      bytes per segment: an int, or a fraction of the full cache's (0.1, "10%")
         sinks, window, page_tokens, compact_threshold, score_noise, seed, recent_decay
+        window_min       under a byte budget the young window is an eighth of the budget
+                         in fp16 tokens, within window_min (8) .. window (32); window_min
+                         >= window keeps it fixed
         demote           "off", "int4", "int8", "int8,int4" (the ladder, default)
         layer_budget     "uniform", "pyramid", "entropy" (with layer_weights=[...])
         harvest          "deferred" (default) or "immediate"

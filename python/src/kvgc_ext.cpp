@@ -790,7 +790,8 @@ nb::dict Batch::export_view(uint32_t layer) {
   X(layer_budget, kvgc_layer_budget) X(score_noise, double) X(seed, uint64_t)              \
   X(slab_bytes, uint32_t) X(verbose, int) X(harvest, kvgc_harvest) X(cpu_threads, uint32_t) \
   X(byte_budget, uint64_t) X(byte_budget_fraction, double) X(recent_decay, double)         \
-  X(first_layer, uint32_t) X(total_layers, uint32_t) X(prefix_charge, kvgc_prefix_charge)
+  X(first_layer, uint32_t) X(total_layers, uint32_t) X(prefix_charge, kvgc_prefix_charge)  \
+  X(window_min, uint32_t)
 
 template <typename T>
 T option_from(nb::handle value, const char* name) {

@@ -164,8 +164,9 @@ def test_every_option_reaches_the_heap():
     heap = make_heap(policy="h2o", token_budget=0.5, sinks=2, window=8, page_tokens=8,
                      compact_threshold=0.5, demote="int4", layer_budget="pyramid",
                      score_noise=0.25, seed=42, harvest="immediate", cpu_threads=2,
-                     recent_decay=0.9, verbose=False, prefix_charge="view")
+                     recent_decay=0.9, verbose=False, prefix_charge="view", window_min=3)
     o = heap.options
+    assert o["window_min"] == 3
     assert o["policy"] == kvgc.Policy.H2O and o["token_budget_fraction"] == 0.5
     assert (o["sinks"], o["window"], o["page_tokens"], o["seed"]) == (2, 8, 8, 42)
     assert o["demote"] == kvgc.Demote.INT4 and o["layer_budget"] == kvgc.LayerBudget.PYRAMID

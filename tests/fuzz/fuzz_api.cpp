@@ -123,7 +123,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.page_tokens = 1 + in.byte() % 32;
   o.policy = kvgc_policy(in.byte() % 5);
   o.sinks = in.byte() % 6;
-  o.window = in.byte() % 12;
+  const uint8_t window = in.byte();
+  o.window = window % 12;
+  o.window_min = window / 12 % 12;  // 0.9: the window scales under a byte budget (same byte)
   // Bytes keep their places (the corpus keeps its meaning): high values of the token
   // budget's byte ask for a byte budget instead, the demote byte's bit 6 for recent scores,
   // its bit 7 for attached tokens charged to their sequences (the prefix cache, 0.7; how:

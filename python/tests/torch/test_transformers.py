@@ -139,7 +139,8 @@ def test_byte_budget_keeps_sinks_and_window(attn, make_tiny):
         pos = cache.positions(0, layer)
         assert len(pos) == live and len(np.unique(pos)) == live
         assert set(range(sinks)) <= set(pos.tolist()), "sinks evicted"
-        young = set(range(length - window, length))
+        # 0.9: under a byte budget the window scales with it, never below window_min
+        young = set(range(length - min(window, opts["window_min"]), length))
         assert young <= set(pos.tolist()), "young window evicted"
         # physical length within the budget (a page of slack: the GC runs per page)
         assert live <= 0.25 * length + page
@@ -163,7 +164,10 @@ def test_smollm2_passkey_under_byte_budget(smollm2, attn):
     assert "71432" in tok.decode(out[0])
     n, cfg = cache.get_seq_length(), model.config
     full = kvgc.kv_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, 64, "float16", n)
-    assert cache.kv_bytes() <= 0.25 * full  # whole pages, slot metadata included
+    # whole pages, slot metadata included; plus the page a segment's tokens appended since
+    # its last GC may have opened (kvgc.h: "plus what was appended since")
+    page = kvgc.kv_bytes(1, cfg.num_key_value_heads, 64, "float16", 16, page_tokens=16)
+    assert cache.kv_bytes() <= 0.25 * full + cfg.num_hidden_layers * page
     assert max(cache.live_tokens(layer)[0] for layer in range(cfg.num_hidden_layers)) < n
     opts = cache.heap.options
     for layer in (0, cfg.num_hidden_layers - 1):
@@ -179,7 +183,8 @@ def test_ladder_stores_int8_int4(attn, make_tiny):
     toks, logits = gen(model, prompt(300, 4), cache, n=20)
     assert torch.isfinite(logits).all()
     classes = cache.heap.read_classes(cache._seqs[0], 0)
-    assert cache.live_tokens()[0] < cache.get_seq_length()
+    # (since 0.9's smaller window under a byte budget, 30% may keep every token, demoted)
+    assert cache.live_tokens()[0] <= cache.get_seq_length()
     assert len(set(classes.tolist())) > 1, "no token demoted under the ladder"
 
 

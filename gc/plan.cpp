@@ -13,10 +13,14 @@ uint64_t segment_cost(const PolicyParams& p, const SegmentView& s) {
   return cost;
 }
 
+uint64_t young_window_of_tokens(const PolicyParams& p, uint64_t fp16_tokens) {
+  if (!p.window_scales || p.window_min >= p.window) return p.window;
+  return std::min<uint64_t>(p.window, std::max<uint64_t>(p.window_min, fp16_tokens / 8));
+}
+
 uint64_t young_window(const PolicyParams& p, uint64_t budget) {
-  if (!p.window_scales || budget == kNoBudget || p.window_min >= p.window) return p.window;
-  const uint64_t eighth = budget / p.unit_cost[KVGC_CLASS_FP16] / 8;
-  return std::min<uint64_t>(p.window, std::max<uint64_t>(p.window_min, eighth));
+  return budget == kNoBudget ? p.window
+                             : young_window_of_tokens(p, budget / p.unit_cost[KVGC_CLASS_FP16]);
 }
 
 uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s) {
@@ -26,10 +30,7 @@ uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s) {
 }
 
 uint64_t intermediate_target(const PolicyParams& p, uint64_t budget) {
-  const uint64_t units =
-      budget >= kNoBudget / p.unit_cost[KVGC_CLASS_FP16] ? kNoBudget
-                                                         : budget * p.unit_cost[KVGC_CLASS_FP16];
-  const uint64_t protect = uint64_t(p.sinks) + young_window(p, units);
+  const uint64_t protect = uint64_t(p.sinks) + young_window_of_tokens(p, budget);
   const uint64_t rest = budget > protect ? budget - protect : 0;
   // Half of what the protected tokens leave: recency is what prediction needs most
   // (streaming perplexity, 2K tokens of the Jargon File with a 256-token cache, minors by

@@ -72,6 +72,8 @@ uint64_t segment_cost(const PolicyParams& p, const SegmentView& s);
 // budget that grows with the length (a fraction) grows the window by at most one token
 // per eight, so a window's start never moves back: no token re-enters it.
 uint64_t young_window(const PolicyParams& p, uint64_t budget);
+// The same for a budget of `fp16_tokens` fp16 tokens' worth.
+uint64_t young_window_of_tokens(const PolicyParams& p, uint64_t fp16_tokens);
 // Tokens no policy may evict: the sinks and the young window.
 uint64_t protected_tokens(const PolicyParams& p, const SegmentView& s);
 // The intermediate tier's share of a generational budget of `budget` fp16 tokens: what

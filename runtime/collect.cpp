@@ -45,15 +45,15 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   // beside a whole prefix: docs/PERF.md, "Serving with the prefix cache".)
   uint64_t length = 0;
   for (const Segment& seg : s.layers) length = std::max(length, seg.length);
-  const uint64_t fp16 = policy_.unit_cost[KVGC_CLASS_FP16];
   // The split keeps each layer at least its protected tokens (the young window the mean
   // budget gives) where the mean allows.
   auto split = [&](uint64_t mean) {
-    const uint64_t floor = uint64_t(opts_.sinks) + young_window(policy_, mean * fp16);
+    const uint64_t floor = uint64_t(opts_.sinks) + young_window_of_tokens(policy_, mean);
     if (opts_.layer_budget == KVGC_LAYER_BUDGET_ENTROPY)
       return split_by_weights(layer_weights_.data(), n, mean, floor);
     return split_layer_budget(opts_.layer_budget, n, mean, floor);
   };
+  const uint64_t fp16 = policy_.unit_cost[KVGC_CLASS_FP16];
   uint64_t tokens = kNoBudget;
   if (opts_.token_budget) tokens = opts_.token_budget;
   else if (opts_.token_budget_fraction > 0)

@@ -12,6 +12,7 @@
 #include "../../allocator/host_memory.hpp"
 #include "../score.hpp"
 
+#include "../ladder_walk.hpp"
 #include "quant.hpp"
 
 namespace kvgc::cpu {
@@ -96,12 +97,12 @@ void move_slot(const PageLayout& Ls, const SegPage& src, uint32_t s, const PageL
   gen_at(dst, Ld, d) = make_gen(gen_of(gen_at(src.page, Ls, s)), age_of(gen_at(src.page, Ls, s)));
 }
 
-// Pages a class needs for `live` tokens once compacted, and what they hold in bytes.
-uint64_t held_bytes(const SelectOp& op, const uint64_t live[KVGC_CLASS_COUNT]) {
-  const uint32_t pt = op.layout[KVGC_CLASS_FP16].page_tokens;
-  uint64_t bytes = 0;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += (live[c] + pt - 1) / pt * op.layout[c].bytes;
-  return bytes;
+// The walk's rules (kernels/ladder_walk.hpp) for an op.
+WalkRules walk_rules(const SelectOp& op) {
+  WalkRules w{op.n_ladder, op.ladder, op.slope, op.unit_cost, op.reclaim, op.budget_bytes,
+              op.layout[KVGC_CLASS_FP16].page_tokens, {}};
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) w.page_bytes[c] = op.layout[c].bytes;
+  return w;
 }
 
 }  // namespace
@@ -120,41 +121,6 @@ void observe(const ObserveOp& op) {
       recent = accumulate_score(recent * op.decay, m);
     });
   }
-}
-
-// The walk of select's step 2 over candidates sorted by ascending key: the rungs taken in
-// increasing order of (weight x slope, rung, rank) until `reclaim` units are given back
-// and, with a byte budget, the pages the segment would keep once compacted fit it (a
-// demotion frees an FP16 page only once a page's worth of tokens has moved, so stopping
-// at the units alone would leave the byte budget to evictions). at[i] is candidate i's
-// ladder position (0 .. n_ladder - 1, n_ladder = evicted); on return, where the walk
-// leaves it. live: live tokens per class, updated. Returns the units the walk gave back.
-uint64_t ladder_walk(const SelectOp& op, const double* weight, uint8_t* at, size_t n,
-                     uint64_t live[KVGC_CLASS_COUNT]) {
-  const uint32_t rungs = op.n_ladder;
-  uint64_t saving[3] = {0, 0, 0};
-  for (uint32_t r = 0; r < rungs; ++r)
-    saving[r] = op.unit_cost[op.ladder[r]] - (r + 1 < rungs ? op.unit_cost[op.ladder[r + 1]] : 0);
-  size_t next[3] = {0, 0, 0};  // rung r's next candidate (ascending rank)
-  uint64_t reclaimed = 0;
-  while (reclaimed < op.reclaim || (op.budget_bytes > 0 && held_bytes(op, live) > op.budget_bytes)) {
-    int best = -1;
-    double best_ratio = 0;
-    for (uint32_t r = 0; r < rungs; ++r) {
-      // Candidates below rung r's start take no step r: they are past it already.
-      while (next[r] < n && at[next[r]] > r) ++next[r];
-      if (next[r] == n) continue;
-      const double ratio = weight[next[r]] * op.slope[r];
-      if (best < 0 || ratio < best_ratio) best = int(r), best_ratio = ratio;  // ties: lower rung
-    }
-    if (best < 0) break;  // every candidate evicted
-    const size_t i = next[best]++;
-    at[i] = uint8_t(best + 1);  // its earlier steps came first (lower ratio or rung)
-    reclaimed += saving[best];
-    --live[op.ladder[best]];
-    if (uint32_t(best) + 1 < rungs) ++live[op.ladder[best + 1]];
-  }
-  return reclaimed;
 }
 
 void select(const SelectOp& op) {
@@ -239,8 +205,9 @@ void select(const SelectOp& op) {
   victim.assign(n, 0);
   // Only a collection that gives something back decides classes: then every candidate's
   // rung is set (and the ladder made monotone) by this one decision.
+  const WalkRules rules = walk_rules(op);
   const bool reclaims =
-      op.reclaim > 0 || (op.budget_bytes > 0 && held_bytes(op, live_cls) > op.budget_bytes);
+      op.reclaim > 0 || (op.budget_bytes > 0 && walk_held_bytes(rules, live_cls) > op.budget_bytes);
   if (reclaims && n > 0) {
     // 2. Order, then the ladder walk. Without a ladder or a byte budget, and with every
     //    candidate fp16 (as a heap without a ladder holds), only the lowest need an
@@ -267,7 +234,7 @@ void select(const SelectOp& op) {
     }
     uint64_t walked[KVGC_CLASS_COUNT];  // the walk's own view; the assignment recounts
     std::copy(std::begin(live_cls), std::end(live_cls), walked);
-    ladder_walk(op, weight.data(), at.data(), order, walked);
+    ladder_walk(rules, weight.data(), from.data(), at.data(), order, walked);
     // 3. Assignment from the top: no candidate may be dearer than one ranked above it
     //    (floor), nor take a slot its class has no room for (then the next rung down;
     //    eviction always has room; a token demoted in place takes no slot).
@@ -286,7 +253,7 @@ void select(const SelectOp& op) {
     // 4. The byte budget: while the pages the segment would keep after compaction exceed
     //    it, the lowest-ranked survivor goes (from the bottom, so the ladder stays
     //    monotone), and a slot it would have taken stays free.
-    for (size_t i = 0; op.budget_bytes > 0 && i < order && held_bytes(op, live_cls) > op.budget_bytes; ++i) {
+    for (size_t i = 0; op.budget_bytes > 0 && i < order && walk_held_bytes(rules, live_cls) > op.budget_bytes; ++i) {
       if (at[i] == evicted) continue;
       const int cls = op.ladder[at[i]];
       if (at[i] != from[i] && !cands[i].in_place) --taken[cls];

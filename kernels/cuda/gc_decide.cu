@@ -21,6 +21,7 @@
 // Decisions land in fate[] (by slot) and the demotion list; apply/demote kernels act.
 #include <cstdint>
 
+#include "../ladder_walk.hpp"
 #include "gc_select.cuh"
 
 namespace kvgc::cuda::select_detail {
@@ -33,31 +34,16 @@ __global__ void walk_kernel(const Batch b) {
   const uint64_t n = st.n_cand;
   unsigned long long live[KVGC_CLASS_COUNT];
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) live[c] = st.live_cls[c];
-  const bool reclaims = p.reclaim > 0 || (p.budget_bytes > 0 && held_bytes(p, live) > p.budget_bytes);
+  WalkRules w{p.n_ladder, p.ladder, p.slope, p.unit_cost, p.reclaim, p.budget_bytes, p.pt, {}};
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) w.page_bytes[c] = p.L[c].bytes;
+  const bool reclaims = p.reclaim > 0 || (p.budget_bytes > 0 && walk_held_bytes(w, live) > p.budget_bytes);
   if (!reclaims || n == 0) return;
-  const uint32_t rungs = p.n_ladder, evicted = p.n_ladder;
-  uint64_t saving[3] = {0, 0, 0};
-  for (uint32_t r = 0; r < rungs; ++r)
-    saving[r] = p.unit_cost[p.ladder[r]] - (r + 1 < rungs ? p.unit_cost[p.ladder[r + 1]] : 0);
-  // The ladder walk (gc.cpp's ladder_walk), with its own view of the live counts.
+  const uint32_t evicted = p.n_ladder;
+  // The ladder walk and its refill (kernels/ladder_walk.hpp), with its own view of the
+  // live counts.
   unsigned long long walked[KVGC_CLASS_COUNT];
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) walked[c] = live[c];
-  uint64_t next[3] = {0, 0, 0}, reclaimed = 0;
-  while (reclaimed < p.reclaim || (p.budget_bytes > 0 && held_bytes(p, walked) > p.budget_bytes)) {
-    int best = -1;
-    double best_ratio = 0;
-    for (uint32_t r = 0; r < rungs; ++r) {
-      while (next[r] < n && p.at[next[r]] > r) ++next[r];
-      if (next[r] == n) continue;
-      const double ratio = __dmul_rn(p.weight[next[r]], p.slope[r]);
-      if (best < 0 || ratio < best_ratio) best = int(r), best_ratio = ratio;
-    }
-    if (best < 0) break;
-    p.at[next[best]++] = uint8_t(best + 1);
-    reclaimed += saving[best];
-    --walked[p.ladder[best]];
-    if (uint32_t(best) + 1 < rungs) ++walked[p.ladder[best + 1]];
-  }
+  ladder_walk(w, p.weight, p.from, p.at, n, walked);
   // Assignment from the top: monotone, within capacity.
   uint64_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};
   uint32_t floor = 0;
@@ -72,7 +58,7 @@ __global__ void walk_kernel(const Batch b) {
     if (to < evicted) ++live[p.ladder[to]];
   }
   // The byte budget, from the bottom.
-  for (uint64_t i = 0; p.budget_bytes > 0 && i < n && held_bytes(p, live) > p.budget_bytes; ++i) {
+  for (uint64_t i = 0; p.budget_bytes > 0 && i < n && walk_held_bytes(w, live) > p.budget_bytes; ++i) {
     if (p.at[i] == evicted) continue;
     const int cls = p.ladder[p.at[i]];
     if (p.at[i] != p.from[i] && !(p.counted[i] & kInPlace)) --taken[cls];

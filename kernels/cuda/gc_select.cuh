@@ -161,13 +161,6 @@ __device__ __forceinline__ uint8_t slot_counted(const Params& p, uint32_t g) {
   return uint8_t(c | (p.charge_shared && sp.kv ? kInPlace : 0));
 }
 
-// The pages a class needs for `live` tokens once compacted, in bytes (gc.cpp's held_bytes).
-__device__ __forceinline__ uint64_t held_bytes(const Params& p, const unsigned long long live[KVGC_CLASS_COUNT]) {
-  uint64_t bytes = 0;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) bytes += (live[c] + p.pt - 1) / p.pt * p.L[c].bytes;
-  return bytes;
-}
-
 // Steps 5 and 6 of select (gc_decide.cu): the ladder walk and the assignment (one
 // thread: the CPU's sequential loops), then the top survivors (one block).
 // Over a batch: a block per segment for each.

@@ -45,9 +45,9 @@ constexpr SegmentId kMaxSegments = 0x7fffffffu;
 // The storage classes (KVGC_CLASS_COUNT, without pulling in the C header), then the
 // header class: a shared page's per-holder slot metadata (runtime/shared.cpp), a page's
 // bytes before its K/V. A pool may leave it out (page_bytes 0).
-constexpr int kNumStorageClasses = 3;
-constexpr int kHeaderClass = 3;
-constexpr int kNumClasses = 4;
+constexpr int kNumStorageClasses = 4;
+constexpr int kHeaderClass = 4;
+constexpr int kNumClasses = 5;
 // The owner of a shared page: its holders are the segments whose header pages name it.
 constexpr SegmentId kSharedOwner = kMaxSegments - 1;
 

@@ -29,6 +29,10 @@ std::vector<Config> retrieval_configs() {
       {.name = "default+window8@bytes", .policy = KVGC_POLICY_GENERATIONAL,
        .budget = Budget::Bytes, .library_defaults = true, .window_override = 8},
 #endif
+#if KVGC_STATS_VERSION >= 6
+      {.name = "default+int2@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .demote_override = KVGC_DEMOTE_LADDER_INT2},
+#endif
       {.name = "generational", .policy = KVGC_POLICY_GENERATIONAL},
       {.name = "h2o", .policy = KVGC_POLICY_H2O},
       {.name = "streaming", .policy = KVGC_POLICY_STREAMING},
@@ -163,6 +167,7 @@ kvgc_heap_options base_options(const Bench& bench, const Config& config, uint64_
     options.window_min = config.window_override;
 #endif
   }
+  if (config.library_defaults && config.demote_override) options.demote = kvgc_demote(config.demote_override);
   options.layer_budget = config.split;
   options.score_noise = config.score_noise;
   // Page-level results applied within each kvgc_step (which tokens die is the same either

@@ -53,6 +53,9 @@ struct Config {
   // this many tokens (0: the library's, scaled to a byte budget since 0.9). Every other
   // row uses kWindow.
   uint32_t window_override = 0;
+  // Issue 23 part 1's measurement: a library-defaults row with this ladder instead of the
+  // library's (0: the library's).
+  int demote_override = 0;
 };
 
 Config full_config();

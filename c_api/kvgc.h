@@ -105,7 +105,8 @@ typedef enum kvgc_storage_class {
   KVGC_CLASS_FP16 = 0,
   KVGC_CLASS_INT4 = 1,
   KVGC_CLASS_INT8 = 2,
-  KVGC_CLASS_COUNT = 3
+  KVGC_CLASS_INT2 = 3,  /* (added in 0.10) */
+  KVGC_CLASS_COUNT = 4
 } kvgc_storage_class;
 
 /* Eviction policies: one GC mechanism with different priority keys (DESIGN.md). */
@@ -127,7 +128,8 @@ typedef enum kvgc_demote {
   KVGC_DEMOTE_OFF = 0,
   KVGC_DEMOTE_INT4 = 1,   /* FP16 -> INT4 -> evicted */
   KVGC_DEMOTE_INT8 = 2,   /* FP16 -> INT8 -> evicted (added in 0.4) */
-  KVGC_DEMOTE_LADDER = 3  /* FP16 -> INT8 -> INT4 -> evicted (added in 0.4) */
+  KVGC_DEMOTE_LADDER = 3, /* FP16 -> INT8 -> INT4 -> evicted (added in 0.4) */
+  KVGC_DEMOTE_LADDER_INT2 = 4 /* FP16 -> INT8 -> INT4 -> INT2 -> evicted (added in 0.10) */
 } kvgc_demote;
 
 /* When the host applies a GC's page-level results (live counts per page; kvgc_step).
@@ -719,7 +721,7 @@ KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const
                                         void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 5
+#define KVGC_STATS_VERSION 6
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -777,7 +779,7 @@ typedef struct kvgc_stats {
   uint64_t scratch_bytes;  /* of arena_bytes, kept for device attention and GC (CPU: 0) */
   /* version 3 (0.4): the INT8 class, and demotions per destination class */
   kvgc_class_stats cls_int8;
-  uint64_t tokens_demoted_to[KVGC_CLASS_COUNT]; /* [FP16] is always 0 */
+  uint64_t tokens_demoted_to[3]; /* [KVGC_CLASS_FP16] is always 0; INT2: below */
   /* version 4 (0.7): shared pages and the prefix cache */
   kvgc_class_stats cls_header; /* header pages: each holder's metadata of a shared page */
   uint64_t shared_pages;       /* pages held through header pages or cached prefixes */
@@ -795,13 +797,17 @@ typedef struct kvgc_stats {
   uint64_t cached_only_bytes;  /* of shared_bytes, pages only cached prefixes hold (no
                                   sequence): what evicting unpinned prefixes can give back,
                                   so an engine's admission may count them as free */
+  /* version 6 (0.10): the INT2 class */
+  kvgc_class_stats cls_int2;
+  uint64_t tokens_demoted_to_int2;
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of versions 1 to 4, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 to 5, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 #define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
 #define KVGC_STATS_V3_SIZE (offsetof(kvgc_stats, cls_header))
 #define KVGC_STATS_V4_SIZE (offsetof(kvgc_stats, cached_only_bytes))
+#define KVGC_STATS_V5_SIZE (offsetof(kvgc_stats, cls_int2))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

@@ -2,14 +2,16 @@
 
 #include <cstdio>
 
+#include "../kernels/page_layout.hpp"
+
 namespace kvgc {
 namespace {
 
 double error_of(int cls) {
-  return cls == KVGC_CLASS_INT8 ? kInt8Error : cls == KVGC_CLASS_INT4 ? kInt4Error : 0.0;
-}
-const char* name_of(int cls) {
-  return cls == KVGC_CLASS_INT8 ? "int8" : cls == KVGC_CLASS_INT4 ? "int4" : "fp16";
+  return cls == KVGC_CLASS_INT8   ? kInt8Error
+         : cls == KVGC_CLASS_INT4 ? kInt4Error
+         : cls == KVGC_CLASS_INT2 ? kInt2Error
+                                  : 0.0;
 }
 
 }  // namespace
@@ -17,21 +19,23 @@ const char* name_of(int cls) {
 Ladder make_ladder(kvgc_demote demote, const uint64_t page_bytes[KVGC_CLASS_COUNT],
                    std::string* note) {
   note->clear();
-  int chain[3] = {KVGC_CLASS_FP16, 0, 0};
+  int chain[KVGC_CLASS_COUNT] = {KVGC_CLASS_FP16};
   int n = 1;
   auto want = [&](int cls) {
     const double cost = double(page_bytes[cls]) / double(page_bytes[KVGC_CLASS_FP16]);
     if (cost > kMaxDemoteCost) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "%s left out: its pages are %.0f%% of fp16 pages (a rung "
-                    "needs <= %.0f%%); ", name_of(cls), 100 * cost, 100 * kMaxDemoteCost);
+                    "needs <= %.0f%%); ", class_name(cls), 100 * cost, 100 * kMaxDemoteCost);
       *note += buf;
       return;
     }
     chain[n++] = cls;
   };
-  if (demote == KVGC_DEMOTE_INT8 || demote == KVGC_DEMOTE_LADDER) want(KVGC_CLASS_INT8);
-  if (demote == KVGC_DEMOTE_INT4 || demote == KVGC_DEMOTE_LADDER) want(KVGC_CLASS_INT4);
+  const bool ladder = demote == KVGC_DEMOTE_LADDER || demote == KVGC_DEMOTE_LADDER_INT2;
+  if (demote == KVGC_DEMOTE_INT8 || ladder) want(KVGC_CLASS_INT8);
+  if (demote == KVGC_DEMOTE_INT4 || ladder) want(KVGC_CLASS_INT4);
+  if (demote == KVGC_DEMOTE_LADDER_INT2) want(KVGC_CLASS_INT2);
   // Slopes must increase down the ladder; a class whose rung in is steeper than its rung
   // out is dominated (storing its tokens one rung lower is cheaper for the same loss).
   auto cost = [&](int i) {  // position i of the chain, n = evicted
@@ -43,7 +47,7 @@ Ladder make_ladder(kvgc_demote demote, const uint64_t page_bytes[KVGC_CLASS_COUN
     changed = false;
     for (int i = 0; i + 1 < n; ++i)
       if (!(slope(i) < slope(i + 1))) {
-        *note += std::string(name_of(chain[i + 1])) + " left out: dominated by the rung below it; ";
+        *note += std::string(class_name(chain[i + 1])) + " left out: dominated by the rung below it; ";
         for (int j = i + 1; j + 1 < n; ++j) chain[j] = chain[j + 1];
         --n;
         changed = true;

@@ -26,13 +26,14 @@ namespace kvgc {
 // tests/test_gc_plan.cpp holds them within 30%): the ladder's exchange rates.
 constexpr double kInt8Error = 0.0065;
 constexpr double kInt4Error = 0.078;
+constexpr double kInt2Error = 0.39;
 // A class that saves less than a quarter of an FP16 page is not worth its precision.
 constexpr double kMaxDemoteCost = 0.75;
 
 struct Ladder {
   uint8_t n = 1;                          // classes on the ladder (1: FP16 only)
-  uint8_t cls[3] = {KVGC_CLASS_FP16, 0, 0};  // dearest first
-  double slope[3] = {1.0, 0, 0};          // rung r: cls[r] -> cls[r + 1] (r = n - 1: evicted)
+  uint8_t cls[KVGC_CLASS_COUNT] = {KVGC_CLASS_FP16};  // dearest first
+  double slope[KVGC_CLASS_COUNT] = {1.0};             // rung r: cls[r] -> cls[r + 1] (r = n - 1: evicted)
 };
 
 // The ladder `demote` asks for, over classes whose page bytes are page_bytes[class].

@@ -37,7 +37,7 @@ struct PolicyParams {
   // within window_min..window (kvgc.h, window_min); otherwise it is `window`.
   bool window_scales = false;
   uint32_t window_min = 8;
-  uint64_t unit_cost[KVGC_CLASS_COUNT] = {1, 1, 1};  // page bytes per class
+  uint64_t unit_cost[KVGC_CLASS_COUNT] = {1, 1, 1, 1};  // page bytes per class
   bool recent = false;  // generational: the intermediate tier is ranked by recent score
 };
 
@@ -45,7 +45,7 @@ struct PolicyParams {
 // applied before planning (runtime/harvest.cpp).
 struct SegmentView {
   uint64_t length = 0;               // tokens appended so far (next position)
-  uint64_t live[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t live[KVGC_CLASS_COUNT] = {};
   uint64_t tier[4] = {0, 0, 0, 0};   // live tokens per SlotGen
   uint32_t since_minor = 0;          // tokens appended since the last minor GC
   uint32_t minors_since_major = 0;

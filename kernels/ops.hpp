@@ -113,13 +113,13 @@ struct SelectResult {
   uint64_t ranked = 0, tenured = 0, evicted = 0, demoted = 0, promoted = 0;
   uint64_t promote_eligible = 0;        // intermediate tokens old enough, not promoted
   uint64_t reclaimed = 0;               // units given back (evictions and demotions)
-  uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};  // destination slots filled, per class
+  uint64_t demoted_to[KVGC_CLASS_COUNT] = {};  // destination slots filled, per class
   uint64_t tier[4] = {0, 0, 0, 0};      // live tokens per generation after the op
-  uint64_t live[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t live[KVGC_CLASS_COUNT] = {};
   // charge_shared: live tokens of shared pages counted at their charged class, net per
   // class (+1 to the charged class, -1 to the page's, for each): live + shift is what
   // the segment is charged for.
-  int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};
+  int64_t shift[KVGC_CLASS_COUNT] = {};
 };
 
 struct SelectOp {
@@ -136,8 +136,8 @@ struct SelectOp {
   uint64_t budget_bytes;      // 0: none; else the segment's pages after compaction
                               // (ceil(live / page_tokens) per class) must fit in it
   uint8_t n_ladder;           // classes on the ladder, dearest first (1: no demotion)
-  uint8_t ladder[3];
-  double slope[3];            // rung r: ladder[r] -> ladder[r + 1], r = n_ladder - 1: evicted
+  uint8_t ladder[KVGC_CLASS_COUNT];
+  double slope[KVGC_CLASS_COUNT];          // rung r: ladder[r] -> ladder[r + 1], r = n_ladder - 1: evicted
   // Destination slots per class, taken in order; a run from slot 0 is a fresh page which
   // the op zeroes whole before anything else, whether it takes its slots or not (a
   // recycled page must not show its previous owner's bytes, and an unused one stays in

@@ -13,8 +13,9 @@
 //   V                  the page are contiguous, which is what attention streams)
 //          INT8 class: int8[kv_heads][pt][head_dim]
 //          INT4 class: uint8[kv_heads][pt][head_dim/2] (two nibbles a byte, low first)
+//          INT2 class: uint8[kv_heads][pt][head_dim/4] (four 2-bit codes a byte, low first)
 //   Kq,Vq  INT8:       16-bit scale[kv_heads][pt]      (symmetric: x = q * scale)
-//          INT4:       16-bit {scale, zero}[kv_heads][pt][head_dim/group]
+//          INT4, INT2: 16-bit {scale, zero}[kv_heads][pt][head_dim/group]
 //
 // Every array starts on a 16-byte boundary, K and V on 128 (one cache line / one
 // coalesced warp transaction); the page size is a multiple of 256 so that page starts
@@ -72,32 +73,41 @@ inline constexpr kvgc_dtype qparam_dtype(kvgc_dtype model) {
   return model == KVGC_DTYPE_F16 ? KVGC_DTYPE_F16 : KVGC_DTYPE_BF16;
 }
 
-// int4 quantisation groups: 32 elements when head_dim allows, else the whole head.
+// int4 and int2 quantisation groups: 32 elements when head_dim allows, else the whole head.
 inline constexpr uint32_t int4_group(uint32_t head_dim) {
   return head_dim % 32 == 0 ? 32u : head_dim;
 }
 
-inline constexpr const char* class_name(uint32_t cls) {
-  return cls == KVGC_CLASS_FP16 ? "fp16" : cls == KVGC_CLASS_INT8 ? "int8" : cls == KVGC_CLASS_INT4 ? "int4" : "?";
+// Bits per element of the grouped (asymmetric) classes: INT4 4, INT2 2; else 0.
+KVGC_HD constexpr uint32_t group_bits(uint32_t cls) {
+  return cls == KVGC_CLASS_INT4 ? 4u : cls == KVGC_CLASS_INT2 ? 2u : 0u;
 }
 
-// The ladder's rank of a class: 0 is the dearest (FP16), then INT8, then INT4.
+inline constexpr const char* class_name(uint32_t cls) {
+  return cls == KVGC_CLASS_FP16   ? "fp16"
+         : cls == KVGC_CLASS_INT8 ? "int8"
+         : cls == KVGC_CLASS_INT4 ? "int4"
+         : cls == KVGC_CLASS_INT2 ? "int2"
+                                  : "?";
+}
+
+// The ladder's rank of a class: 0 is the dearest (FP16), then INT8, INT4, INT2.
 KVGC_HD constexpr int class_rank(uint32_t cls) {
-  return cls == KVGC_CLASS_FP16 ? 0 : cls == KVGC_CLASS_INT8 ? 1 : 2;
+  return cls == KVGC_CLASS_FP16 ? 0 : cls == KVGC_CLASS_INT8 ? 1 : cls == KVGC_CLASS_INT4 ? 2 : 3;
 }
 
 struct PageLayout {
   uint32_t page_tokens = 0, n_kv_heads = 0, head_dim = 0;
   kvgc_dtype dtype = KVGC_DTYPE_F16;
   kvgc_storage_class cls = KVGC_CLASS_FP16;
-  uint32_t group = 0;  // elements per scale (INT4: 32 or head_dim; INT8 and FP16: head_dim)
+  uint32_t group = 0;  // elements per scale (INT4, INT2: 32 or head_dim; INT8 and FP16: head_dim)
   size_t live_off = 0, pos_off = 0, score_off = 0, recent_off = 0, gen_off = 0;
   size_t k_off = 0, v_off = 0;    // payload
   size_t kq_off = 0, vq_off = 0;  // quantisation parameters (0 for FP16)
   size_t head_stride = 0;         // bytes between consecutive heads in K (and V)
   size_t slot_stride = 0;         // bytes between consecutive slots of one head
   uint32_t qwords = 0;            // 16-bit quantisation words per (head, slot): INT8 1,
-                                  // INT4 2 per group, FP16 0
+                                  // INT4 and INT2 2 per group, FP16 0
   size_t bytes = 0;               // whole page, a multiple of kPageAlign
 
   KVGC_HD static constexpr uint32_t live_words(uint32_t pt) { return (pt + 31) / 32; }
@@ -115,8 +125,8 @@ struct PageLayout {
     L.head_dim = head_dim;
     L.dtype = dtype;
     L.cls = cls;
-    L.group = cls == KVGC_CLASS_INT4 ? int4_group(head_dim) : head_dim;
-    L.qwords = cls == KVGC_CLASS_INT4 ? 2 * (head_dim / L.group) : cls == KVGC_CLASS_INT8 ? 1 : 0;
+    L.group = group_bits(cls) ? int4_group(head_dim) : head_dim;
+    L.qwords = group_bits(cls) ? 2 * (head_dim / L.group) : cls == KVGC_CLASS_INT8 ? 1 : 0;
     const size_t pt = page_tokens;
     size_t off = 0;
     L.live_off = off;
@@ -131,7 +141,7 @@ struct PageLayout {
     off = align_up(off + pt, 128);
     L.slot_stride = cls == KVGC_CLASS_FP16   ? size_t(head_dim) * dtype_bytes(dtype)
                     : cls == KVGC_CLASS_INT8 ? size_t(head_dim)
-                                             : head_dim / 2;
+                                             : (head_dim * group_bits(cls) + 7) / 8;
     L.head_stride = L.slot_stride * pt;
     const size_t payload = L.head_stride * n_kv_heads;
     L.k_off = off;

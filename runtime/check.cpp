@@ -36,7 +36,7 @@ Status ManagedHeap::check() {
                                std::to_string(layer) + ")";
       std::unordered_set<int32_t> positions;
       uint64_t tiers[4] = {0, 0, 0, 0};
-      int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};  // slots charged apart (Segment::shift)
+      int64_t shift[KVGC_CLASS_COUNT] = {};  // slots charged apart (Segment::shift)
       for (int cls = 0; cls < KVGC_CLASS_COUNT; ++cls) {
         const PageTable& t = seg.table[cls];
         const std::string segname = name + " " + class_name(uint32_t(cls));

@@ -207,7 +207,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   // means more evictions: the decision stays monotone.
   runs_.clear();
   const bool reclaims = g.reclaim > 0 || v.bytes_over;
-  size_t want_slots[KVGC_CLASS_COUNT] = {0, 0, 0};
+  size_t want_slots[KVGC_CLASS_COUNT] = {};
   // Tokens that could move into a class: those of dearer classes, less (=prune) those a
   // shared page holds, which are demoted in place.
   const bool in_place = opts_.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE;
@@ -239,7 +239,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
     seg.table[c].pages.reserve(before[c] + (want_slots[c] + pt - 1) / pt);
   }
   auto give_back = [&] { drop_pages_after(s.tenant, seg, before); };
-  uint32_t n_runs[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint32_t n_runs[KVGC_CLASS_COUNT] = {};
   bool settled = false;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
     PageTable& t = seg.table[c];
@@ -308,7 +308,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   op.reclaim = g.reclaim;
   op.budget_bytes = budget.bytes;
   op.n_ladder = ladder_.n;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < KVGC_CLASS_COUNT; ++i) {
     op.ladder[i] = ladder_.cls[i];
     op.slope[i] = ladder_.slope[i];
   }

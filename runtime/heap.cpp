@@ -146,11 +146,13 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   if (h->opts_.verbose) {
     std::fprintf(stderr,
                  "kvgc %s: heap on %s\nkvgc: arena %zu bytes = %u slabs of %zu bytes; pages: "
-                 "fp16 %zu bytes (%u/slab), int8 %zu bytes (%u/slab), int4 %zu bytes (%u/slab); "
+                 "fp16 %zu bytes (%u/slab), int8 %zu bytes (%u/slab), int4 %zu bytes (%u/slab), "
+                 "int2 %zu bytes (%u/slab); "
                  "model %u layers x %u kv heads x %u dims %s\n%s",
                  KVGC_VERSION_STRING, why.c_str(), h->arena_bytes_, h->pool_.arena().slabs(),
                  slab, h->layout_[0].bytes, h->pool_.pages_per_slab(0), h->layout_[2].bytes,
                  h->pool_.pages_per_slab(2), h->layout_[1].bytes, h->pool_.pages_per_slab(1),
+                 h->layout_[3].bytes, h->pool_.pages_per_slab(3),
                  model.n_layers, model.n_kv_heads, model.head_dim,
                  dtype_name(model.dtype), options_describe(h->opts_).c_str());
   }
@@ -298,7 +300,7 @@ const host::vector<SegPage>& ManagedHeap::attn_pages(Segment& s) {
   if (s.attn_epoch == s.epoch) return s.attn;
   s.attn.clear();
   uint64_t row = 0;
-  for (int c : {int(KVGC_CLASS_INT4), int(KVGC_CLASS_INT8), int(KVGC_CLASS_FP16)})
+  for (int c : {int(KVGC_CLASS_INT2), int(KVGC_CLASS_INT4), int(KVGC_CLASS_INT8), int(KVGC_CLASS_FP16)})
     for (PageId p : s.table[c].pages) {
       s.attn.push_back({page_ptr(p), uint32_t(c), row, kv_of(p)});
       row += s.gc.active ? pool_.desc(p).used : pool_.desc(p).live;
@@ -571,7 +573,10 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->free_bytes = uint64_t(a.free_slabs()) * a.slab_bytes();
   for (int c = 0; c < kNumClasses; ++c) {  // the storage classes, then header pages
     const ClassCounts& n = pool_.counts(c);
-    kvgc_class_stats& cs = c == kHeaderClass ? o->cls_header : c == KVGC_CLASS_INT8 ? o->cls_int8 : o->cls[c];
+    kvgc_class_stats& cs = c == kHeaderClass      ? o->cls_header
+                           : c == KVGC_CLASS_INT8 ? o->cls_int8
+                           : c == KVGC_CLASS_INT2 ? o->cls_int2
+                                                  : o->cls[c];
     cs.page_bytes = pool_.page_bytes(c);
     cs.slabs = n.slabs;
     cs.reserved_bytes = n.slabs * a.slab_bytes();
@@ -584,8 +589,8 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->sequences = seqs_.size();
   for (const auto& [id, s] : seqs_)
     for (const Segment& seg : s.layers) {
-      o->segments += !seg.table[0].pages.empty() || !seg.table[1].pages.empty() ||
-                     !seg.table[2].pages.empty();
+      o->segments += std::any_of(std::begin(seg.table), std::end(seg.table),
+                                 [](const PageTable& t) { return !t.pages.empty(); });
       for (const PageTable& t : seg.table) {
         o->live_tokens += t.live;
         o->slots_held += t.held_slots(opts_.page_tokens);
@@ -617,7 +622,8 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->ebudget = counters_.ebudget;
   o->attends = counters_.attends;
   o->scratch_bytes = scratch_bytes_ + batch_region_bytes_;
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) o->tokens_demoted_to[c] = counters_.demoted_to[c];
+  for (int c = 0; c < 3; ++c) o->tokens_demoted_to[c] = counters_.demoted_to[c];
+  o->tokens_demoted_to_int2 = counters_.demoted_to[KVGC_CLASS_INT2];
   o->shared_pages = shared_.size();
   for (const auto& [p, sp] : shared_) {
     o->shared_bytes += pool_.page_bytes(pool_.class_of(p));

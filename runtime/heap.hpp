@@ -30,8 +30,8 @@ namespace kvgc {
 struct PendingGc {
   bool active = false;
   bool minor = false;           // a generational minor GC: promote_blocked comes from the result
-  uint32_t n_pages[KVGC_CLASS_COUNT] = {0, 0, 0};  // pages per class at issue (incl. demotion targets)
-  uint32_t n_runs[KVGC_CLASS_COUNT] = {0, 0, 0};   // demotion runs per class (their slots are
+  uint32_t n_pages[KVGC_CLASS_COUNT] = {};  // pages per class at issue (incl. demotion targets)
+  uint32_t n_runs[KVGC_CLASS_COUNT] = {};   // demotion runs per class (their slots are
                                                    // reserved in `used`), stored class by class
   uint16_t tail_used = 0;       // the FP16 tail's used at issue: later appends add live slots
   uint64_t fp16_live = 0;       // the FP16 table's live count at issue
@@ -105,7 +105,7 @@ struct alignas(128) Segment {
   // KVGC_PREFIX_CHARGE=prune: tokens of shared pages demoted in place are charged at the
   // class their gen byte names, net per class (SelectResult::shift, from the last GC
   // applied). table[c].live + shift[c] is what the GC plans from.
-  int64_t shift[KVGC_CLASS_COUNT] = {0, 0, 0};
+  int64_t shift[KVGC_CLASS_COUNT] = {};
 
   uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
 };
@@ -167,7 +167,7 @@ struct Counters {
   uint64_t tokens_ranked = 0, tokens_evicted = 0, tokens_demoted = 0, tokens_promoted = 0;
   uint64_t tokens_tenured = 0, compactions = 0, slots_moved = 0, bytes_moved = 0, ebudget = 0;
   uint64_t attends = 0;
-  uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t demoted_to[KVGC_CLASS_COUNT] = {};
   uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_attached = 0, prefix_evictions = 0;
   uint64_t pages_shared = 0, cow_copies = 0;
 };

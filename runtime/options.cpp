@@ -41,7 +41,8 @@ constexpr Choice kPolicies[] = {{"generational", KVGC_POLICY_GENERATIONAL},
 constexpr Choice kDemotes[] = {{"off", KVGC_DEMOTE_OFF},
                                {"int4", KVGC_DEMOTE_INT4},
                                {"int8", KVGC_DEMOTE_INT8},
-                               {"int8,int4", KVGC_DEMOTE_LADDER}};
+                               {"int8,int4", KVGC_DEMOTE_LADDER},
+                               {"int8,int4,int2", KVGC_DEMOTE_LADDER_INT2}};
 constexpr Choice kHarvests[] = {{"deferred", KVGC_HARVEST_DEFERRED},
                                 {"immediate", KVGC_HARVEST_IMMEDIATE}};
 constexpr Choice kPrefixCharges[] = {{"cache", KVGC_PREFIX_CHARGE_CACHE},
@@ -204,8 +205,8 @@ const Row kRows[] = {
        o->byte_budget_fraction = f;
        return true;
      }},
-    {{"KVGC_DEMOTE", "off|int4|int8|int8,int4", "int8,int4",
-      "storage ladder: re-store low-ranked tokens as int8 and/or int4 before evicting"},
+    {{"KVGC_DEMOTE", "off|int4|int8|int8,int4|int8,int4,int2", "int8,int4",
+      "storage ladder: re-store low-ranked tokens as int8, int4 and (opt-in) int2 before evicting"},
      [](const std::string& s, kvgc_heap_options* o) {
        int v;
        return parse_choice(kDemotes, s, &v) && (o->demote = kvgc_demote(v), true);
@@ -326,8 +327,8 @@ Status options_validate(const kvgc_heap_options& o) {
     return bad("page_tokens", "must be in 1..256");
   if (!(o.compact_threshold > 0 && o.compact_threshold <= 1))
     return bad("compact_threshold", "must be in (0, 1]");
-  if (raw_enum(o.demote) < KVGC_DEMOTE_OFF || raw_enum(o.demote) > KVGC_DEMOTE_LADDER)
-    return bad("demote", "must be KVGC_DEMOTE_OFF, _INT4, _INT8 or _LADDER");
+  if (raw_enum(o.demote) < KVGC_DEMOTE_OFF || raw_enum(o.demote) > KVGC_DEMOTE_LADDER_INT2)
+    return bad("demote", "must be KVGC_DEMOTE_OFF, _INT4, _INT8, _LADDER or _LADDER_INT2");
   if (!(o.byte_budget_fraction >= 0 && o.byte_budget_fraction <= 1))
     return bad("byte_budget_fraction", "must be in [0, 1]");
   if (o.byte_budget && o.byte_budget_fraction > 0)

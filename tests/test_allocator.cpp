@@ -16,7 +16,7 @@ namespace {
 constexpr uintptr_t kFakeBase = uintptr_t(1) << 40;
 
 PoolConfig config(uint32_t slabs, size_t slab = 64 << 10, size_t fp16 = 4096, size_t int4 = 1280,
-                  size_t int8 = 2304) {
+                  size_t int8 = 2304, size_t int2 = 768) {
   PoolConfig c;
   c.base = kFakeBase;
   c.slab_bytes = slab;
@@ -24,6 +24,7 @@ PoolConfig config(uint32_t slabs, size_t slab = 64 << 10, size_t fp16 = 4096, si
   c.page_bytes[0] = fp16;
   c.page_bytes[1] = int4;
   c.page_bytes[2] = int8;
+  c.page_bytes[3] = int2;
   return c;
 }
 

@@ -671,3 +671,38 @@ TEST_CASE("entropy layer budgets: from a profile file (env) or the options struc
   CHECK(live[0] > live[1]);
   kvgc_heap_destroy(h);
 }
+
+TEST_CASE("the int2 rung (opt-in): the same byte budget keeps more tokens, and holds") {
+  // KVGC_DEMOTE=int8,int4,int2 against the default ladder after a 4K-token prompt's
+  // eviction, SmolLM2's KV shape: int2 takes the band below int4 (what the default ladder
+  // evicts, and the lightest of its int4 tokens), within the same bytes.
+  const kvgc_model_desc m = model(2, 3, 64);
+  for (double fraction : {0.025, 0.05, 0.1}) {
+    CAPTURE(fraction);
+    uint64_t live[2] = {};
+    for (int with_int2 = 0; with_int2 < 2; ++with_int2) {
+      kvgc_heap_options o = cpu_options(64 << 20);
+      o.demote = with_int2 ? KVGC_DEMOTE_LADDER_INT2 : KVGC_DEMOTE_LADDER;
+      o.byte_budget_fraction = fraction;
+      o.harvest = KVGC_HARVEST_IMMEDIATE;
+      Heap H(o, m);
+      kvgc_seq s;
+      REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+      for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+        for (uint32_t at = 0; at < 4096; at += 256) H.append(s, layer, at, 256);
+        H.observe(s, layer, [](int32_t pos) { return 1.0 / (0.002 + weight(pos)); });
+      }
+      REQUIRE(H.step(s) == KVGC_OK);
+      H.check();  // the walker: classes monotone by rank, counts balance
+      const kvgc_stats st = H.stats();
+      const uint64_t held = st.cls[0].used_bytes + st.cls[1].used_bytes + st.cls_int8.used_bytes +
+                            st.cls_int2.used_bytes;
+      CHECK(double(held) <= fraction * 4096.0 * 3 * 64 * 2 * 2 * m.n_layers);
+      CHECK((st.cls_int2.pages_used > 0) == bool(with_int2));
+      CHECK((st.tokens_demoted_to_int2 > 0) == bool(with_int2));
+      live[with_int2] = st.live_tokens;
+    }
+    MESSAGE("live tokens at " << fraction << " of the bytes: ladder " << live[0] << ", with int2 " << live[1]);
+    CHECK(live[1] > live[0]);
+  }
+}

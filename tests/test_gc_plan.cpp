@@ -293,6 +293,54 @@ TEST_CASE("int8 quantisation: per-row error bound, and the ladder's error consta
   CHECK(worst4 < 0.2);
 }
 
+TEST_CASE("int2 quantisation: within half a step, the ladder's error constant, edge cases") {
+  // The int4 code with 2 bits: four levels per group of 32 (or the whole row), codes
+  // packed four a byte, lowest bits first; head_dim 6 and 10 leave a partial last byte.
+  for (kvgc_dtype dt : {KVGC_DTYPE_F16, KVGC_DTYPE_BF16, KVGC_DTYPE_F32})
+    for (uint32_t hd : {64u, 128u, 96u, 6u, 10u}) {
+      CAPTURE(dt);
+      CAPTURE(hd);
+      const uint32_t eb = dt == KVGC_DTYPE_F32 ? 4 : 2, group = int4_group(hd);
+      std::vector<uint8_t> codes((hd + 3) / 4);
+      std::vector<uint16_t> qp(2 * (hd / group));
+      auto roundtrip = [&](const uint8_t* src, uint8_t* back) {
+        std::fill(codes.begin(), codes.end(), uint8_t(0xa5));  // poisoned: every code written
+        cpu::quantize_row(src, dt, hd, codes.data(), qp.data(), 2);
+        cpu::dequantize_row(codes.data(), qp.data(), dt, hd, back, 2);
+        if (hd % 4) REQUIRE(int(codes.back() >> (2 * (hd % 4))) == 0);  // the partial byte's rest: zero
+        for (uint32_t g = 0; g < hd / group; ++g) {
+          const kvgc_dtype qt = qparam_dtype(dt);
+          auto f = [&](uint16_t h) { return qt == KVGC_DTYPE_F16 ? cpu::f16_to_f32(h) : cpu::bf16_to_f32(h); };
+          const float scale = f(qp[2 * g]), zero = f(qp[2 * g + 1]);
+          for (uint32_t i = g * group; i < (g + 1) * group; ++i) {
+            const float x = cpu::load(src + i * eb, dt), y = cpu::load(back + i * eb, dt);
+            REQUIRE(x >= zero);                 // zero rounded down, scale up: nothing clipped
+            REQUIRE(x <= zero + 3 * scale * (1 + 1e-6f) + 1e-30f);
+            REQUIRE(std::fabs(x - y) <= scale / 2 * (1 + 1e-3f) + std::fabs(x) * 8e-3f + 1e-30f);
+          }
+        }
+      };
+      const auto [mean, worst] = row_error(dt, hd, roundtrip);
+      MESSAGE("int2 relative RMSE, dtype " << dt << " head_dim " << hd << ": mean " << mean << ", worst " << worst);
+      if (hd == 64 && dt == KVGC_DTYPE_F16) CHECK(mean == doctest::Approx(kInt2Error).epsilon(0.3));
+      if (hd >= 32) CHECK(mean > 2 * kInt4Error);  // the rung below int4 really is coarser
+    }
+  // A constant group is exact; NaN and inf do not poison the group's finite values.
+  const uint32_t hd = 32;
+  std::vector<uint8_t> src(hd * 2), back(hd * 2), codes(hd / 4);
+  std::vector<uint16_t> qp(2);
+  for (uint32_t i = 0; i < hd; ++i) cpu::store(&src[i * 2], KVGC_DTYPE_F16, -1.25f);
+  cpu::quantize_row(src.data(), KVGC_DTYPE_F16, hd, codes.data(), qp.data(), 2);
+  cpu::dequantize_row(codes.data(), qp.data(), KVGC_DTYPE_F16, hd, back.data(), 2);
+  CHECK(back == src);
+  for (uint32_t i = 0; i < hd; ++i) cpu::store(&src[i * 2], KVGC_DTYPE_F16, float(i % 4));
+  cpu::store(&src[0], KVGC_DTYPE_F16, NAN);
+  cpu::store(&src[1], KVGC_DTYPE_F16, -INFINITY);
+  cpu::quantize_row(src.data(), KVGC_DTYPE_F16, hd, codes.data(), qp.data(), 2);
+  cpu::dequantize_row(codes.data(), qp.data(), KVGC_DTYPE_F16, hd, back.data(), 2);
+  for (uint32_t i = 2; i < hd; ++i) CHECK(cpu::load(&back[i * 2], KVGC_DTYPE_F16) == float(i % 4));
+}
+
 TEST_CASE("int8 quantisation edge cases: zeros, constants, bf16 range, non-finite values") {
   const uint32_t hd = 16;
   std::vector<uint8_t> src(hd * 2), back(hd * 2);

@@ -36,6 +36,7 @@ kvgc_demote demote_reaching(int cls) {
     case KVGC_CLASS_FP16: return KVGC_DEMOTE_OFF;   // append
     case KVGC_CLASS_INT4: return KVGC_DEMOTE_INT4;  // demotion
     case KVGC_CLASS_INT8: return KVGC_DEMOTE_INT8;
+    case KVGC_CLASS_INT2: return KVGC_DEMOTE_LADDER_INT2;  // the ladder's last rung
   }
   FAIL("storage class " << cls << " has no path in this test: add how its pages are taken");
   return KVGC_DEMOTE_OFF;
@@ -90,7 +91,10 @@ ScanResult scan_geometry(const Geometry& g, kvgc_demote demote,
   o.policy = KVGC_POLICY_H2O;
   o.sinks = 1;
   o.window = 1;
-  o.token_budget_fraction = 0.5;
+  // Uniform mass takes the rungs in ladder order: at half the tokens' units the walk stops
+  // at int4; the int2 rung needs a budget below what int4 alone can meet (int4 pages are
+  // about 0.3 of fp16's, 0.14 of f32's).
+  o.token_budget_fraction = demote != KVGC_DEMOTE_LADDER_INT2 ? 0.5 : g.dtype == KVGC_DTYPE_F32 ? 0.1 : 0.15;
   o.harvest = harvest;
   bool need[KVGC_CLASS_COUNT] = {};
   need[KVGC_CLASS_FP16] = true;
@@ -181,7 +185,11 @@ ScanResult scan_geometry(const Geometry& g, kvgc_demote demote,
     }
   if (ladder_of_rungs) {
     INFO("no page below fp16 was ever taken by B");
-    CHECK(res.pages[KVGC_CLASS_INT4] + res.pages[KVGC_CLASS_INT8] > 0);
+    CHECK(res.pages[KVGC_CLASS_INT4] + res.pages[KVGC_CLASS_INT8] + res.pages[KVGC_CLASS_INT2] > 0);
+  }
+  if (need[KVGC_CLASS_INT2]) {  // int2 is the last rung: uniform mass reaches it
+    INFO("int2 pages were never taken by B");
+    CHECK(res.pages[KVGC_CLASS_INT2] > 0);
   }
   CHECK(kvgc_heap_check(h) == KVGC_OK);
   kvgc_heap_destroy(h);

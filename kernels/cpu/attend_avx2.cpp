@@ -113,6 +113,15 @@ KVGC_AVX2 inline __m256 vload_row(const uint8_t* row, const uint16_t* qp, uint32
     // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
     const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d)));
     return round_to<D>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(load16(qp, qt))));
+  } else if constexpr (C == KVGC_CLASS_INT2) {
+    uint16_t w;
+    std::memcpy(&w, row + d / 4, 2);  // 8 two-bit codes, low first
+    const __m256i n = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(int(w)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const uint32_t g = d / group;
+    return round_to<D>(_mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(load16(qp + 2 * g, qt)),
+                                       _mm256_set1_ps(load16(qp + 2 * g + 1, qt))));
   } else {
     uint32_t w;
     std::memcpy(&w, row + d / 2, 4);  // 8 nibbles, low first

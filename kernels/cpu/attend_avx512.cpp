@@ -112,6 +112,14 @@ KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_
     // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
     const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
     return round_to<D>(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(load16(qp, qt))));
+  } else if constexpr (C == KVGC_CLASS_INT2) {
+    uint32_t w;  // 16 two-bit codes, low first
+    std::memcpy(&w, row + d / 4, 4);
+    const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(w)), shifts), _mm512_set1_epi32(3));
+    const uint32_t g = d / group;
+    return round_to<D>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(load16(qp + 2 * g, qt)),
+                                       _mm512_set1_ps(load16(qp + 2 * g + 1, qt))));
   } else {
     uint32_t lo, hi;  // 16 nibbles, low first
     std::memcpy(&lo, row + d / 2, 4);

@@ -177,8 +177,8 @@ void select(const SelectOp& op) {
       }
   }
   row.resize(size_t(op.layout[0].head_dim) * dtype_bytes(op.layout[0].dtype));
-  uint64_t live_cls[KVGC_CLASS_COUNT] = {0, 0, 0};
-  int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1};  // a class's place on the ladder
+  uint64_t live_cls[KVGC_CLASS_COUNT] = {};
+  int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1, -1};  // a class's place on the ladder
   for (uint32_t i = 0; i < op.n_ladder; ++i) position_of[op.ladder[i]] = int(i);
   // 1. Tenure tokens that left the young window; collect the ranked tiers.
   for (uint32_t p = 0; p < op.n_pages; ++p) {
@@ -239,7 +239,7 @@ void select(const SelectOp& op) {
     //    (floor), nor take a slot its class has no room for (then the next rung down;
     //    eviction always has room; a token demoted in place takes no slot).
     const uint32_t evicted = op.n_ladder;
-    size_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};
+    size_t taken[KVGC_CLASS_COUNT] = {};
     uint32_t floor = 0;
     for (size_t i = order; i-- > 0;) {
       uint32_t to = std::max<uint32_t>(at[i], floor);
@@ -263,7 +263,7 @@ void select(const SelectOp& op) {
     // 5. Destinations, from the top: each class's slots in order (fresh pages were zeroed
     //    whole when the op began).
     dest.assign(order, Dest{nullptr, 0});
-    size_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0};
+    size_t next_slot[KVGC_CLASS_COUNT] = {};
     for (size_t i = order; i-- > 0;)
       if (at[i] != from[i] && at[i] != evicted && !cands[i].in_place)
         dest[i] = slots[op.ladder[at[i]]][next_slot[op.ladder[at[i]]]++];

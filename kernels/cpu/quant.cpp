@@ -29,8 +29,10 @@ uint16_t to16_directed(float x, kvgc_dtype t, bool up) {
 }  // namespace
 
 void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8_t* nibbles,
-                  uint16_t* qparams) {
+                  uint16_t* qparams, uint32_t bits) {
   const uint32_t group = int4_group(head_dim);
+  const float top = float((1u << bits) - 1);  // the largest code: 15 (int4) or 3 (int2)
+  const uint32_t per_byte = 8 / bits;
   const kvgc_dtype qt = qparam_dtype(dtype);
   const uint32_t eb = dtype_bytes(dtype);
   for (uint32_t g = 0; g < head_dim / group; ++g) {
@@ -45,30 +47,32 @@ void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8
     if (!(lo <= hi)) lo = hi = 0;  // no finite value: the group quantises to zeros
     const uint16_t zero_h = to16_directed(lo, qt, false);
     const float zero = from16(zero_h, qt);
-    const uint16_t scale_h = to16_directed((hi - zero) / 15.0f, qt, true);
+    const uint16_t scale_h = to16_directed((hi - zero) / top, qt, true);
     const float scale = from16(scale_h, qt);
     qparams[2 * g] = scale_h;
     qparams[2 * g + 1] = zero_h;
     for (uint32_t i = g * group; i < (g + 1) * group; ++i) {
       const float x = load(src + i * eb, dtype);
       float q = scale > 0 ? std::nearbyint((x - zero) / scale) : 0.f;
-      q = std::isfinite(q) ? std::clamp(q, 0.f, 15.f) : (x > zero ? 15.f : 0.f);
+      q = std::isfinite(q) ? std::clamp(q, 0.f, top) : (x > zero ? top : 0.f);
       const uint8_t n = uint8_t(q);
-      if (i % 2 == 0) nibbles[i / 2] = n;
-      else nibbles[i / 2] = uint8_t(nibbles[i / 2] | (n << 4));
+      const uint32_t shift = bits * (i % per_byte);
+      if (shift == 0) nibbles[i / per_byte] = n;
+      else nibbles[i / per_byte] = uint8_t(nibbles[i / per_byte] | (n << shift));
     }
   }
 }
 
 void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype dtype,
-                    uint32_t head_dim, uint8_t* dst) {
+                    uint32_t head_dim, uint8_t* dst, uint32_t bits) {
   const uint32_t group = int4_group(head_dim);
+  const uint32_t per_byte = 8 / bits, mask = (1u << bits) - 1;
   const kvgc_dtype qt = qparam_dtype(dtype);
   const uint32_t eb = dtype_bytes(dtype);
   for (uint32_t i = 0; i < head_dim; ++i) {
     const uint32_t g = i / group;
     const float scale = from16(qparams[2 * g], qt), zero = from16(qparams[2 * g + 1], qt);
-    const uint8_t n = (nibbles[i / 2] >> (4 * (i % 2))) & 0xfu;
+    const uint8_t n = uint8_t((nibbles[i / per_byte] >> (bits * (i % per_byte))) & mask);
     store(dst + i * eb, dtype, float(n) * scale + zero);
   }
 }
@@ -112,7 +116,8 @@ void load_row(const PageLayout& L, const uint8_t* page, uint32_t head, uint32_t 
     case KVGC_CLASS_INT8:
       dequantize_row_int8(reinterpret_cast<const int8_t*>(row), qp, L.dtype, L.head_dim, dst);
       break;
-    case KVGC_CLASS_INT4: dequantize_row(row, qp, L.dtype, L.head_dim, dst); break;
+    case KVGC_CLASS_INT4:
+    case KVGC_CLASS_INT2: dequantize_row(row, qp, L.dtype, L.head_dim, dst, group_bits(L.cls)); break;
     default: std::memcpy(dst, row, size_t(L.head_dim) * dtype_bytes(L.dtype)); break;
   }
 }
@@ -125,7 +130,8 @@ void store_row(const PageLayout& L, uint8_t* page, uint32_t head, uint32_t slot,
     case KVGC_CLASS_INT8:
       quantize_row_int8(src, L.dtype, L.head_dim, reinterpret_cast<int8_t*>(row), qp);
       break;
-    case KVGC_CLASS_INT4: quantize_row(src, L.dtype, L.head_dim, row, qp); break;
+    case KVGC_CLASS_INT4:
+    case KVGC_CLASS_INT2: quantize_row(src, L.dtype, L.head_dim, row, qp, group_bits(L.cls)); break;
     default: std::memcpy(row, src, size_t(L.head_dim) * dtype_bytes(L.dtype)); break;
   }
 }

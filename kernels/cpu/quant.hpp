@@ -4,11 +4,12 @@
 // -127..127, x' = q * scale (exact in f32), with scale = max|x| / 127 rounded up when
 // stored, so every finite x stays in range and the error is at most scale / 2.
 //
-// int4 quantisation of one head row (head_dim values), asymmetric per group of 32 (or
-// the whole row): q = round((x - zero) / scale) in 0..15, x' = q * scale + zero, with
-// scale and zero stored as a 16-bit pair (qparam_dtype). zero is rounded down and scale
-// up when stored, so every x of the group stays inside [zero, zero + 15 * scale] and the
-// error is at most scale / 2 plus the 16-bit rounding of the pair.
+// int4 and int2 quantisation of one head row (head_dim values), asymmetric per group of
+// 32 (or the whole row): with top = 2^bits - 1 (15 or 3), q = round((x - zero) / scale)
+// in 0..top, x' = q * scale + zero, with scale and zero stored as a 16-bit pair
+// (qparam_dtype). zero is rounded down and scale up when stored, so every x of the group
+// stays inside [zero, zero + top * scale] and the error is at most scale / 2 plus the
+// 16-bit rounding of the pair.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +18,12 @@
 
 namespace kvgc::cpu {
 
-// src: head_dim values in `dtype`; nibbles: head_dim / 2 bytes (low nibble first);
-// qparams: head_dim / group pairs of 16-bit {scale, zero}.
+// src: head_dim values in `dtype`; nibbles: head_dim * bits / 8 bytes (rounded up; the
+// lowest bits first); qparams: head_dim / group pairs of 16-bit {scale, zero}.
 void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8_t* nibbles,
-                  uint16_t* qparams);
+                  uint16_t* qparams, uint32_t bits = 4);
 void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype dtype,
-                    uint32_t head_dim, uint8_t* dst);
+                    uint32_t head_dim, uint8_t* dst, uint32_t bits = 4);
 
 // src: head_dim values in `dtype`; q: head_dim signed bytes; scale: one 16-bit word.
 void quantize_row_int8(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, int8_t* q,

@@ -325,7 +325,7 @@ cudaError_t append(const AppendOp& op, cudaStream_t stream) {
 
 cudaError_t gather(const GatherOp& op, cudaStream_t stream) {
   if (op.n_pages == 0) return cudaSuccess;
-  uint32_t n_cls[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint32_t n_cls[KVGC_CLASS_COUNT] = {};
   for (uint32_t i = 0; i < op.n_pages; ++i) ++n_cls[op.pages[i].cls];
   const int unit =
       unit_bytes(op.layout[KVGC_CLASS_FP16].slot_stride, {uintptr_t(op.k_out), uintptr_t(op.v_out)});

@@ -45,7 +45,7 @@ __global__ void walk_kernel(const Batch b) {
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) walked[c] = live[c];
   ladder_walk(w, p.weight, p.from, p.at, n, walked);
   // Assignment from the top: monotone, within capacity.
-  uint64_t taken[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t taken[KVGC_CLASS_COUNT] = {};
   uint32_t floor = 0;
   for (uint64_t i = n; i-- > 0;) {
     const uint32_t from = p.from[i];
@@ -66,7 +66,7 @@ __global__ void walk_kernel(const Batch b) {
     p.at[i] = uint8_t(evicted);
   }
   // Destinations from the top, fates, counts.
-  uint64_t next_slot[KVGC_CLASS_COUNT] = {0, 0, 0}, n_dem = 0, n_charged = 0, n_evicted = 0, got = 0;
+  uint64_t next_slot[KVGC_CLASS_COUNT] = {}, n_dem = 0, n_charged = 0, n_evicted = 0, got = 0;
   for (uint64_t i = n; i-- > 0;) {
     if (p.at[i] == p.from[i]) continue;
     const uint32_t g = svals[i];

@@ -375,7 +375,7 @@ Params params_of(const SelectOp& op, const OpSize& z) {
     p.slot_count[k] = slot_at - p.slot_base[k];
   }
   p.n_ladder = op.n_ladder;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < KVGC_CLASS_COUNT; ++i) {
     p.ladder[i] = op.ladder[i];
     p.slope[i] = op.slope[i];
   }

@@ -45,9 +45,9 @@ struct Params {
   uint64_t seed, salt, epoch;
   uint64_t reclaim, budget_bytes;
   uint64_t unit_cost[KVGC_CLASS_COUNT];
-  uint8_t n_ladder, ladder[3];
+  uint8_t n_ladder, ladder[KVGC_CLASS_COUNT];
   int8_t position_of[KVGC_CLASS_COUNT];  // a class's place on the ladder, -1 off it
-  double slope[3];
+  double slope[KVGC_CLASS_COUNT];
   uint32_t promote;
   uint8_t promote_age;
   bool retier, age_intermediate;

@@ -238,7 +238,10 @@ bool kv_held(const engine::Engine& engine, uint32_t n_layers, uint64_t length, K
 #if QUALITY_HAVE_LADDER
   out->class_bytes[2] = stats.cls_int8.used_bytes;
 #endif
-  out->bytes = out->class_bytes[0] + out->class_bytes[1] + out->class_bytes[2];
+#if KVGC_STATS_VERSION >= 6
+  out->class_bytes[3] = stats.cls_int2.used_bytes;
+#endif
+  out->bytes = out->class_bytes[0] + out->class_bytes[1] + out->class_bytes[2] + out->class_bytes[3];
   return true;
 }
 

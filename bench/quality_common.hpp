@@ -109,7 +109,7 @@ struct KvHeld {
   double live_tokens = 0;  // per layer
   uint64_t bytes = 0;
   uint64_t f16_full_bytes = 0;
-  uint64_t class_bytes[3] = {0, 0, 0};  // FP16 (model dtype), INT4, INT8
+  uint64_t class_bytes[4] = {0, 0, 0, 0};  // FP16 (model dtype), INT4, INT8, INT2
   double fraction() const { return f16_full_bytes ? double(bytes) / double(f16_full_bytes) : 0.0; }
 };
 bool kv_held(const engine::Engine& engine, uint32_t n_layers, uint64_t length, KvHeld* out,

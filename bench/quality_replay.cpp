@@ -260,7 +260,7 @@ bool compare_replay(const Bench& bench, const engine::Engine& replayed, uint64_t
   if (!kv_held(replayed, bench.kv.n_layers, 1, &a, err) ||
       !kv_held(fresh, bench.kv.n_layers, 1, &b, err))
     return false;
-  for (int c = 0; c < 3; ++c)
+  for (int c = 0; c < 4; ++c)
     if (a.class_bytes[c] != b.class_bytes[c])
       return differ("class " + std::to_string(c) + " holds " + std::to_string(a.class_bytes[c]) +
                     " bytes replayed, " + std::to_string(b.class_bytes[c]) + " fresh");

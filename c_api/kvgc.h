@@ -94,13 +94,16 @@ typedef enum kvgc_device {
   KVGC_DEVICE_CUDA = 2
 } kvgc_device;
 
-/* Storage classes, a ladder by rank: FP16 > INT8 > INT4 > evicted. FP16 stores K/V in
- * the model dtype (f16, bf16, or f32 for f32 models); INT8 one signed byte per element
- * with a symmetric scale per slot and head (added in 0.4); INT4 packed nibbles with a
- * scale and zero per group of 32 elements (or the whole head) per slot and head.
- * New tokens are always stored FP16; demotion (kvgc_demote) moves them down the ladder.
- * Read order (kvgc_read, kvgc_observe) is a segment's FP16 pages, then INT4, then INT8
- * (the enum's order), live slots in slot order. */
+/* Storage classes, a ladder by rank: FP16 > INT8 > INT4 > INT2 > evicted. FP16 stores
+ * K/V in the model dtype (f16, bf16, or f32 for f32 models); INT8 one signed byte per
+ * element with a symmetric scale per slot and head (added in 0.4); INT4 packed nibbles
+ * with a scale and zero per group of 32 elements (or the whole head) per slot and head;
+ * INT2 (added in 0.10, only on KVGC_DEMOTE_LADDER_INT2's ladder) INT4's code with two
+ * bits an element, four a byte. New tokens are always stored FP16; demotion
+ * (kvgc_demote) moves them down the ladder. Read order (kvgc_read, kvgc_observe) is a
+ * segment's FP16 pages, then INT4, then INT8, then INT2 (the enum's order), live slots
+ * in slot order. KVGC_CLASS_COUNT was 3 before 0.10: kvgc_stats.tokens_demoted_to keeps
+ * its 3 entries, and INT2's figures are fields of their own. */
 typedef enum kvgc_storage_class {
   KVGC_CLASS_FP16 = 0,
   KVGC_CLASS_INT4 = 1,
@@ -652,13 +655,14 @@ KVGC_API kvgc_status kvgc_batch_step(kvgc_batch* batch, void* stream);
  *           KVGC_PREFIX_CHARGE_PRUNE (0: the page's own; the slot reads as its page)
  *   K, V    at k_offset, v_offset: element d of head h of slot s starts at byte
  *           h * head_stride + s * slot_stride + (FP16: d * dtype bytes; INT8: d; INT4: d/2,
- *           the low nibble for even d, the high for odd)
+ *           the low nibble for even d, the high for odd; INT2: d/4, bits 2*(d%4) and up)
  *   FP16    elements in the model dtype (f16, bf16; f32 for f32 models)
  *   INT8    x = q * scale, q int8, scale the 16-bit word at kq_offset (K) or vq_offset (V)
  *           + 2 * ((h * page_tokens + s) * qwords); f16 for f16 models, else bf16
  *   INT4    x = n * scale + zero, n the nibble; for group g = d / group, scale and zero are
  *           16-bit words 2g and 2g+1 from kq_offset/vq_offset + 2 * ((h * page_tokens + s)
  *           * qwords), typed as INT8's scale
+ *   INT2    as INT4, n the 2-bit code (0..3)
  * A slot's order in attention does not matter, its position does (causal masks). */
 #define KVGC_PAGE_LAYOUT_VERSION 2
 
@@ -668,9 +672,9 @@ typedef struct kvgc_page_layout {
   kvgc_storage_class cls;
   kvgc_dtype dtype;      /* the model's */
   uint32_t page_tokens, n_kv_heads, head_dim;
-  uint32_t group;        /* INT4: elements per scale/zero pair; else head_dim */
+  uint32_t group;        /* INT4, INT2: elements per scale/zero pair; else head_dim */
   uint32_t qwords;       /* 16-bit quantisation words per (head, slot): FP16 0, INT8 1,
-                            INT4 2 * head_dim / group */
+                            INT4 and INT2 2 * head_dim / group */
   uint64_t page_bytes;
   uint64_t live_offset, pos_offset, score_offset, recent_offset, gen_offset;
   uint64_t k_offset, v_offset, kq_offset, vq_offset;  /* kq/vq: 0 for FP16 */
@@ -684,7 +688,7 @@ KVGC_API kvgc_status kvgc_page_layout_get(const kvgc_heap* heap, kvgc_storage_cl
 /* One appended layer of a planned batch, as device arrays (host arrays on the CPU
  * backend) valid until the plan is spent or stale. Sequence i's pages, the step's new
  * tokens included, are page_offset[page_indptr[i] .. page_indptr[i+1]) with their classes
- * in page_class, in kvgc's attention order (INT4, INT8, then FP16 pages; any order serves
+ * in page_class, in kvgc's attention order (INT2, INT4, INT8, then FP16 pages; any order serves
  * attention). Its queries are rows [q_indptr[i], q_indptr[i+1]) at positions q_pos0[i] + j.
  * KVGC_EINVAL before kvgc_batch_append(layer): reserved pages hold nothing readable yet. */
 typedef struct kvgc_batch_view {

@@ -107,7 +107,11 @@ struct alignas(128) Segment {
   // applied). table[c].live + shift[c] is what the GC plans from.
   int64_t shift[KVGC_CLASS_COUNT] = {};
 
-  uint64_t live() const { return table[0].live + table[1].live + table[2].live; }
+  uint64_t live() const {
+    uint64_t n = 0;
+    for (const PageTable& t : table) n += t.live;
+    return n;
+  }
 };
 
 // What a batch plan reads of one segment, kept per sequence in one array (the plan's

@@ -923,7 +923,7 @@ TEST_CASE("shared pages on CUDA (SegPage::kv): attention, gather and select equa
         op.n_demote_dst[c] = uint32_t(runs[c].size());
       }
       op.n_ladder = ladder.n;
-      for (int r = 0; r < 3; ++r) op.ladder[r] = ladder.cls[r], op.slope[r] = ladder.slope[r];
+      for (int r = 0; r < KVGC_CLASS_COUNT; ++r) op.ladder[r] = ladder.cls[r], op.slope[r] = ladder.slope[r];
       op.n_pages = uint32_t(pages.size());
       op.tenure_before = rng() % (length + 1);
       op.candidates = uint8_t(kvgc::gen_bit(kvgc::kGenIntermediate) | kvgc::gen_bit(kvgc::kGenLongTerm));

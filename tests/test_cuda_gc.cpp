@@ -309,15 +309,18 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte bu
   for (int mi = 0; mi < 2; ++mi)
     for (kvgc_policy policy : {KVGC_POLICY_H2O, KVGC_POLICY_GENERATIONAL, KVGC_POLICY_STREAMING,
                                KVGC_POLICY_RANDOM})
-      for (kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER})
+      for (kvgc_demote demote : {KVGC_DEMOTE_OFF, KVGC_DEMOTE_INT4, KVGC_DEMOTE_INT8, KVGC_DEMOTE_LADDER,
+                                 KVGC_DEMOTE_LADDER_INT2})
         for (double noise : {0.0, 0.05}) {
           const bool by_score = policy == KVGC_POLICY_H2O || policy == KVGC_POLICY_GENERATIONAL;
           if (noise > 0 && !by_score) continue;  // noise only perturbs score keys
           if (demote == KVGC_DEMOTE_INT8 && (mi == 1 || noise > 0)) continue;  // the ladder covers it
+          if (demote == KVGC_DEMOTE_LADDER_INT2 && noise > 0) continue;
           GcCase c{models[mi], mi == 0 ? 8u : 16u, policy, demote, noise,
                    mi == 0 ? 40u : 0u, mi == 0 ? 0.0 : 0.35};
           // The full ladder under a byte budget; generational with recent scores.
           if (demote == KVGC_DEMOTE_LADDER) c.byte_fraction = 0.25;
+          if (demote == KVGC_DEMOTE_LADDER_INT2) c.byte_fraction = 0.1;  // below what int4 meets
           if (policy == KVGC_POLICY_GENERATIONAL && demote != KVGC_DEMOTE_OFF) c.recent_decay = 0.9;
           CAPTURE(mi);
           CAPTURE(policy);
@@ -327,7 +330,8 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte bu
           CHECK(st.gcs > 0);
           total.tokens_evicted += st.tokens_evicted;
           total.tokens_demoted += st.tokens_demoted;
-          for (int k = 0; k < KVGC_CLASS_COUNT; ++k) total.tokens_demoted_to[k] += st.tokens_demoted_to[k];
+          for (int k = 0; k < 3; ++k) total.tokens_demoted_to[k] += st.tokens_demoted_to[k];
+          total.tokens_demoted_to_int2 += st.tokens_demoted_to_int2;
           total.tokens_promoted += st.tokens_promoted;
           total.compactions += st.compactions;
           total.major_gcs += st.major_gcs;
@@ -337,6 +341,7 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte bu
   CHECK(total.tokens_demoted > 0);
   CHECK(total.tokens_demoted_to[KVGC_CLASS_INT8] > 0);
   CHECK(total.tokens_demoted_to[KVGC_CLASS_INT4] > 0);
+  CHECK(total.tokens_demoted_to_int2 > 0);
   CHECK(total.tokens_promoted > 0);
   CHECK(total.compactions > 0);
   CHECK(total.major_gcs > 0);
@@ -786,12 +791,14 @@ struct RandomSelect {
   RandomSelect(const kvgc_model_desc& m, uint32_t page_tokens, std::mt19937& rng) : pt(page_tokens) {
     // The ladder first: a heap holds pages of its ladder's classes only. Pages per class
     // (read order FP16, INT4, INT8) and fresh destination pages per class.
-    const kvgc_demote demote = kvgc_demote(rng() % 4);
-    const bool has8 = demote == KVGC_DEMOTE_INT8 || demote == KVGC_DEMOTE_LADDER;
-    const bool has4 = demote == KVGC_DEMOTE_INT4 || demote == KVGC_DEMOTE_LADDER;
+    const kvgc_demote demote = kvgc_demote(rng() % 5);
+    const bool has2 = demote == KVGC_DEMOTE_LADDER_INT2;
+    const bool has8 = demote == KVGC_DEMOTE_INT8 || demote == KVGC_DEMOTE_LADDER || has2;
+    const bool has4 = demote == KVGC_DEMOTE_INT4 || demote == KVGC_DEMOTE_LADDER || has2;
     const uint32_t n_cls[KVGC_CLASS_COUNT] = {uint32_t(1 + rng() % 24), uint32_t(has4 ? rng() % 4 : 0),
-                                              uint32_t(has8 ? rng() % 4 : 0)};
-    const uint32_t n_fresh[KVGC_CLASS_COUNT] = {0, uint32_t(has4 ? rng() % 3 : 0), uint32_t(has8 ? rng() % 3 : 0)};
+                                              uint32_t(has8 ? rng() % 4 : 0), uint32_t(has2 ? rng() % 4 : 0)};
+    const uint32_t n_fresh[KVGC_CLASS_COUNT] = {0, uint32_t(has4 ? rng() % 3 : 0), uint32_t(has8 ? rng() % 3 : 0),
+                                                uint32_t(has2 ? rng() % 3 : 0)};
     size_t n_pages = 0;
     for (int k = 0; k < KVGC_CLASS_COUNT; ++k) n_pages += n_cls[k] + n_fresh[k];
     // Shared pages: never a destination (fresh, or a tail with room), as the runtime's.
@@ -807,7 +814,7 @@ struct RandomSelect {
     std::string note;
     const kvgc::Ladder ladder = kvgc::make_ladder(demote, bytes, &note);
     REQUIRE(note.empty());  // these head dims keep every rung
-    int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1};
+    int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1, -1};
     for (uint32_t r = 0; r < ladder.n; ++r) position_of[ladder.cls[r]] = int(r);
     const uint32_t charge_permille = rng() % 3 == 0 ? 0 : 100 + rng() % 400;
     hp.resize(n_pages);
@@ -866,7 +873,7 @@ struct RandomSelect {
       op.n_demote_dst[k] = uint32_t(hr[k].size());
     }
     op.n_ladder = ladder.n;
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < KVGC_CLASS_COUNT; ++r) {
       op.ladder[r] = ladder.cls[r];
       op.slope[r] = ladder.slope[r];
     }
@@ -971,6 +978,7 @@ struct SelectTotals {
     CHECK(r.demoted > 0);
     CHECK(r.demoted_to[KVGC_CLASS_INT8] > 0);
     CHECK(r.demoted_to[KVGC_CLASS_INT4] > 0);
+    CHECK(r.demoted_to[KVGC_CLASS_INT2] > 0);
     CHECK(r.promoted > 0);
     CHECK(r.promote_eligible > 0);
     CHECK(in_place > 0);  // charge_shared's demotions in place

@@ -701,6 +701,18 @@ TEST_CASE("the int2 rung (opt-in): the same byte budget keeps more tokens, and h
       CHECK((st.cls_int2.pages_used > 0) == bool(with_int2));
       CHECK((st.tokens_demoted_to_int2 > 0) == bool(with_int2));
       live[with_int2] = st.live_tokens;
+      uint64_t counted = 0;  // the segments' own counts see every class (int2's included)
+      for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+        uint64_t n = 0;
+        REQUIRE(kvgc_seq_tokens(H.h, s, layer, &n, nullptr) == KVGC_OK);
+        std::vector<uint8_t> cls(n);
+        const kvgc_status rc = kvgc_read_classes(H.h, s, layer, cls.data(), n, &n, nullptr);
+        INFO(std::string(kvgc_errmsg(H.h)));
+        REQUIRE(rc == KVGC_OK);
+        CHECK((std::count(cls.begin(), cls.end(), uint8_t(KVGC_CLASS_INT2)) > 0) == bool(with_int2));
+        counted += n;
+      }
+      CHECK(counted == st.live_tokens);
     }
     MESSAGE("live tokens at " << fraction << " of the bytes: ladder " << live[0] << ", with int2 " << live[1]);
     CHECK(live[1] > live[0]);

@@ -106,7 +106,8 @@ TEST_CASE("every variable accepts its documented forms") {
   }
   for (auto [v, d] : std::map<std::string, kvgc_demote>{{"off", KVGC_DEMOTE_OFF},
                                                         {"int8", KVGC_DEMOTE_INT8},
-                                                        {"int8,int4", KVGC_DEMOTE_LADDER}}) {
+                                                        {"int8,int4", KVGC_DEMOTE_LADDER},
+                                                        {"int8,int4,int2", KVGC_DEMOTE_LADDER_INT2}}) {
     o = apply({{"KVGC_DEMOTE", v}}, &st);
     CHECK(st.ok());
     CHECK(o.demote == d);

@@ -182,7 +182,8 @@ void run(kvgc_policy policy, kvgc_demote demote, kvgc_harvest harvest, uint32_t 
   kvgc_stats st;
   kvgc_stats_init(&st);
   CHECK_OK(kvgc_get_stats(h, &st));
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) demoted_to[c] += st.tokens_demoted_to[c];
+  for (int c = 0; c < 3; ++c) demoted_to[c] += st.tokens_demoted_to[c];
+  demoted_to[KVGC_CLASS_INT2] += st.tokens_demoted_to_int2;
   kvgc_batch_destroy(b);
   kvgc_heap_destroy(h);
 }
@@ -190,7 +191,7 @@ void run(kvgc_policy policy, kvgc_demote demote, kvgc_harvest harvest, uint32_t 
 }  // namespace
 
 int main() {
-  uint64_t demoted_to[KVGC_CLASS_COUNT] = {0, 0, 0};
+  uint64_t demoted_to[KVGC_CLASS_COUNT] = {};
   run(KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, KVGC_HARVEST_DEFERRED, 1, 0.5, demoted_to);
   run(KVGC_POLICY_H2O, KVGC_DEMOTE_INT4, KVGC_HARVEST_IMMEDIATE, 2, 0.25, demoted_to);
   std::printf("valgrind-ladder: demoted to int8 %llu, to int4 %llu tokens\n",

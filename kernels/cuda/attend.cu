@@ -124,8 +124,8 @@ __device__ __forceinline__ float elem(const uint8_t* page, const PageLayout& L, 
   const uint16_t* qp = reinterpret_cast<const uint16_t*>(page + (v ? L.vq_off : L.kq_off)) +
                        L.qparam_index(h, slot);
   if (cls == KVGC_CLASS_INT8) return float(reinterpret_cast<const int8_t*>(row)[d]) * ldq<D>(qp, 0);
-  const uint32_t g = d / L.group;
-  const uint32_t n = (row[d / 2] >> (4 * (d % 2))) & 0xfu;
+  const uint32_t g = d / L.group, bits = group_bits(cls), per_byte = 8 / bits;
+  const uint32_t n = (row[d / per_byte] >> (bits * (d % per_byte))) & ((1u << bits) - 1);
   return float(n) * ldq<D>(qp, 2 * g) + ldq<D>(qp, 2 * g + 1);
 }
 

@@ -100,8 +100,11 @@ __device__ __forceinline__ float model_round(float x, kvgc_dtype t) {
 // -0/+0 come out the same), zero rounded down, scale up, q = rint((x - zero) / scale)
 // clamped to 0..15.
 __device__ inline void quantize_group(const float* src, kvgc_dtype dtype, uint32_t group,
-                                      uint32_t g, uint8_t* nibbles, uint16_t* qparams) {
+                                      uint32_t g, uint8_t* nibbles, uint16_t* qparams,
+                                      uint32_t bits = 4) {
   const kvgc_dtype qt = qtype(dtype);
+  const float top = float((1u << bits) - 1);  // 15 (int4) or 3 (int2)
+  const uint32_t per_byte = 8 / bits;
   float lo = INFINITY, hi = -INFINITY;
   for (uint32_t i = g * group; i < (g + 1) * group; ++i) {
     const float x = src[i];
@@ -113,30 +116,32 @@ __device__ inline void quantize_group(const float* src, kvgc_dtype dtype, uint32
   if (!(lo <= hi)) lo = hi = 0;
   const uint16_t zero_h = to16_directed(lo, qt, false);
   const float zero = from16(zero_h, qt);
-  const uint16_t scale_h = to16_directed(__fdiv_rn(__fsub_rn(hi, zero), 15.0f), qt, true);
+  const uint16_t scale_h = to16_directed(__fdiv_rn(__fsub_rn(hi, zero), top), qt, true);
   const float scale = from16(scale_h, qt);
   qparams[2 * g] = scale_h;
   qparams[2 * g + 1] = zero_h;
-  // Groups are 32 elements or the whole (even) row, so a group starts on a byte.
-  for (uint32_t i = g * group; i < (g + 1) * group; i += 2) {
+  // Groups are 32 elements or the whole (even) row, so a group starts on a byte; the
+  // last byte of a row whose length is not a multiple of per_byte is zero-padded.
+  for (uint32_t i = g * group; i < (g + 1) * group; i += per_byte) {
     uint8_t byte = 0;
-    for (uint32_t j = 0; j < 2; ++j) {
+    for (uint32_t j = 0; j < per_byte && i + j < (g + 1) * group; ++j) {
       const float x = src[i + j];
       float q = scale > 0 ? rintf(__fdiv_rn(__fsub_rn(x, zero), scale)) : 0.f;
-      q = isfinite(q) ? (q < 0.f ? 0.f : 15.f < q ? 15.f : q) : (x > zero ? 15.f : 0.f);
-      byte = uint8_t(byte | (uint8_t(q) << (4 * j)));
+      q = isfinite(q) ? (q < 0.f ? 0.f : top < q ? top : q) : (x > zero ? top : 0.f);
+      byte = uint8_t(byte | (uint8_t(q) << (bits * j)));
     }
-    nibbles[i / 2] = byte;
+    nibbles[i / per_byte] = byte;
   }
 }
 
 // quant.cpp's dequantize_row for element i: n * scale + zero, rounded twice (no FMA).
 __device__ __forceinline__ float dequantize(const uint8_t* nibbles, const uint16_t* qparams,
-                                            kvgc_dtype dtype, uint32_t group, uint32_t i) {
+                                            kvgc_dtype dtype, uint32_t group, uint32_t i,
+                                            uint32_t bits = 4) {
   const kvgc_dtype qt = qtype(dtype);
-  const uint32_t g = i / group;
+  const uint32_t g = i / group, per_byte = 8 / bits;
   const float scale = from16(qparams[2 * g], qt), zero = from16(qparams[2 * g + 1], qt);
-  const uint32_t n = (nibbles[i / 2] >> (4 * (i % 2))) & 0xfu;
+  const uint32_t n = (nibbles[i / per_byte] >> (bits * (i % per_byte))) & ((1u << bits) - 1);
   return __fadd_rn(__fmul_rn(float(n), scale), zero);
 }
 
@@ -172,7 +177,8 @@ __device__ inline float row_element(const uint8_t* page, const PageLayout& L, ui
                        L.qparam_index(h, s);
   if (L.cls == KVGC_CLASS_INT8)
     return model_round(dequantize_int8(reinterpret_cast<const int8_t*>(row), qp, L.dtype, d), L.dtype);
-  if (L.cls == KVGC_CLASS_INT4) return model_round(dequantize(row, qp, L.dtype, L.group, d), L.dtype);
+  if (group_bits(L.cls))
+    return model_round(dequantize(row, qp, L.dtype, L.group, d, group_bits(L.cls)), L.dtype);
   return load(row + d * elem_bytes(L.dtype), L.dtype);
 }
 

@@ -70,7 +70,10 @@ __global__ void keys_kernel(const Batch b) {
   const float* recent = reinterpret_cast<const float*>(sp.page + L.recent_off);
   uint8_t* gen = sp.page + L.gen_off;
   __shared__ unsigned int tenured, cands, n_live[KVGC_CLASS_COUNT];
-  if (threadIdx.x == 0) tenured = cands = n_live[0] = n_live[1] = n_live[2] = 0;
+  if (threadIdx.x == 0) {
+    tenured = cands = 0;
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c) n_live[c] = 0;
+  }
   __syncthreads();
   for (uint32_t s = threadIdx.x; s < p.pt; s += blockDim.x) {
     const uint32_t g = page * p.pt + s;
@@ -224,7 +227,7 @@ __global__ void demote_kernel(const Batch b) {
         reinterpret_cast<int8_t*>(out)[e] = dev::int8_quantize(row[e], scale, Ld.dtype);
     } else {
       for (uint32_t grp = threadIdx.x; grp < hd / Ld.group; grp += blockDim.x)
-        dev::quantize_group(row, Ld.dtype, Ld.group, grp, out, qp);
+        dev::quantize_group(row, Ld.dtype, Ld.group, grp, out, qp, group_bits(Ld.cls));
     }
     __syncthreads();
   }

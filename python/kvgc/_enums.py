@@ -30,10 +30,11 @@ class Device(enum.IntEnum):
 
 
 class StorageClass(enum.IntEnum):
-    """How a token's K/V are stored: a ladder by rank FP16 > INT8 > INT4 > evicted."""
+    """How a token's K/V are stored: a ladder by rank FP16 > INT8 > INT4 > INT2 > evicted."""
     FP16 = 0
     INT4 = 1
     INT8 = 2
+    INT2 = 3  # 0.10, on the ladder only with Demote.LADDER_INT2
 
 
 class Policy(enum.IntEnum):
@@ -49,6 +50,7 @@ class Demote(enum.IntEnum):
     INT4 = 1
     INT8 = 2
     LADDER = 3  # int8, then int4, then eviction
+    LADDER_INT2 = 4  # int8, int4, then int2, then eviction (0.10, opt-in)
 
 
 class Harvest(enum.IntEnum):

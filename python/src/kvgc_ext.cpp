@@ -875,16 +875,17 @@ nb::dict Heap::stats() {
   d["tier_tokens"] = nb::make_tuple(s.tier_tokens[0], s.tier_tokens[1], s.tier_tokens[2],
                                     s.tier_tokens[3]);
   d["tokens_demoted_to"] = nb::make_tuple(s.tokens_demoted_to[0], s.tokens_demoted_to[1],
-                                          s.tokens_demoted_to[2]);
+                                          s.tokens_demoted_to[2], s.tokens_demoted_to_int2);
   nb::dict cls;
   cls["fp16"] = class_stats(s.cls[KVGC_CLASS_FP16]);
   cls["int4"] = class_stats(s.cls[KVGC_CLASS_INT4]);
   cls["int8"] = class_stats(s.cls_int8);
+  cls["int2"] = class_stats(s.cls_int2);
   d["classes"] = cls;
   d["cls_header"] = class_stats(s.cls_header);
   // Pages in use, header pages included: arena_bytes - scratch_bytes - free_bytes.
   d["used_bytes"] = s.cls[KVGC_CLASS_FP16].used_bytes + s.cls[KVGC_CLASS_INT4].used_bytes +
-                    s.cls_int8.used_bytes + s.cls_header.used_bytes;
+                    s.cls_int8.used_bytes + s.cls_int2.used_bytes + s.cls_header.used_bytes;
 #define KVGC_STAT(f) d[#f] = s.f
   KVGC_STAT(shared_pages); KVGC_STAT(shared_bytes); KVGC_STAT(shared_refs); KVGC_STAT(prefixes);
   KVGC_STAT(prefixes_pinned); KVGC_STAT(prefix_lookups); KVGC_STAT(prefix_hits);

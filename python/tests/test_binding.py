@@ -268,8 +268,27 @@ def test_step_meets_a_byte_budget_with_the_ladder():
         # bytes held per layer within the budget (+ what one step appends)
         full = kvgc.kv_bytes(1, KVH, D, "float32", 256)
         assert s.used_bytes / L <= 0.3 * full + kvgc.kv_bytes(1, KVH, D, "float32", 1, page_tokens=16)
-        heap.check()
 
+
+def test_the_int2_rung_is_opt_in_and_holds_the_budget():
+    # demote="int8,int4,int2" (0.10): the ladder's fourth rung, below int4. A 1024-token
+    # prompt with heavy-tailed mass, one step at 5% of its f32 bytes.
+    # f16 and head_dim 64 (two groups of 32), where int2 rows cost 24 bytes to int4's 40.
+    n, d = 1024, 64
+    mass = (1.0 / (0.002 + np.random.default_rng(5).random(n) ** 3)).astype(np.float32)
+    with kvgc.Heap(L, QH, KVH, d, "float16", budget="16M", ignore_env=True, byte_budget=0.05,
+                   harvest="immediate", demote="int8,int4,int2") as heap:
+        seq = heap.new_sequence()
+        k, v = rand(n, KVH, d, dtype=np.float16, seed=3), rand(n, KVH, d, dtype=np.float16, seed=4)
+        for layer in range(L):
+            heap.append(seq, layer, k, v)
+            heap.observe(seq, layer, mass)
+        heap.step(seq)
+        s = heap.stats()
+        classes = heap.read_classes(seq, 0)
+        assert (classes == kvgc.StorageClass.INT2).any()
+        assert s.classes["int2"]["pages_used"] > 0 and s.tokens_demoted_to[kvgc.StorageClass.INT2] > 0
+        assert s.used_bytes / L <= 0.05 * kvgc.kv_bytes(1, KVH, d, "float16", n)
 
 def test_fork_and_observe():
     with make_heap(policy="h2o") as heap:
@@ -400,8 +419,10 @@ def test_kv_bytes():
     assert kvgc.kv_bytes(30, 3, 64, "float16", 1000) == 30 * 3 * 64 * 2 * 2 * 1000
     assert kvgc.kv_bytes(30, 3, 64, "float16", 1000, cls="int4") < kvgc.kv_bytes(
         30, 3, 64, "float16", 1000, cls="int8")
+    assert kvgc.kv_bytes(30, 3, 64, "float16", 1000, cls="int2") < kvgc.kv_bytes(
+        30, 3, 64, "float16", 1000, cls="int4")  # 0.10
     with pytest.raises(kvgc.InvalidArgument, match="cls"):
-        kvgc.kv_bytes(1, 1, 64, "float16", 1, cls="int2")
+        kvgc.kv_bytes(1, 1, 64, "float16", 1, cls="int3")
 
 
 def test_threads_share_a_heap():
@@ -499,11 +520,11 @@ def keeper_with_prompt(heap, n=30, tenant=0, seed=1):
 
 
 def test_prefix_stats_fields_and_constants():
-    assert kvgc.STATS_VERSION == 5 and kvgc.PAGE_LAYOUT_VERSION == 2
+    assert kvgc.STATS_VERSION == 6 and kvgc.PAGE_LAYOUT_VERSION == 2
     assert kvgc._kvgc.PREFIX_PIN == 1
     with prefix_heap() as heap:
         s = heap.stats()
-        assert s.version == 5
+        assert s.version == 6
         for f in ("shared_pages", "shared_bytes", "shared_refs", "prefixes", "prefixes_pinned",
                   "prefix_lookups", "prefix_hits", "prefix_tokens_attached",
                   "prefix_evictions", "pages_shared", "cow_copies", "cached_only_bytes"):

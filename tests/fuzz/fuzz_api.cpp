@@ -135,6 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.byte_budget_fraction = budget < 200 ? 0.0 : 0.1 + (budget - 200) / 100.0;
   const uint8_t demote = in.byte();
   o.demote = kvgc_demote(demote % 4);  // off, int4, int8, the ladder
+  if (demote % 4 == 3 && (demote & 0x20)) o.demote = KVGC_DEMOTE_LADDER_INT2;  // bit 5 (0.10)
   o.recent_decay = demote & 0x40 ? 0.9 : 1.0;
   o.compact_threshold = 0.05 + (in.byte() % 20) / 20.0;
   const uint8_t noise_harvest = in.byte();  // one byte for all three: the corpus keeps its layout

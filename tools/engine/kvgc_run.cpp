@@ -381,10 +381,11 @@ static int run(int argc, char** argv) {
     return 1;
   }
   static const char* kPolicies[] = {"generational", "full", "streaming", "h2o", "random"};
-  // Every page class: fp16, int4, int8 (cls_int8, the struct grew) and header pages.
+  // Every page class: fp16, int4, int8 and int2 (cls_int8, cls_int2: the struct grew)
+  // and header pages.
   const uint64_t held = stats.cls[KVGC_CLASS_FP16].used_bytes +
                         stats.cls[KVGC_CLASS_INT4].used_bytes + stats.cls_int8.used_bytes +
-                        stats.cls_header.used_bytes;
+                        stats.cls_int2.used_bytes + stats.cls_header.used_bytes;
   const double total_s = prefill_s + decode_s;
   const double mib = 1024.0 * 1024.0;
   std::fprintf(stderr, "\n");

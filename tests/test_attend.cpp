@@ -99,7 +99,8 @@ void run_case(const Case& c, std::mt19937& rng) {
   o.policy = KVGC_POLICY_H2O;
   o.sinks = 2;
   o.window = 4;
-  if (c.evict) o.token_budget = c.tokens / 2;
+  // An eighth of the tokens' units: below what int4 alone meets, so the int2 rung is taken.
+  if (c.evict) o.token_budget = c.demote == KVGC_DEMOTE_LADDER_INT2 ? c.tokens / 8 : c.tokens / 2;
   o.demote = c.demote;
   kvgc_heap* h = nullptr;
   REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
@@ -152,13 +153,13 @@ void run_case(const Case& c, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead, int8 and int4 slots") {
+TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead, int8, int4 and int2 slots") {
   std::random_device rd;
   const uint32_t seed = rd();
   MESSAGE("test_attend seed " << seed);
   std::mt19937 rng(seed);
   constexpr kvgc_demote kOff = KVGC_DEMOTE_OFF, kInt4 = KVGC_DEMOTE_INT4, kInt8 = KVGC_DEMOTE_INT8,
-                        kLadder = KVGC_DEMOTE_LADDER;
+                        kLadder = KVGC_DEMOTE_LADDER, kLadder2 = KVGC_DEMOTE_LADDER_INT2;
   const Case cases[] = {
       {2, 1, 64, 16, KVGC_DTYPE_F32, 100, 1, false, kOff},   // MHA, decode
       {1, 3, 64, 16, KVGC_DTYPE_F32, 257, 1, false, kOff},   // GQA 3, page boundary + 1
@@ -175,6 +176,8 @@ TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead, in
       {1, 2, 96, 16, KVGC_DTYPE_F32, 180, 3, true, kInt8},   // int8, f32 model
       {2, 4, 64, 16, KVGC_DTYPE_F16, 500, 1, true, kLadder}, // all three classes
       {1, 3, 128, 8, KVGC_DTYPE_BF16, 300, 5, true, kLadder},
+      {2, 4, 64, 16, KVGC_DTYPE_F16, 500, 1, true, kLadder2},  // int2 pages too (0.10)
+      {1, 3, 128, 8, KVGC_DTYPE_BF16, 400, 5, true, kLadder2},
       {2, 1, 6, 7, KVGC_DTYPE_F32, 64, 64, false, kOff},     // prefill from empty, tiny head
       {4, 2, 256, 32, KVGC_DTYPE_F16, 150, 2, false, kOff},  // head_dim 256
       {1, 1, 64, 16, KVGC_DTYPE_F32, 1, 1, false, kOff},     // one token

@@ -120,8 +120,11 @@ Batch random_batch(Arena& a, uint32_t n_seqs, uint32_t max_len, std::mt19937& rn
     int32_t pos = 0;
     const double evict = rng() % 3 == 0 ? 0.0 : 0.3;
     for (uint32_t p = 0; p < pages; ++p) {
-      // Read order: FP16, then INT8, then INT4 pages (a demoted sequence's).
-      const uint32_t cls = p < pages / 2 ? KVGC_CLASS_FP16 : p < 3 * pages / 4 ? KVGC_CLASS_INT8 : KVGC_CLASS_INT4;
+      // FP16, then INT8, INT4 and INT2 pages (a demoted sequence's).
+      const uint32_t cls = p < pages / 2           ? KVGC_CLASS_FP16
+                           : p < 5 * pages / 8 ? KVGC_CLASS_INT8
+                           : p < 7 * pages / 8 ? KVGC_CLASS_INT4
+                                               : KVGC_CLASS_INT2;
       const uint32_t c = rng() % 4 ? cls : uint32_t(KVGC_CLASS_FP16);
       const uint32_t live = fill_page(a, next_page, c, evict, &pos, rng);
       b.host_pages.push_back({a.h(next_page), c, s.n_live});
@@ -350,7 +353,7 @@ TEST_CASE("observe on CUDA by slot and with device-side pages equals the CPU bit
       uint64_t rows = 0;
       int32_t pos = 0;
       for (uint32_t i = 0; i < n_pages; ++i) {
-        const uint32_t cls = rng() % 3;
+        const uint32_t cls = rng() % KVGC_CLASS_COUNT;
         const uint32_t live = fill_page(a, i, cls, 0.4, &pos, rng);
         hp.push_back({a.h(i), cls, rows});
         dp.push_back({a.d(i), cls, rows});

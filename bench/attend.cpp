@@ -104,7 +104,7 @@ void replicate(const Segment& src, Segment& dst) {
 }
 
 AttendOp decode_op(const Segment& s, bool scores, const std::vector<uint16_t>& q, std::vector<uint16_t>& out) {
-  return AttendOp{{s.layout[0], s.layout[1], s.layout[2]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
+  return AttendOp{{s.layout[0], s.layout[1], s.layout[2], s.layout[3]}, s.seg.data(), uint32_t(s.seg.size()), s.live, q.data(), 1,
                   kQHeads, int64_t(s.live) - 1, 0.125f, out.data(), scores};
 }
 

@@ -103,7 +103,7 @@ Result run(Segment& g, const std::vector<uint8_t>& q, uint32_t n_q, uint32_t q_h
   std::vector<uint8_t> out(q.size(), 0xA5);  // poisoned
   for (const SegPage& sp : g.seg)  // scores from zero: what the op adds is the mass
     std::memset(sp.page + g.layout[sp.cls].score_off, 0, g.layout[sp.cls].page_tokens * 4);
-  const AttendOp op{{g.layout[0], g.layout[1], g.layout[2]}, g.seg.data(), uint32_t(g.seg.size()), g.live,
+  const AttendOp op{{g.layout[0], g.layout[1], g.layout[2], g.layout[3]}, g.seg.data(), uint32_t(g.seg.size()), g.live,
                     q.data(), n_q, q_heads, q_pos0, 1.f / std::sqrt(float(L0.head_dim)),
                     out.data(), true};
   cpu::attend(op, pool);

@@ -113,21 +113,15 @@ KVGC_AVX2 inline __m256 vload_row(const uint8_t* row, const uint16_t* qp, uint32
     // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
     const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d)));
     return round_to<D>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(load16(qp, qt))));
-  } else if constexpr (C == KVGC_CLASS_INT2) {
-    uint16_t w;
-    std::memcpy(&w, row + d / 4, 2);  // 8 two-bit codes, low first
-    const __m256i n = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(int(w)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3));
-    const uint32_t g = d / group;
-    return round_to<D>(_mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(load16(qp + 2 * g, qt)),
-                                       _mm256_set1_ps(load16(qp + 2 * g + 1, qt))));
   } else {
-    uint32_t w;
-    std::memcpy(&w, row + d / 2, 4);  // 8 nibbles, low first
-    const __m256i n = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(int(w)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-        _mm256_set1_epi32(15));
+    // INT4 and INT2: 8 codes of `bits` bits, the lowest first (d is a multiple of 8, so
+    // they start on a byte).
+    constexpr uint32_t bits = group_bits(C);
+    uint32_t w = 0;
+    std::memcpy(&w, row + d * bits / 8, bits);
+    const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int(bits)));
+    const __m256i n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w)), shifts),
+                                       _mm256_set1_epi32(int((1u << bits) - 1)));
     const uint32_t g = d / group;
     return round_to<D>(_mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(load16(qp + 2 * g, qt)),
                                        _mm256_set1_ps(load16(qp + 2 * g + 1, qt))));

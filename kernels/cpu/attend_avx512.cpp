@@ -112,22 +112,19 @@ KVGC_AVX512 inline VEC vload_row(const uint8_t* row, const uint16_t* qp, uint32_
     // q * scale is exact in f32 (7 + 11 bits), then rounded once to the model dtype.
     const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
     return round_to<D>(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(load16(qp, qt))));
-  } else if constexpr (C == KVGC_CLASS_INT2) {
-    uint32_t w;  // 16 two-bit codes, low first
-    std::memcpy(&w, row + d / 4, 4);
-    const __m512i shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(w)), shifts), _mm512_set1_epi32(3));
-    const uint32_t g = d / group;
-    return round_to<D>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(load16(qp + 2 * g, qt)),
-                                       _mm512_set1_ps(load16(qp + 2 * g + 1, qt))));
   } else {
-    uint32_t lo, hi;  // 16 nibbles, low first
-    std::memcpy(&lo, row + d / 2, 4);
-    std::memcpy(&hi, row + d / 2 + 4, 4);
+    // INT4 and INT2: 16 codes of `bits` bits, the lowest first, in one or two 32-bit words.
+    constexpr uint32_t bits = group_bits(C), per_word = 32 / bits;
+    uint32_t lo, hi;
+    std::memcpy(&lo, row + d * bits / 8, 4);
+    if constexpr (per_word < 16) std::memcpy(&hi, row + d * bits / 8 + 4, 4);
+    else hi = lo;  // the upper 8 lanes shift past the first 8 codes
     const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(int(lo))),
                                              _mm256_set1_epi32(int(hi)), 1);
-    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(15));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i shifts = _mm512_mullo_epi32(
+        _mm512_and_si512(lane, _mm512_set1_epi32(int(per_word - 1))), _mm512_set1_epi32(int(bits)));
+    const __m512i n = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(int((1u << bits) - 1)));
     const uint32_t g = d / group;
     return round_to<D>(_mm512_fmadd_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(load16(qp + 2 * g, qt)),
                                        _mm512_set1_ps(load16(qp + 2 * g + 1, qt))));

@@ -326,7 +326,7 @@ TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte bu
             if (mi == 1) continue;
             c.m = model(2, 3, 64, KVGC_DTYPE_F16);
             c.page_tokens = 16;
-            c.byte_fraction = 0.05;
+            c.byte_fraction = 0.12;
           }
           if (policy == KVGC_POLICY_GENERATIONAL && demote != KVGC_DEMOTE_OFF) c.recent_decay = 0.9;
           CAPTURE(mi);

@@ -52,6 +52,8 @@ constexpr int kFp16Class = 0;
 constexpr int kInt4Class = 1;
 constexpr int kInt8Class = 2;  // unused by the benchmark, but every class needs a size
 constexpr size_t kInt8PageBytes = 2304;
+constexpr int kInt2Class = 3;  // likewise (0.10)
+constexpr size_t kInt2PageBytes = 768;
 constexpr SegmentId kOwner = 7;
 constexpr double kAllocProbability = 0.73;  // RMM's random_allocations benchmark
 constexpr uint32_t kAllocOp = UINT32_MAX;   // in a random-ops sequence: allocate
@@ -142,6 +144,7 @@ class KvgcPool {
     cfg.page_bytes[kFp16Class] = kPageBytes;
     cfg.page_bytes[kInt4Class] = kInt4PageBytes;
     cfg.page_bytes[kInt8Class] = kInt8PageBytes;
+    cfg.page_bytes[kInt2Class] = kInt2PageBytes;
     std::string err;
     if (!pool_.init(cfg, &err)) die("PagePool::init: " + err);
   }

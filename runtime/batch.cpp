@@ -597,8 +597,9 @@ Status ManagedHeap::batch_attend(BatchPlan& b, uint32_t layer, const void* q, vo
                                  std::to_string(elem) + " bytes");
   const uint32_t B = uint32_t(b.seqs.size());
   const uint32_t p0 = b.page_off[layer];
-  AttendOp op{{layout_[0], layout_[1], layout_[2], layout_[3]}, b.host.pages + p0, b.page_off[layer + 1] - p0, 0,
+  AttendOp op{{}, b.host.pages + p0, b.page_off[layer + 1] - p0, 0,
               q, 0, model_.n_q_heads, 0, scale, out, add_scores, 1.0f, scratch_, scratch_bytes_};
+  set_layouts(op.layout);
   op.seqs = b.host.aseqs + size_t(layer) * B;
   op.n_seqs = B;
   if (batch_region_) {
@@ -644,8 +645,9 @@ Status ManagedHeap::batch_observe(BatchPlan& b, uint32_t layer, const float* mas
   batch_materialize(b, layer);  // the order the export showed
   if (uintptr_t(mass) % alignof(float))
     return fail(KVGC_EINVAL, std::string(fn) + ": mass must be 4-byte aligned");
-  ObserveOp op{{layout_[0], layout_[1], layout_[2], layout_[3]}, b.host.pages + p0, n_pages, mass,
+  ObserveOp op{{}, b.host.pages + p0, n_pages, mass,
                float(opts_.recent_decay)};
+  set_layouts(op.layout);
   op.by_slot = true;
   if (batch_region_) op.dev_pages = b.dev.pages + p0;
   KVGC_TRY(backend_->observe(op, stream));

@@ -27,8 +27,9 @@ Status ManagedHeap::observe(kvgc_seq seq, uint32_t layer, const float* mass, uin
   if (uintptr_t(mass) % alignof(float))
     return fail(KVGC_EINVAL, "kvgc_observe: mass must be 4-byte aligned");
   segment_pages(seg, &pages_);
-  ObserveOp op{{layout_[0], layout_[1], layout_[2], layout_[3]}, pages_.data(), uint32_t(pages_.size()), mass,
+  ObserveOp op{{}, pages_.data(), uint32_t(pages_.size()), mass,
                float(opts_.recent_decay)};
+  set_layouts(op.layout);
   KVGC_TRY(backend_->observe(op, stream));
   ++counters_.observes;
   return Status::Ok();

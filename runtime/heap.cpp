@@ -453,8 +453,9 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
                                  " live tokens");
   if (!(k_out || v_out || pos_out) || live == 0) return Status::Ok();
   segment_pages(seg, &pages_);
-  GatherOp op{{layout_[0], layout_[1], layout_[2], layout_[3]}, pages_.data(), uint32_t(pages_.size()),
+  GatherOp op{{}, pages_.data(), uint32_t(pages_.size()),
               k_out, v_out, pos_out};
+  set_layouts(op.layout);
   return backend_->gather(op, stream);
 }
 
@@ -477,8 +478,9 @@ Status ManagedHeap::read_scores(kvgc_seq seq, uint32_t layer, float* scores_out,
                                  " live tokens");
   if (!(scores_out || gen_out) || live == 0) return Status::Ok();
   segment_pages(seg, &pages_);
-  GatherOp op{{layout_[0], layout_[1], layout_[2], layout_[3]}, pages_.data(), uint32_t(pages_.size()),
+  GatherOp op{{}, pages_.data(), uint32_t(pages_.size()),
               nullptr, nullptr, nullptr, scores_out, gen_out};
+  set_layouts(op.layout);
   return backend_->gather(op, stream);
 }
 
@@ -550,9 +552,10 @@ Status ManagedHeap::attend(kvgc_seq seq, uint32_t layer, const void* q, uint32_t
     std::copy(list.begin(), list.end(), static_cast<SegPage*>(staged));
     pages = static_cast<const SegPage*>(staged);
   }
-  AttendOp op{{layout_[0], layout_[1], layout_[2], layout_[3]}, pages, uint32_t(list.size()), rows,
+  AttendOp op{{}, pages, uint32_t(list.size()), rows,
               q, n_q, model_.n_q_heads, int64_t(seg.length) - n_q, scale, out, add_scores,
               float(std::pow(opts_.recent_decay, double(n_q))), scratch_, scratch_bytes_};
+  set_layouts(op.layout);
   KVGC_TRY(backend_->attend(op, stream));
   if (pages != list.data()) KVGC_TRY(staging_.enqueued(*backend_, stream));
   ++counters_.attends;

@@ -6,6 +6,7 @@
 // the pages themselves, in device memory, written only by data-plane ops.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -193,6 +194,10 @@ class ManagedHeap : public host::HostAllocated {
   const kvgc_heap_options& options() const { return opts_; }
   Backend& backend() { return *backend_; }
   const PageLayout& layout(int cls) const { return layout_[cls]; }
+  // An op's layouts: every class's, so no op built here can miss a class added later.
+  void set_layouts(PageLayout (&out)[KVGC_CLASS_COUNT]) const {
+    std::copy(std::begin(layout_), std::end(layout_), out);
+  }
 
   Status seq_create(uint32_t tenant, kvgc_seq* out);
   Status seq_destroy(kvgc_seq seq);

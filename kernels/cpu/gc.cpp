@@ -178,7 +178,8 @@ void select(const SelectOp& op) {
   }
   row.resize(size_t(op.layout[0].head_dim) * dtype_bytes(op.layout[0].dtype));
   uint64_t live_cls[KVGC_CLASS_COUNT] = {};
-  int position_of[KVGC_CLASS_COUNT] = {-1, -1, -1, -1};  // a class's place on the ladder
+  int position_of[KVGC_CLASS_COUNT];  // a class's place on the ladder, -1 off it
+  std::fill_n(position_of, KVGC_CLASS_COUNT, -1);
   for (uint32_t i = 0; i < op.n_ladder; ++i) position_of[op.ladder[i]] = int(i);
   // 1. Tenure tokens that left the young window; collect the ranked tiers.
   for (uint32_t p = 0; p < op.n_pages; ++p) {

@@ -28,7 +28,7 @@ uint16_t to16_directed(float x, kvgc_dtype t, bool up) {
 
 }  // namespace
 
-void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8_t* nibbles,
+void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8_t* codes,
                   uint16_t* qparams, uint32_t bits) {
   const uint32_t group = int4_group(head_dim);
   const float top = float((1u << bits) - 1);  // the largest code: 15 (int4) or 3 (int2)
@@ -57,13 +57,13 @@ void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8
       q = std::isfinite(q) ? std::clamp(q, 0.f, top) : (x > zero ? top : 0.f);
       const uint8_t n = uint8_t(q);
       const uint32_t shift = bits * (i % per_byte);
-      if (shift == 0) nibbles[i / per_byte] = n;
-      else nibbles[i / per_byte] = uint8_t(nibbles[i / per_byte] | (n << shift));
+      if (shift == 0) codes[i / per_byte] = n;
+      else codes[i / per_byte] = uint8_t(codes[i / per_byte] | (n << shift));
     }
   }
 }
 
-void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype dtype,
+void dequantize_row(const uint8_t* codes, const uint16_t* qparams, kvgc_dtype dtype,
                     uint32_t head_dim, uint8_t* dst, uint32_t bits) {
   const uint32_t group = int4_group(head_dim);
   const uint32_t per_byte = 8 / bits, mask = (1u << bits) - 1;
@@ -72,7 +72,7 @@ void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype 
   for (uint32_t i = 0; i < head_dim; ++i) {
     const uint32_t g = i / group;
     const float scale = from16(qparams[2 * g], qt), zero = from16(qparams[2 * g + 1], qt);
-    const uint8_t n = uint8_t((nibbles[i / per_byte] >> (bits * (i % per_byte))) & mask);
+    const uint8_t n = uint8_t((codes[i / per_byte] >> (bits * (i % per_byte))) & mask);
     store(dst + i * eb, dtype, float(n) * scale + zero);
   }
 }

@@ -18,11 +18,11 @@
 
 namespace kvgc::cpu {
 
-// src: head_dim values in `dtype`; nibbles: head_dim * bits / 8 bytes (rounded up; the
+// src: head_dim values in `dtype`; codes: head_dim * bits / 8 bytes (rounded up; the
 // lowest bits first); qparams: head_dim / group pairs of 16-bit {scale, zero}.
-void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8_t* nibbles,
+void quantize_row(const uint8_t* src, kvgc_dtype dtype, uint32_t head_dim, uint8_t* codes,
                   uint16_t* qparams, uint32_t bits = 4);
-void dequantize_row(const uint8_t* nibbles, const uint16_t* qparams, kvgc_dtype dtype,
+void dequantize_row(const uint8_t* codes, const uint16_t* qparams, kvgc_dtype dtype,
                     uint32_t head_dim, uint8_t* dst, uint32_t bits = 4);
 
 // src: head_dim values in `dtype`; q: head_dim signed bytes; scale: one 16-bit word.

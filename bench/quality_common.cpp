@@ -14,6 +14,18 @@ namespace quality {
 
 Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL}; }
 
+engine::EngineOptions engine_options(const Config& config) {
+  engine::EngineOptions o;
+  if (config.pool_radius >= 0) o.pool_radius = uint32_t(config.pool_radius);
+  return o;
+}
+
+engine::EngineOptions snapshot_engine_options() {
+  engine::EngineOptions o;
+  o.pool_radius = 0;
+  return o;
+}
+
 // The configuration tables: one line each. "@bytes" rows get a byte budget (the same
 // fraction of the f16 full cache's bytes) instead of a token budget: the equal-bytes rows.
 std::vector<Config> retrieval_configs() {
@@ -28,6 +40,12 @@ std::vector<Config> retrieval_configs() {
        .budget = Budget::Bytes, .library_defaults = true, .window_override = 16},
       {.name = "default+window8@bytes", .policy = KVGC_POLICY_GENERATIONAL,
        .budget = Budget::Bytes, .library_defaults = true, .window_override = 8},
+      {.name = "default+pool3@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .pool_radius = 3},
+      {.name = "default+pool5@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .pool_radius = 5},
+      {.name = "default+pool8@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .pool_radius = 8},
 #endif
 #if KVGC_STATS_VERSION >= 6
       {.name = "default+int2@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
@@ -71,6 +89,12 @@ std::vector<Config> perplexity_configs() {
 #if QUALITY_HAVE_LADDER
       {.name = "default@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
        .library_defaults = true},
+      {.name = "default+pool3@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .pool_radius = 3},
+      {.name = "default+pool5@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .pool_radius = 5},
+      {.name = "default+pool8@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+       .library_defaults = true, .pool_radius = 8},
 #endif
       {.name = "window(no sinks)", .policy = KVGC_POLICY_STREAMING, .sinks = 0},
       {.name = "streaming", .policy = KVGC_POLICY_STREAMING},

@@ -56,9 +56,17 @@ struct Config {
   // Issue 23 part 1's measurement: a library-defaults row with this ladder instead of the
   // library's (0: the library's).
   int demote_override = 0;
+  // The observe prefill's pooling radius (engine::EngineOptions::pool_radius) of this
+  // row's engines; -1: the engine's default.
+  int pool_radius = -1;
 };
 
 Config full_config();
+// The engine options of a configuration's engines (its pooling radius).
+engine::EngineOptions engine_options(const Config& config);
+// Those of the engine whose observe prefill every row replays: its scores unpooled, so
+// that each row pools them at its own radius (replay()).
+engine::EngineOptions snapshot_engine_options();
 // Every bounded configuration, in table order; retrieval and perplexity parts measure
 // those whose `parts` include them (see quality_common.cpp).
 std::vector<Config> retrieval_configs();

@@ -286,7 +286,7 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
     Snapshot snap;
     KvHeld held;
     const auto t0 = Clock::now();
-    if (!full.init(*bench.model, &full_options, e) ||
+    if (!full.init(*bench.model, &full_options, e, snapshot_engine_options()) ||
         !take_snapshot(bench, &full, prefix, &snap, e) ||
         !kv_held(full, bench.kv.n_layers, p.prefix, &held, e))
       return false;
@@ -311,7 +311,7 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
         uint64_t offset = 0;
         KvHeld h;
         Run& r = runs[i][c + 1][f];
-        if (!engine.init(*bench.model, &options, e) ||
+        if (!engine.init(*bench.model, &options, e, engine_options(configs[c])) ||
             !prefill_or_replay(bench, configs[c], snap, prefix, &engine, &offset, e) ||
             !kv_held(engine, bench.kv.n_layers, p.prefix, &h, e) ||
             !continuation_nll(bench, &engine, p, &r.nll, &r.scored, e))

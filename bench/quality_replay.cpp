@@ -223,6 +223,9 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
                  "kvgc_observe", heap, err))
       return false;
   }
+  // The snapshot's scores are unpooled (snapshot_engine_options): this engine pools them at
+  // its own radius, as its own observe prefill would before the step.
+  if (!engine->pool_scores(seq, err)) return false;
   if (!try_resume(engine, snap.tokens, &resumed, err)) return false;
   *position_offset = resumed ? 0 : snap.tokens;
   const kvgc_status s = kvgc_step(heap, seq, nullptr);

@@ -5,8 +5,9 @@
 // that prefill only caches and scores (no kvgc_step until the prompt's end, and the full
 // policy's step evicts nothing). Its cache is then replayed into each configuration's
 // fresh heap through the public API: kvgc_read each layer's K/V, kvgc_append them,
-// kvgc_observe the scores kvgc_read_scores gave, then the one kvgc_step that ends an
-// observe prefill. --check-replay compares every replay with a fresh prefill of the same
+// kvgc_observe the scores kvgc_read_scores gave, pool them at the configuration's radius
+// (the snapshot's engine pools nothing: snapshot_engine_options), then the one kvgc_step
+// that ends an observe prefill. --check-replay compares every replay with a fresh prefill of the same
 // configuration (compare_replay).
 //
 // Positions: the configuration's Engine has run no token, so it would rotate the next
@@ -32,7 +33,7 @@ struct Snapshot {
   uint64_t tokens = 0;               // the prompt's length
   std::vector<float> logits;         // its last position's logits, before any eviction
   std::vector<std::vector<uint8_t>> k, v;  // per layer, [tokens][n_kv_heads][head_dim]
-  std::vector<std::vector<float>> scores;  // per layer, pooled observe-prefill scores
+  std::vector<std::vector<float>> scores;  // per layer, unpooled observe-prefill scores
 };
 
 // Prefills `prompt` in observe mode in a full-cache heap and keeps its cache. `full` is

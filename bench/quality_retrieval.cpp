@@ -146,7 +146,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
       std::vector<float> logits(bench.model->config.n_vocab);
       KvHeld held;
       Outcome& o = outcomes[job.prompt][1][job.config + 1][job.fraction];
-      if (!engine.init(*bench.model, &options, e) ||
+      if (!engine.init(*bench.model, &options, e, engine_options(config)) ||
           !engine.prefill(prompt.tokens.data(), uint32_t(n), logits.data(), e,
                           PrefillMode::Stream) ||
           !kv_held(engine, layers, n, &held, e) ||
@@ -165,7 +165,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
     engine::Engine full;
     Snapshot snap;
     KvHeld held;
-    if (!full.init(*bench.model, &full_options, e) ||
+    if (!full.init(*bench.model, &full_options, e, snapshot_engine_options()) ||
         !take_snapshot(bench, &full, prompt.tokens, &snap, e) ||
         !kv_held(full, layers, n, &held, e))
       return false;
@@ -180,7 +180,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
         uint64_t offset = 0;
         KvHeld h;
         Outcome& o = outcomes[job.prompt][0][c + 1][f];
-        if (!engine->init(*bench.model, &options, e) ||
+        if (!engine->init(*bench.model, &options, e, engine_options(config)) ||
             !prefill_or_replay(bench, config, snap, prompt.tokens, engine.get(), &offset, e) ||
             !kv_held(*engine, layers, n, &h, e))
           return false;
@@ -190,7 +190,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
           std::vector<float> logits(bench.model->config.n_vocab);
           bool same = false;
           std::string what, fresh_text;
-          if (!fresh.init(*bench.model, &options, e) ||
+          if (!fresh.init(*bench.model, &options, e, engine_options(config)) ||
               !fresh.prefill(prompt.tokens.data(), uint32_t(n), logits.data(), e,
                              PrefillMode::Observe) ||
               !compare_replay(bench, *engine, offset, fresh,

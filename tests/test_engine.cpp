@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -523,6 +524,67 @@ TEST_CASE("engine: forward over a kvgc heap matches a float64 dense-attention fo
       CHECK(stats.steps == 6);
     }
   }
+}
+
+// Each layer's scores and positions after an observe prefill, in position order.
+std::vector<std::vector<float>> observed_scores(engine::Engine& e, uint32_t layers) {
+  std::vector<std::vector<float>> out(layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    uint64_t n = 0;
+    REQUIRE(kvgc_read_scores(e.heap(), e.sequence(), l, nullptr, nullptr, 0, &n, nullptr) == KVGC_OK);
+    std::vector<float> scores(n);
+    std::vector<int32_t> pos(n);
+    REQUIRE(kvgc_read_scores(e.heap(), e.sequence(), l, scores.data(), nullptr, n, &n, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_read(e.heap(), e.sequence(), l, nullptr, nullptr, pos.data(), n, &n, nullptr) == KVGC_OK);
+    out[l].assign(n, -1.0f);
+    for (uint64_t i = 0; i < n; ++i) out[l].at(size_t(pos[i])) = scores[i];
+  }
+  return out;
+}
+
+TEST_CASE("engine: the observe prefill pools each score over pool_radius positions either side") {
+  TinyModel tiny;
+  const uint32_t layers = tiny.model.config.n_layers;
+  const std::vector<int32_t> ids = tiny.tokenizer.encode(
+      "<|im_start|>user\nthe pass key is 71432, remember 71432 and the rest is filler text "
+      "that goes on and on until the question. What is the pass key?<|im_end|>\n");
+  REQUIRE(ids.size() > engine::Engine::kObserveTokens + 8);  // some tokens do not score
+  const kvgc_heap_options opts = full_policy_options();
+  std::string err;
+  auto prefill = [&](uint32_t radius) {
+    engine::EngineOptions eo;
+    eo.threads = 1;
+    eo.pool_radius = radius;
+    auto e = std::make_unique<engine::Engine>();
+    REQUIRE_MESSAGE(e->init(tiny.model, &opts, &err, eo), err);
+    std::vector<float> logits(tiny.model.config.n_vocab);
+    REQUIRE_MESSAGE(e->prefill(ids.data(), uint32_t(ids.size()), logits.data(), &err,
+                               engine::Engine::PrefillMode::Observe), err);
+    return observed_scores(*e, layers);
+  };
+  const auto raw = prefill(0);
+  for (const uint32_t radius : {1u, 3u, 5u, 8u}) {
+    CAPTURE(radius);
+    const auto pooled = prefill(radius);
+    size_t raised = 0;
+    for (uint32_t l = 0; l < layers; ++l) {
+      const std::vector<float>& r = raw[l];
+      REQUIRE(pooled[l].size() == r.size());
+      for (size_t p = 0; p < r.size(); ++p) {
+        float best = r[p];
+        for (size_t q = p >= radius ? p - radius : 0; q <= std::min(r.size() - 1, p + radius); ++q)
+          best = std::max(best, r[q]);
+        CHECK(pooled[l][p] == doctest::Approx(best).epsilon(1e-6));
+        raised += best > r[p];
+      }
+    }
+    CHECK(raised > 0);  // a neighbour's score was taken somewhere
+  }
+  engine::EngineOptions too_wide;
+  too_wide.pool_radius = engine::kMaxPoolRadius + 1;
+  engine::Engine e;
+  CHECK_FALSE(e.init(tiny.model, &opts, &err, too_wide));
+  CHECK(err.find("pool_radius") != std::string::npos);
 }
 
 // Loads a variant of the tiny model; the loader's error (empty if it loaded).

@@ -66,6 +66,11 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
     if (err) *err = "EngineOptions.kv_dtype must be KVGC_DTYPE_F16 or KVGC_DTYPE_F32";
     return false;
   }
+  if (engine_options.pool_radius > kMaxPoolRadius) {
+    if (err) *err = "EngineOptions.pool_radius " + std::to_string(engine_options.pool_radius) +
+                    " is above " + std::to_string(kMaxPoolRadius);
+    return false;
+  }
   model_ = &model;
   options_ = engine_options;
   const Config& c = model.config;
@@ -313,11 +318,13 @@ bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, st
   return mode != PrefillMode::Observe || (pool_scores(seq_, err) && step(err));
 }
 
-// SnapKV's clustering: a token's score becomes the largest within kPoolRadius positions,
+// SnapKV's clustering: a token's score becomes the largest within pool_radius positions,
 // so the neighbours of what the question attends to (the other digits of a number, the
 // rest of a name) are ranked with it. Done through the public API: read the scores,
 // then kvgc_observe the difference.
 bool Engine::pool_scores(kvgc_seq seq, std::string* err) {
+  const int32_t radius = int32_t(options_.pool_radius);
+  if (radius == 0) return true;
   for (uint32_t layer = 0; layer < model_->config.n_layers; ++layer) {
     KvgcTimer timer(&kvgc_seconds_);
     uint64_t n = 0;
@@ -341,9 +348,9 @@ bool Engine::pool_scores(kvgc_seq seq, std::string* err) {
     size_t lo = 0;
     for (size_t i = 0; i < n; ++i) {
       const int32_t p = pool_pos_[pool_order_[i]];
-      while (pool_pos_[pool_order_[lo]] < p - int32_t(kPoolRadius)) ++lo;
+      while (pool_pos_[pool_order_[lo]] < p - radius) ++lo;
       float best = pool_score_[pool_order_[i]];
-      for (size_t j = lo; j < n && pool_pos_[pool_order_[j]] <= p + int32_t(kPoolRadius); ++j)
+      for (size_t j = lo; j < n && pool_pos_[pool_order_[j]] <= p + radius; ++j)
         best = std::max(best, pool_score_[pool_order_[j]]);
       pool_delta_[pool_order_[i]] = best - pool_score_[pool_order_[i]];
     }

@@ -17,6 +17,10 @@
 
 namespace engine {
 
+// The observe prefill's default pooling radius (EngineOptions::pool_radius).
+inline constexpr uint32_t kDefaultPoolRadius = 3;
+inline constexpr uint32_t kMaxPoolRadius = 4096;
+
 // The engine's own choices (the cache's come from kvgc_heap_options and KVGC_*).
 struct EngineOptions {
   // The kvgc model dtype: K, V and Q go to kvgc in it, attention comes back in it. F16
@@ -29,6 +33,11 @@ struct EngineOptions {
   // caller that keeps many sequences in the heap and runs them through run_rows() (the
   // batch engine, batch_forward.hpp).
   bool own_sequence = true;
+  // The observe prefill's score pooling: each token's score becomes the largest within
+  // this many positions either side (SnapKV's clustering), so a kept fact keeps its
+  // neighbours; 0 pools nothing. It must span what the question needs whole: a number
+  // whose digits are tokens of their own needs its length less one.
+  uint32_t pool_radius = kDefaultPoolRadius;
 };
 
 // The thread count of engines whose options say 0: 1 unless set. (A process running
@@ -57,7 +66,7 @@ class Engine {
   enum class PrefillMode : uint8_t {
     // SnapKV-style (default): the whole prompt is cached first; only its last
     // kObserveTokens queries (the question, in a chat prompt) add attention mass to the
-    // scores, each score is then max-pooled over kPoolRadius positions either side, and
+    // scores, each score is then max-pooled over pool_radius positions either side, and
     // one kvgc_step at the prompt's end evicts down to the budget. What the end of the
     // prompt attends to survives. The KV cache peaks at the prompt's length.
     Observe,
@@ -67,7 +76,6 @@ class Engine {
     Stream,
   };
   static constexpr uint32_t kObserveTokens = 32;
-  static constexpr uint32_t kPoolRadius = 3;
 
   // Per-call choices of forward().
   struct Pass {
@@ -106,7 +114,7 @@ class Engine {
   // The message of a failed kvgc call (false when status is KVGC_OK).
   bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
   // The observe prefill's score pooling (PrefillMode::Observe) on any sequence of heap():
-  // each layer's scores max-pooled over kPoolRadius positions either side.
+  // each layer's scores max-pooled over EngineOptions::pool_radius positions either side.
   bool pool_scores(kvgc_seq seq, std::string* err);
   // Adds the wall time of a kvgc call the caller made to kvgc_seconds().
   void add_kvgc_seconds(double seconds) { kvgc_seconds_ += seconds; }

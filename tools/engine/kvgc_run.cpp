@@ -45,7 +45,7 @@ void usage(FILE* out) {
                "                [--max-tokens N] [--temperature T] [--seed S]\n"
                "                [--prefill observe|stream] [--profile FILE] [--threads N]\n"
                "                [--kv-dtype f16|f32] [--matmul q8|exact] [--ignore-eos]\n"
-               "                [--print-prompt-ids] [--perplexity N]\n"
+               "                [--pool-radius N] [--print-prompt-ids] [--perplexity N]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
@@ -59,6 +59,9 @@ void usage(FILE* out) {
                "                   the question attends to survives); stream: evict after every\n"
                "                   %u-token chunk, every token scores (the cache never exceeds\n"
                "                   its budget, but facts are judged before the question is read)\n"
+               "  --pool-radius N  the observe prefill's score pooling: a token ranks as the best\n"
+               "                   within N positions either side, so a fact kept keeps its\n"
+               "                   neighbours (default %u; 0: none; at most %u)\n"
                "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "  --threads N      matmul threads, this one included (default: the CPUs this\n"
@@ -79,7 +82,8 @@ void usage(FILE* out) {
                "The KV cache policy comes from KVGC_* variables (e.g. KVGC_POLICY=generational\n"
                "KVGC_TOKEN_BUDGET=25%%).\n",
                engine::kDefaultModelFile, engine::Engine::kObserveTokens,
-               engine::Engine::kChunkTokens, engine::ThreadPool::available_cpus());
+               engine::Engine::kChunkTokens, engine::kDefaultPoolRadius, engine::kMaxPoolRadius,
+               engine::ThreadPool::available_cpus());
 }
 
 // A whole decimal number in [lo, hi], or false.
@@ -130,6 +134,11 @@ bool parse_args(int argc, char** argv, Args* args) {
     } else if (arg == "--perplexity" && (v = value())) {
       if (!parse_uint(v, 1, UINT32_MAX - 1, &n)) return bad("a count of tokens >= 1");
       args->perplexity = uint32_t(n);
+    } else if (arg == "--pool-radius" && (v = value())) {
+      if (!parse_uint(v, 0, engine::kMaxPoolRadius, &n))
+        return bad("a radius in 0..4096");
+      static_assert(engine::kMaxPoolRadius == 4096, "the message above names the bound");
+      args->engine.pool_radius = uint32_t(n);
     } else if (arg == "--threads" && (v = value())) {
       if (!parse_uint(v, 1, 1024, &n)) return bad("a thread count in 1..1024");
       args->engine.threads = uint32_t(n);

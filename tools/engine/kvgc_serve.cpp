@@ -26,6 +26,7 @@ void usage(FILE* out) {
       "usage: kvgc-serve FILE [--model PATH] [--chat] [--max-tokens N] [--ignore-eos]\n"
       "                  [--threads N] [--step-tokens N] [--chunk N] [--max-running N]\n"
       "                  [--max-prefilling N] [--prefill observe|stream] [--prefix-cache]\n"
+      "                  [--pool-radius N]\n"
       "  FILE            prompts, one a line (empty lines skipped); at most 64 MiB\n"
       "  --model PATH    GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
       "  --chat          wrap each prompt in the model's ChatML template\n"
@@ -39,11 +40,12 @@ void usage(FILE* out) {
       "  --prefill MODE  observe (default, as kvgc-run): a prompt's chunks unscored but its\n"
       "                  last 32 tokens, one GC at its end; stream: chunks are scored batch\n"
       "                  rows, GC every step\n"
+      "  --pool-radius N the observe prefill's score pooling, as kvgc-run's (default %u)\n"
       "  --prefix-cache  the prefix cache (observe prefill only): a prompt attaches the longest\n"
       "                  cached prefix of an earlier one and prefills the rest; every prompt is\n"
       "                  kept once in (who pays: KVGC_PREFIX_CHARGE, default cache)\n"
       "Greedy decoding. The KV cache policy and arena come from KVGC_* variables.\n",
-      engine::kDefaultModelFile);
+      engine::kDefaultModelFile, engine::kDefaultPoolRadius);
 }
 
 bool parse_count(const std::string& flag, const char* v, uint64_t lo, uint64_t hi, uint32_t* out) {
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   std::string file_path, model_path;
   bool chat = false, ignore_eos = false;
   uint32_t max_tokens = 64, threads = engine::ThreadPool::available_cpus();
+  uint32_t pool_radius = engine::kDefaultPoolRadius;
   engine::ServeOptions so;
   so.prefill = engine::Engine::PrefillMode::Observe;
   for (int i = 1; i < argc; ++i) {
@@ -104,6 +107,8 @@ int main(int argc, char** argv) {
       ok = parse_count(a, v, 1, 1u << 20, &so.max_running);
     } else if (a == "--max-prefilling") {
       ok = parse_count(a, v, 0, 1u << 20, &so.max_prefilling);
+    } else if (a == "--pool-radius") {
+      ok = parse_count(a, v, 0, engine::kMaxPoolRadius, &pool_radius);
     } else if (a.rfind("--", 0) != 0 && file_path.empty()) {
       file_path = a;
       continue;
@@ -156,6 +161,7 @@ int main(int argc, char** argv) {
   engine::BatchEngine eng;
   engine::EngineOptions eo;
   eo.threads = threads;
+  eo.pool_radius = pool_radius;
   if (!eng.init(model, nullptr, &err, eo)) {  // kvgc's defaults, then KVGC_*
     std::fprintf(stderr, "kvgc-serve: %s\n", err.c_str());
     return 1;

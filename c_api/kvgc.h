@@ -56,8 +56,8 @@ extern "C" {
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
 #define KVGC_VERSION_MINOR 10
-#define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.10.0"
+#define KVGC_VERSION_PATCH 1
+#define KVGC_VERSION_STRING "0.10.1"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 

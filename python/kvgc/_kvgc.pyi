@@ -10,7 +10,7 @@ def version() -> str:
 
 def version_number() -> int: ...
 
-HEADER_VERSION: str = '0.10.0'
+HEADER_VERSION: str = '0.10.1'
 
 PAGE_LAYOUT_VERSION: int = 2
 

@@ -91,8 +91,8 @@ class KvgcCache(Cache):
             queries, then pools and steps once) or "stream" (every query scores; one GC
             step per forward).
         observe_tokens: how many of a prefill's last queries score in "observe" mode (32).
-        pool_radius: max-pool radius over positions applied after an observe prefill (3;
-            0 disables pooling).
+        pool_radius: max-pool radius over positions applied after an observe prefill (5,
+            as kvgc-run's since 0.10.1; 0 disables pooling).
         max_tokens: longest sequence the default arena must hold (default:
             min(max_position_embeddings, 8192)); ignored when budget/budget_bytes is given.
         auto_checkpoint: checkpoint() automatically at the end of the first prefill, so a
@@ -127,7 +127,7 @@ class KvgcCache(Cache):
     """
 
     def __init__(self, config, *, kv_dtype=None, device="cpu", prefill="observe",
-                 observe_tokens=32, pool_radius=3, max_tokens=None, auto_checkpoint=False,
+                 observe_tokens=32, pool_radius=5, max_tokens=None, auto_checkpoint=False,
                  prefill_attention="kvgc", **heap_options):
         self.hf = _hf_compat.profile()
         cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -26,10 +26,29 @@ engine::EngineOptions snapshot_engine_options() {
   return o;
 }
 
+// The pooling-radius rows (0.10.1's measurement): the library's defaults with the observe
+// prefill's scores pooled over 3, 5 or 8 positions either side, placed after
+// default@bytes. Both tables have them.
+static void add_pool_rows(std::vector<Config>* rows) {
+#if QUALITY_HAVE_LADDER
+  auto at = std::find_if(rows->begin(), rows->end(),
+                         [](const Config& c) { return c.name == "default@bytes"; });
+  if (at != rows->end()) ++at;
+  std::vector<Config> pool;
+  for (const int radius : {3, 5, 8})
+    pool.push_back({.name = "default+pool" + std::to_string(radius) + "@bytes",
+                    .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+                    .library_defaults = true, .pool_radius = radius});
+  rows->insert(at, pool.begin(), pool.end());
+#else
+  (void)rows;
+#endif
+}
+
 // The configuration tables: one line each. "@bytes" rows get a byte budget (the same
 // fraction of the f16 full cache's bytes) instead of a token budget: the equal-bytes rows.
 std::vector<Config> retrieval_configs() {
-  return {
+  std::vector<Config> rows = {
       {.name = "default", .policy = KVGC_POLICY_GENERATIONAL, .library_defaults = true},
 #if QUALITY_HAVE_LADDER
       {.name = "default@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
@@ -40,12 +59,6 @@ std::vector<Config> retrieval_configs() {
        .budget = Budget::Bytes, .library_defaults = true, .window_override = 16},
       {.name = "default+window8@bytes", .policy = KVGC_POLICY_GENERATIONAL,
        .budget = Budget::Bytes, .library_defaults = true, .window_override = 8},
-      {.name = "default+pool3@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
-       .library_defaults = true, .pool_radius = 3},
-      {.name = "default+pool5@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
-       .library_defaults = true, .pool_radius = 5},
-      {.name = "default+pool8@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
-       .library_defaults = true, .pool_radius = 8},
 #endif
 #if KVGC_STATS_VERSION >= 6
       {.name = "default+int2@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
@@ -80,21 +93,17 @@ std::vector<Config> retrieval_configs() {
        .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes, .recent_decay = 0.95},
 #endif
   };
+  add_pool_rows(&rows);
+  return rows;
 }
 
 std::vector<Config> perplexity_configs() {
-  return {
+  std::vector<Config> rows = {
       // StreamingLLM's baseline: a plain sliding window, no attention sinks.
       {.name = "default", .policy = KVGC_POLICY_GENERATIONAL, .library_defaults = true},
 #if QUALITY_HAVE_LADDER
       {.name = "default@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
        .library_defaults = true},
-      {.name = "default+pool3@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
-       .library_defaults = true, .pool_radius = 3},
-      {.name = "default+pool5@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
-       .library_defaults = true, .pool_radius = 5},
-      {.name = "default+pool8@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
-       .library_defaults = true, .pool_radius = 8},
 #endif
       {.name = "window(no sinks)", .policy = KVGC_POLICY_STREAMING, .sinks = 0},
       {.name = "streaming", .policy = KVGC_POLICY_STREAMING},
@@ -132,6 +141,8 @@ std::vector<Config> perplexity_configs() {
        .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes},
 #endif
   };
+  add_pool_rows(&rows);
+  return rows;
 }
 
 std::vector<std::string> all_config_names() {

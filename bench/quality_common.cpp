@@ -12,17 +12,13 @@
 
 namespace quality {
 
-Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL}; }
+// The full cache ranks nothing, so its engine pools nothing: its observe prefill is the
+// snapshot every row replays, and each row pools the scores at its own radius (replay()).
+Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL, .pool_radius = 0}; }
 
 engine::EngineOptions engine_options(const Config& config) {
   engine::EngineOptions o;
   if (config.pool_radius >= 0) o.pool_radius = uint32_t(config.pool_radius);
-  return o;
-}
-
-engine::EngineOptions snapshot_engine_options() {
-  engine::EngineOptions o;
-  o.pool_radius = 0;
   return o;
 }
 

@@ -64,9 +64,6 @@ struct Config {
 Config full_config();
 // The engine options of a configuration's engines (its pooling radius).
 engine::EngineOptions engine_options(const Config& config);
-// Those of the engine whose observe prefill every row replays: its scores unpooled, so
-// that each row pools them at its own radius (replay()).
-engine::EngineOptions snapshot_engine_options();
 // Every bounded configuration, in table order; retrieval and perplexity parts measure
 // those whose `parts` include them (see quality_common.cpp).
 std::vector<Config> retrieval_configs();

@@ -286,7 +286,7 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
     Snapshot snap;
     KvHeld held;
     const auto t0 = Clock::now();
-    if (!full.init(*bench.model, &full_options, e, snapshot_engine_options()) ||
+    if (!full.init(*bench.model, &full_options, e, engine_options(full_config())) ||
         !take_snapshot(bench, &full, prefix, &snap, e) ||
         !kv_held(full, bench.kv.n_layers, p.prefix, &held, e))
       return false;

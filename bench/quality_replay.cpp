@@ -223,7 +223,7 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
                  "kvgc_observe", heap, err))
       return false;
   }
-  // The snapshot's scores are unpooled (snapshot_engine_options): this engine pools them at
+  // The snapshot's scores are unpooled (full_config's engine): this engine pools them at
   // its own radius, as its own observe prefill would before the step.
   if (!engine->pool_scores(seq, err)) return false;
   if (!try_resume(engine, snap.tokens, &resumed, err)) return false;

@@ -6,7 +6,7 @@
 // policy's step evicts nothing). Its cache is then replayed into each configuration's
 // fresh heap through the public API: kvgc_read each layer's K/V, kvgc_append them,
 // kvgc_observe the scores kvgc_read_scores gave, pool them at the configuration's radius
-// (the snapshot's engine pools nothing: snapshot_engine_options), then the one kvgc_step
+// (the snapshot's full-cache engine pools nothing: full_config), then the one kvgc_step
 // that ends an observe prefill. --check-replay compares every replay with a fresh prefill of the same
 // configuration (compare_replay).
 //

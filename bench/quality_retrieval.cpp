@@ -165,7 +165,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
     engine::Engine full;
     Snapshot snap;
     KvHeld held;
-    if (!full.init(*bench.model, &full_options, e, snapshot_engine_options()) ||
+    if (!full.init(*bench.model, &full_options, e, engine_options(full_config())) ||
         !take_snapshot(bench, &full, prompt.tokens, &snap, e) ||
         !kv_held(full, layers, n, &held, e))
       return false;

@@ -138,7 +138,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   REQUIRE(after.size() == ref.mass.size());
   std::vector<float> got = to_float(out, m.dtype), delta(after.size());
   for (size_t i = 0; i < after.size(); ++i) delta[i] = after[i] - before[i];
-  const double bound = m.dtype == KVGC_DTYPE_F32 ? 1e-5 : 2e-3;
+  const double bound = kvgc_test::output_bound(m.dtype);
   const double e_out = rel_err(ref.out, got), e_mass = rel_err(ref.mass, delta);
   CHECK(e_out <= bound);
   // Mass is f32 either way: the bound of the inputs' precision holds for it too, and the
@@ -154,9 +154,7 @@ void run_case(const Case& c, std::mt19937& rng) {
 }  // namespace
 
 TEST_CASE("attend equals a float64 dense reference: random shapes, GQA, dead, int8, int4 and int2 slots") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  MESSAGE("test_attend seed " << seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_attend");
   std::mt19937 rng(seed);
   constexpr kvgc_demote kOff = KVGC_DEMOTE_OFF, kInt4 = KVGC_DEMOTE_INT4, kInt8 = KVGC_DEMOTE_INT8,
                         kLadder = KVGC_DEMOTE_LADDER, kLadder2 = KVGC_DEMOTE_LADDER_INT2;

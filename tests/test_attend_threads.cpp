@@ -189,7 +189,7 @@ void check_shape(const Shape& s, std::mt19937& rng, bool with_reference) {
     cpu::ThreadPool single(1);
     CHECK(same_bits(run(g, q, s.n_q, q_heads, q_pos0, &single), one));
   }
-  const double tight = s.dtype == KVGC_DTYPE_F32 ? 1e-5 : 2e-3;  // f16/bf16 outputs round
+  const double tight = kvgc_test::output_bound(s.dtype);  // f16/bf16 outputs round
   for (unsigned T : {2u, 3u, 4u, 7u}) {
     CAPTURE(T);
     cpu::ThreadPool pool(T);
@@ -202,7 +202,7 @@ void check_shape(const Shape& s, std::mt19937& rng, bool with_reference) {
     if (with_reference) {
       std::vector<double> out64, mass64;
       reference64(g, q, s.n_q, q_heads, q_pos0, &out64, &mass64);
-      const double bound = s.dtype == KVGC_DTYPE_F32 ? 1e-5 : 2e-3;
+      const double bound = kvgc_test::output_bound(s.dtype);
       CHECK(rel_err(out64, threaded.out) <= bound);
       CHECK(rel_err(mass64, threaded.mass) <= bound);
     }
@@ -212,9 +212,7 @@ void check_shape(const Shape& s, std::mt19937& rng, bool with_reference) {
 }  // namespace
 
 TEST_CASE("split-K attention equals one thread's, and a float64 reference") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  MESSAGE("test_attend_threads seed " << seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_attend_threads");
   std::mt19937 rng(seed);
   const Shape shapes[] = {
       {2, 1, 64, 16, KVGC_DTYPE_F32, 120, 1, 0.0, 0.0},     // MHA decode, ~1.9K slots

@@ -33,13 +33,6 @@ using kvgc::SegPage;
 
 namespace {
 
-uint32_t fresh_seed(const char* what) {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda_batch %s: seed %u\n", what, seed);
-  return seed;
-}
-
 // An arena of pages mirrored on the host and the device: the CPU runs on the host copy,
 // CUDA on the device copy, and the two are compared after.
 struct Arena {
@@ -148,7 +141,7 @@ Batch random_batch(Arena& a, uint32_t n_seqs, uint32_t max_len, std::mt19937& rn
 }  // namespace
 
 TEST_CASE("batched attention on CUDA equals the CPU per sequence (random batches, classes, GQA, tables, passes)") {
-  std::mt19937 rng(fresh_seed("attend"));
+  std::mt19937 rng(kvgc_test::fresh_seed("test_cuda_batch attend"));
   struct Shape { uint32_t kv_heads, gqa, head_dim, page_tokens; kvgc_dtype dtype; uint32_t seqs, max_len; };
   const Shape shapes[] = {{2, 4, 64, 16, KVGC_DTYPE_F16, 12, 700},  {1, 1, 128, 32, KVGC_DTYPE_F32, 9, 300},
                           {2, 8, 64, 16, KVGC_DTYPE_BF16, 7, 400},  {4, 1, 32, 48, KVGC_DTYPE_F16, 20, 120},
@@ -213,7 +206,7 @@ TEST_CASE("batched attention on CUDA equals the CPU per sequence (random batches
       REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
       std::vector<uint8_t> out_gpu(q.size());
       REQUIRE(cudaMemcpy(out_gpu.data(), dout.p, q.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
-      const double bound = sh.dtype == KVGC_DTYPE_F32 ? 1e-5 : sh.dtype == KVGC_DTYPE_F16 ? 2e-3 : 1e-2;
+      const double bound = kvgc_test::output_bound(sh.dtype);
       // Sequence by sequence: each is what the op over it alone computes.
       for (uint32_t i = 0; i < op.n_seqs; ++i) {
         const AttendSeq& s = b.seqs[i];
@@ -255,7 +248,7 @@ TEST_CASE("batched attention on CUDA equals the CPU per sequence (random batches
 }
 
 TEST_CASE("append on CUDA with per-run position deltas and device-side runs equals the CPU byte for byte") {
-  std::mt19937 rng(fresh_seed("append"));
+  std::mt19937 rng(kvgc_test::fresh_seed("test_cuda_batch append"));
   struct Shape { uint32_t kv_heads, head_dim, page_tokens; kvgc_dtype dtype; uint32_t segs, max_len; };
   const Shape shapes[] = {{2, 64, 16, KVGC_DTYPE_F16, 40, 90}, {1, 6, 3, KVGC_DTYPE_BF16, 400, 12},
                           {3, 32, 33, KVGC_DTYPE_F32, 9, 200}};
@@ -339,7 +332,7 @@ TEST_CASE("append on CUDA with per-run position deltas and device-side runs equa
 }
 
 TEST_CASE("observe on CUDA by slot and with device-side pages equals the CPU bit for bit") {
-  std::mt19937 rng(fresh_seed("observe"));
+  std::mt19937 rng(kvgc_test::fresh_seed("test_cuda_batch observe"));
   PageLayout L[KVGC_CLASS_COUNT];
   layouts(16, 2, 64, KVGC_DTYPE_F16, L);
   cudaStream_t stream;
@@ -399,7 +392,7 @@ TEST_CASE("observe on CUDA by slot and with device-side pages equals the CPU bit
 // The emulation counts kernel launches: a decode batch's attention is the same few
 // launches for 1 sequence as for 64 (and the single segment the same as a batch of one).
 TEST_CASE("batched decode attention on CUDA: launches do not grow with the batch") {
-  std::mt19937 rng(fresh_seed("launches"));
+  std::mt19937 rng(kvgc_test::fresh_seed("test_cuda_batch launches"));
   PageLayout L[KVGC_CLASS_COUNT];
   layouts(16, 2, 64, KVGC_DTYPE_F16, L);
   Arena a(L, 64 * 6);
@@ -774,7 +767,7 @@ TEST_CASE("shared pages on CUDA (SegPage::kv): attention, gather and select equa
     std::vector<bool> share(sh.pages);
     for (uint32_t i = 0; i < sh.pages; ++i) share[i] = i % 5 != 4;  // every fifth private
     const uint32_t q_heads = sh.kv_heads * sh.gqa, eb = kvgc::dtype_bytes(sh.dtype);
-    const double bound = sh.dtype == KVGC_DTYPE_F32 ? 1e-5 : sh.dtype == KVGC_DTYPE_F16 ? 2e-3 : 1e-2;
+    const double bound = kvgc_test::output_bound(sh.dtype);
     const double score_bound = sh.dtype == KVGC_DTYPE_BF16 ? 2e-3 : 1e-4;
 
     // Attention: decode and a chunk with scores, a chunk without, a batch of two with the

@@ -296,9 +296,7 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
 }  // namespace
 
 TEST_CASE("kvgc_step on CUDA equals the CPU: every policy, every ladder, byte budgets, noise, compaction") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda gc: seed %u\n", seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda gc");
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
   // f16: head_dim 64 (two int4 groups of 32); f32: head_dim 48 (one group: the head).
@@ -361,9 +359,7 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
   // step launches every collecting segment's select at once (select_batch). Masses go in
   // through kvgc_batch_observe (bit-identical on both), so the decisions must be too:
   // statuses, stats, and every token read back (positions, scores, generations, K/V).
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda batch gc: seed %u\n", seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda batch gc");
   std::mt19937 rng(seed);
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
@@ -500,9 +496,7 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
   // (its outputs within check_attention's bound), so the decisions must match: statuses,
   // stats, every row (positions, scores, generations, K/V) and every class (a shared
   // token's charged class). Prompt tokens the ladder demoted read back the prompt's bytes.
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda prune: seed %u\n", seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda prune");
   std::mt19937 rng(seed);
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
@@ -1004,9 +998,7 @@ struct SelectTotals {
 }  // namespace
 
 TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, infinities, every plan shape)") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda select: seed %u\n", seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda select");
   std::mt19937 rng(seed);
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
@@ -1034,9 +1026,7 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
 TEST_CASE("select_batch on CUDA equals the CPU op per segment on random batches (one launch set, or several)") {
   // Segments of one page size, each its own random op (charge_shared or not, shared
   // pages, charged slots): the batch's per-segment parameters carry every op's mode.
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda select_batch: seed %u\n", seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda select_batch");
   std::mt19937 rng(seed);
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
@@ -1093,9 +1083,7 @@ TEST_CASE("select_batch on CUDA equals the CPU op per segment on random batches 
 }
 
 TEST_CASE("compact on CUDA equals the CPU op on random page images (every class, planner moves)") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  std::printf("test_cuda compact: seed %u\n", seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda compact");
   std::mt19937 rng(seed);
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);

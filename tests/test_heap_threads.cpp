@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "../kernels/cpu/attend.hpp"
 #include "util.hpp"
 
 using namespace kvgc_test;
@@ -103,7 +104,9 @@ TEST_CASE("threads: KVGC_THREADS=2 attends like KVGC_THREADS=1 and keeps the sam
     CHECK(std::sqrt(e / n) <= 1e-5);
     all_same = all_same && one.outs[c] == two.outs[c];
   }
-  CHECK_FALSE(all_same);  // the split did happen (else this test checks nothing)
+  // The split did happen (else this test checks nothing); the portable path, all a CPU
+  // without AVX2 has, is single-threaded by design and so gives the same bits.
+  if (kvgc::cpu::simd_enabled()) CHECK_FALSE(all_same);
   CHECK(one.kept == two.kept);
   REQUIRE(one.scores.size() == two.scores.size());
   for (size_t i = 0; i < one.scores.size(); ++i)

@@ -32,6 +32,7 @@
 #include "../kernels/cpu/gc.hpp"
 #include "../kernels/cpu/quant.hpp"
 #include "../kernels/cpu/thread_pool.hpp"
+#include "util.hpp"
 
 using namespace kvgc;
 
@@ -218,9 +219,7 @@ Bytes attend(const Proto& s, const Geometry& g, const std::vector<SegPage>& page
 }  // namespace
 
 TEST_CASE("shared pages: attention reads K/V at kv, scores at the header, bit for bit as whole pages") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  MESSAGE("test_shared_kernels attend seed " << seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_shared_kernels attend");
   std::mt19937 rng(seed);
   cpu::ThreadPool pool(2);
   cpu::set_split_min_slots(16);  // split-K cuts even these short segments
@@ -269,9 +268,7 @@ TEST_CASE("shared pages: attention reads K/V at kv, scores at the header, bit fo
 }
 
 TEST_CASE("shared pages: gather reads K/V at kv and the rest at the header, bit for bit as whole pages") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  MESSAGE("test_shared_kernels gather seed " << seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_shared_kernels gather");
   std::mt19937 rng(seed);
   for (const Geometry& g : kGeometries) {
     CAPTURE(g.head_dim);
@@ -312,9 +309,7 @@ TEST_CASE("shared pages: gather reads K/V at kv and the rest at the header, bit 
 }
 
 TEST_CASE("shared pages: select demotes from kv into private pages and evicts at the header, as whole pages") {
-  std::random_device rd;
-  const uint32_t seed = rd();
-  MESSAGE("test_shared_kernels select seed " << seed);
+  const uint32_t seed = kvgc_test::fresh_seed("test_shared_kernels select");
   std::mt19937 rng(seed);
   SelectResult total;
   for (int iter = 0; iter < 60; ++iter) {

@@ -6,13 +6,37 @@
 
 #include <cstdint>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "kvgc.h"
 
 namespace kvgc_test {
+
+// A fresh seed for a randomised test, printed so that a failure can be replayed:
+// KVGC_TEST_SEED=N reruns every randomised test with seed N.
+inline uint32_t fresh_seed(const char* test) {
+  uint32_t seed;
+  if (const char* env = std::getenv("KVGC_TEST_SEED"); env && *env)
+    seed = uint32_t(std::strtoul(env, nullptr, 10));
+  else
+    seed = std::random_device{}();
+  std::printf("%s: seed %u (KVGC_TEST_SEED=%u replays it)\n", test, seed, seed);
+  return seed;
+}
+
+// The relative RMS error an attention output in `t` may carry against a float64 reference.
+// Outputs are rounded to the model's dtype, so the bound is a few of its unit roundoffs:
+// f16 2^-11 (2e-3 is 4 of them), bf16 2^-8 (1e-2 is 2.5: bf16 rounding alone reaches
+// 2e-3 RMS on some random draws, which a 2e-3 bound made a flaky test); f32 outputs keep
+// the summation order's error only.
+inline double output_bound(kvgc_dtype t) {
+  return t == KVGC_DTYPE_F32 ? 1e-5 : t == KVGC_DTYPE_F16 ? 2e-3 : 1e-2;
+}
 
 // Relative RMS error of `got` against the reference `ref` (absolute when ref is all 0).
 inline double rel_err(const std::vector<double>& ref, const std::vector<float>& got) {

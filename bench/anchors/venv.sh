@@ -21,12 +21,19 @@ for group in "$@"; do
   req="$here/requirements-$group.txt"
   [ -f "$req" ] || { echo "anchors: no group '$group' ($req missing)" >&2; exit 2; }
   stamp="$venv/.installed-$group"
-  # Reinstall only when the requirements changed.
-  if [ ! -f "$stamp" ] || ! cmp -s "$req" "$stamp"; then
+  # llama-cpp-python compiles llama.cpp from its sdist: native CPU flags, OpenMP, but no
+  # AMX: ggml's AMX path (built wherever -march=native has AMX, as on Sapphire Rapids)
+  # segfaulted in the first decode on this project's VMs.
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  cmake_args="${CMAKE_ARGS:--DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'}"
+  want="$(cat "$req"; echo "# CMAKE_ARGS=$cmake_args")"
+  # Reinstall only when the requirements or the build flags changed; no pip cache, whose
+  # wheel built from the same sdist would ignore new flags.
+  if [ ! -f "$stamp" ] || [ "$want" != "$(cat "$stamp")" ]; then
     echo "anchors: installing $group into $venv (first time: minutes)" >&2
-    # llama-cpp-python compiles llama.cpp from its sdist: native CPU flags, OpenMP.
-    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" "$venv/bin/python" -m pip install -q -r "$req" >&2
-    cp "$req" "$stamp"
+    CMAKE_ARGS="$cmake_args" "$venv/bin/python" -m pip install -q --no-cache-dir --force-reinstall \
+      -r "$req" >&2
+    printf '%s\n' "$want" > "$stamp"
   fi
 done
 echo "$venv/bin/python"

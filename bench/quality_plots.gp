@@ -72,8 +72,8 @@ do for [k = 1:words(parts)] {
       set title part." (".mode." mode): quality vs KV bytes"
       set xlabel "KV bytes / f16 full cache (log scale)"
       set logscale x
-      set xrange [0.04:3]
-      set xtics (0.05, 0.1, 0.125, 0.2, 0.3, 0.5, 1, 2)
+      set xrange [0.015:3]  # from 2.5% of the bytes (issue 23's budgets)
+      set xtics (0.025, 0.05, 0.1, 0.125, 0.2, 0.3, 0.5, 1, 2)
       if (is_ppl) { set ylabel "perplexity / full cache's (lower is better)"; set autoscale y } \
       else { set ylabel "accuracy"; set yrange [-0.05:1.05] }
       set key outside right top font ",8"

@@ -138,11 +138,12 @@ Status ManagedHeap::check() {
         if (tiers[g] != seg.tier[g])
           return bad(name + " tier " + std::to_string(g) + " count " + std::to_string(seg.tier[g]) +
                      " but " + std::to_string(tiers[g]) + " tokens of that generation");
-      // Sinks and the young window are never evicted: all of them must still be live.
+      // Sinks and the young window are never evicted: all of them must still be live (the
+      // window's positions that no earlier, narrower window left evictable: heap.hpp).
       const uint64_t sinks = std::min<uint64_t>(opts_.sinks, seg.length);
       if (tiers[kGenSink] != sinks) return bad(name + " lost a sink");
       const uint64_t window = young_window(policy_, budgets[layer].units);
-      for (uint64_t p = seg.length > window ? seg.length - window : 0; p < seg.length; ++p)
+      for (uint64_t p = std::max(seg.length > window ? seg.length - window : 0, seg.evictable_below); p < seg.length; ++p)
         if (!positions.count(int32_t(p))) return bad(name + " lost position " + std::to_string(p) + " of its young window");
     }
   }

@@ -183,6 +183,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   const GcPlan g = plan_gc(policy_, v);
   if (!g.run) return Status::Ok();
   touch(seg);
+  seg.evictable_below = std::max<uint64_t>(seg.evictable_below, uint64_t(std::max<int64_t>(g.tenure_before, 0)));
   // Known before the op runs: once every candidate is gone, the protected tokens (sinks
   // and the young window, all fp16) are what is left.
   // (Less those the prefix cache pins: sinks, and window tokens still in the prefix.)

@@ -94,6 +94,7 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
       to.since_minor = from.since_minor;
       to.minors_since_major = from.minors_since_major;
       to.promote_blocked = from.promote_blocked;
+      to.evictable_below = from.evictable_below;
       to.pinned_pages = from.pinned_pages;  // the copy decides as its source does
       to.pinned_live = from.pinned_live;
       std::memcpy(to.pinned_tier, from.pinned_tier, sizeof to.pinned_tier);

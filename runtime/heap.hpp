@@ -96,6 +96,11 @@ struct alignas(128) Segment {
   uint32_t minors_since_major = 0;
   bool promote_blocked = false;
   uint64_t draws = 0;  // rankings so far: salts the score noise of the next
+  // The highest young-window start of any GC prepared so far: positions below it may have
+  // been evicted. A fractional budget grows with the length and a scaling window with it,
+  // so a later, wider window can cover positions an earlier GC was free to evict; the
+  // walker checks only the part of the window above this.
+  uint64_t evictable_below = 0;
   // Whole pages attached from the prefix cache under KVGC_PREFIX_CHARGE=cache (prefix.cpp):
   // the first pinned_pages pages of the FP16 table, header pages of full shared pages. Its
   // GC leaves them out (no op sees them, no budget counts them), so their counts never

@@ -310,6 +310,7 @@ Status ManagedHeap::prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, 
     seg.tier[kGenSink] = sinks;
     seg.tier[kGenYoung] = tokens - sinks;
     seg.since_minor = uint32_t(std::min<uint64_t>(tokens - pinned, UINT32_MAX));
+    seg.evictable_below = 0;  // every attached position is live
     seg.pinned_pages = pin ? k : 0;
     seg.pinned_live = pinned;
     seg.pinned_tier[kGenSink] = pinned_sinks;

@@ -486,6 +486,42 @@ TEST_CASE("under a byte budget the young window scales with it: the newest token
   }
 }
 
+TEST_CASE("a young window that widens with a fractional budget: positions a narrower one left may be gone, the rest are kept") {
+  // A fraction of the length is a budget that grows, and under it the young window widens
+  // (0.9). A layer's budget follows the sequence's longest layer, so an append to layer 1
+  // widens layer 0's window over positions its last GC, under the narrower window, was free
+  // to evict: the walker must accept that (kvgc-fuzz-api found it rejecting it), and still
+  // hold every position no GC has yet been free to evict.
+  const kvgc_model_desc m = model(2, 3, 64);
+  kvgc_heap_options o = cpu_options(64 << 20);
+  o.byte_budget_fraction = 0.05;
+  o.window_min = 8;
+  o.harvest = KVGC_HARVEST_IMMEDIATE;
+  Heap H(o, m);
+  kvgc_seq s;
+  REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+  auto mass = [](int32_t pos) { return 1.0 / (0.002 + weight(pos)); };
+  for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
+    for (int32_t at = 0; at < 1024; at += 256) H.append(s, layer, at, 256);
+    H.observe(s, layer, mass);
+  }
+  REQUIRE(H.step(s) == KVGC_OK);  // 5% of 1K: a window of 8
+  H.check();
+  auto newest = [&](uint32_t layer, int32_t from) {
+    const auto pos = H.positions(s, layer);
+    return uint64_t(std::count_if(pos.begin(), pos.end(), [&](int32_t p) { return p >= from; }));
+  };
+  CHECK(newest(0, 1024 - 8) == 8);
+  CHECK(newest(0, 1024 - 25) < 25);  // positions a window of 25 would cover are gone
+  for (int32_t at = 1024; at < 4096; at += 256) H.append(s, 1, at, 256);
+  H.check();  // layer 0's window is now 25 (5% of 4K) and covers positions evicted under 8
+  for (int32_t at = 1024; at < 4096; at += 256) H.append(s, 0, at, 256);
+  for (uint32_t layer = 0; layer < m.n_layers; ++layer) H.observe(s, layer, mass);
+  REQUIRE(H.step(s) == KVGC_OK);
+  H.check();
+  for (uint32_t layer = 0; layer < m.n_layers; ++layer) CHECK(newest(layer, 4096 - 25) == 25);
+}
+
 TEST_CASE("a full arena: append is ENOMEM, the GC evicts and compacts in place, the same append succeeds") {
   for (const kvgc_harvest harvest : {KVGC_HARVEST_IMMEDIATE, KVGC_HARVEST_DEFERRED}) {
     CAPTURE(harvest);

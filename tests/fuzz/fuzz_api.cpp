@@ -12,6 +12,7 @@
 // is looked up at once by a new sequence of its tenant: all of it must attach (or the
 // header pages not fit), and an attached sequence must hold what it attached, positions
 // 0 .. n-1.
+// KVGC_FUZZ_TRACE=1 prints each call's op before it runs (to diagnose a finding).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -165,8 +166,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ids_of[s] = ids;
     tenant_of[s] = tenant;
   };
+  static const bool trace = std::getenv("KVGC_FUZZ_TRACE") != nullptr;  // to diagnose a finding
   for (int calls = 0; calls < 64 && !in.done(); ++calls) {
     const uint8_t op = in.byte();
+    if (trace) std::fprintf(stderr, "call %d: op 0x%02x (case %d)\n", calls, op, op < 0xC0 ? op % 12 : 12 + (op - 0xC0) % 5);
     // A sequence id: usually a live one, sometimes destroyed or made up.
     auto pick = [&]() -> kvgc_seq {
       const uint8_t b = in.byte();

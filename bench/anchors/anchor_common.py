@@ -89,3 +89,14 @@ class Timer:
 
 def ppl(nll, n):
     return math.exp(nll / n) if n else float("nan")
+
+
+def quantized_cache_share(bits, quantized=1, residual=0, group=64, scale_bits=16):
+    """HF QuantizedCache's share of an f16 cache's bytes: `bits` per element plus a scale
+    and a zero-point per group of `group` elements for its quantized tokens, its residual
+    tokens (at most residual_length, full precision) at 16 bits. Scales are counted at f16,
+    as an f16 engine stores them (quanto keeps the model's dtype: f32 on the CPU runs)."""
+    n = quantized + residual
+    if n == 0:
+        return 1.0
+    return ((bits + 2 * scale_bits / group) / 16 * quantized + residual) / n

@@ -217,10 +217,10 @@ def nominal_share(method, ratio):
     if method == "no_press":
         return 1.0
     if method.startswith("quanto_int"):
-        # HF QuantizedCache: nbits per element + a scale and zero-point (f32 here) per
-        # q_group_size (64) elements, over 16 bits; its residual (128 tokens) stays full.
-        bits = int(method[len("quanto_int"):])
-        return (bits + 2 * 32 / 64) / 16
+        # HF QuantizedCache after a prefill: every token quantized (its residual, at most
+        # 128 full-precision tokens, fills during the decode).
+        import anchor_common
+        return anchor_common.quantized_cache_share(int(method[len("quanto_int"):]))
     return 1.0 - ratio
 
 

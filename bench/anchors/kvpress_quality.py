@@ -15,6 +15,12 @@ kv_fraction is the share of the prompt's tokens the press kept (at f16, an engin
 dtype: the same as its share of an f16 full cache's bytes); AdaKV keeps the full tensors
 and masks the evicted entries, so its figure is its nominal share.
 
+--quantized adds HF's quantized cache (transformers' QuantizedCache, KIVI-style: every
+token quantized at the prefill, a full-precision residual of up to 128 tokens during the
+decode, groups of 64 with a scale and a zero-point), no press: configs quanto_int4 and
+quanto_int2 (optimum-quanto) or hqq_int4 ... (hqq). Its kv_fraction is its bytes' share of
+an f16 cache after the prefill (anchor_common.quantized_cache_share: scales at f16).
+
   python=$(bench/anchors/venv.sh kvpress)
   $python bench/anchors/kvpress_quality.py --tasks /tmp/tasks.jsonl --out /tmp/kvpress.jsonl
 """
@@ -73,11 +79,40 @@ def kept_fraction(cache, n):
     return sum(lens) / len(lens) / n
 
 
-def prefill(model, press, ids):
+def make_cache(model, quantized):
+    """A DynamicCache, or (quantized = (backend, bits)) HF's QuantizedCache."""
+    from transformers import DynamicCache
+    if quantized is None:
+        return DynamicCache()
+    from transformers import QuantizedCache
+    return QuantizedCache(backend=quantized[0], config=model.config, nbits=quantized[1])
+
+
+def quantized_fraction(cache, bits):
+    """A QuantizedCache's share of an f16 cache's bytes (the mean over its layers)."""
+    shares = []
+    for layer in cache.layers:
+        residual = layer.keys.shape[-2] if layer.keys is not None and layer.keys.dim() == 4 else 0
+        quantized = layer.cumulative_length - residual
+        shares.append(ac.quantized_cache_share(bits, quantized, residual))
+    return sum(shares) / len(shares)
+
+
+def parse_quantized(spec):
+    """--quantized "quanto:4,quanto:2" -> [("quanto", 4), ("quanto", 2)]."""
+    out = []
+    for item in (x for x in spec.split(",") if x):
+        backend, _, bits = item.partition(":")
+        if backend not in ("quanto", "hqq") or not bits.isdigit():
+            raise SystemExit(f"--quantized: {item!r} is not BACKEND:BITS (backend quanto or hqq)")
+        out.append((backend, int(bits)))
+    return out
+
+
+def prefill(model, press, ids, quantized=None):
     """The prompt through the model under the press; (last logits, cache)."""
     import torch
-    from transformers import DynamicCache
-    cache = DynamicCache()
+    cache = make_cache(model, quantized)
     x = torch.tensor([ids])
     with torch.no_grad():
         if press is None:
@@ -129,6 +164,8 @@ def main():
     p.add_argument("--kept", default="0.1,0.2,0.5",
                    help="shares of the prompt's tokens kept (compression_ratio = 1 - kept)")
     p.add_argument("--no-full", action="store_true", help="skip the no-press baseline")
+    p.add_argument("--quantized", default="",
+                   help="HF's quantized cache, no press: BACKEND:BITS,... (e.g. quanto:4,quanto:2)")
     args = p.parse_args()
     import torch
     torch.set_num_threads(args.threads)
@@ -155,9 +192,11 @@ def main():
     import tempfile
     tok_dir = tempfile.mkdtemp(prefix="kvgc-anchors-tok-")
     tok.save_pretrained(tok_dir)
+    quant = {f"{b}_int{n}": (b, n) for b, n in parse_quantized(args.quantized)}
     configs = ([] if args.no_full else [("no_press", None)]) + \
-        [(name, k) for name in presses for k in kept]
+        [(name, None) for name in quant] + [(name, k) for name in presses for k in kept]
     for name, k in configs:
+        q = quant.get(name)
         model = model_for(name if k is not None else "")
         model.config.name_or_path = tok_dir
         for t in tasks:
@@ -166,14 +205,15 @@ def main():
             try:
                 press = None if k is None else make_press(name, 1.0 - k)
                 if t["kind"] == "retrieval":
-                    logits, cache = prefill(model, press, ids)
-                    frac = k if name == "adakv_snapkv" else kept_fraction(cache, len(ids))
+                    logits, cache = prefill(model, press, ids, q)
+                    frac = k if name == "adakv_snapkv" else \
+                        quantized_fraction(cache, q[1]) if q else kept_fraction(cache, len(ids))
                     text = answer(model, logits, cache, len(ids), t)
                     ok = ac.contains(text, t["expect"])
                     out.write(task=t["task"], id=t["id"], context=t["context"],
                               depth=t["depth"], mode="observe", config=name,
-                              budget="none" if k is None else "tokens",
-                              fraction=1.0 if k is None else k, correct=ok,
+                              budget="bytes" if q else "none" if k is None else "tokens",
+                              fraction=frac if q else 1.0 if k is None else k, correct=ok,
                               kv_fraction=frac, answer=text)
                     ac.progress(f"  kvpress {name} {k} {t['id']}: {'ok  ' if ok else 'MISS'} "
                                 f"kv {frac:.3f} ({timer():.1f} s) {text!r}")
@@ -181,12 +221,13 @@ def main():
                     if t["task"] != "ppl-prefix":
                         continue  # streaming perplexity: presses compress prefills only
                     prefix = t["prefix"]
-                    _, cache = prefill(model, press, ids[:prefix])
-                    frac = k if name == "adakv_snapkv" else kept_fraction(cache, prefix)
+                    _, cache = prefill(model, press, ids[:prefix], q)
+                    frac = k if name == "adakv_snapkv" else \
+                        quantized_fraction(cache, q[1]) if q else kept_fraction(cache, prefix)
                     nll, n = continuation_nll(model, cache, ids, prefix, t["score_from"])
                     out.write(task=t["task"], id=t["id"], context=prefix, mode="observe",
-                              config=name, budget="none" if k is None else "tokens",
-                              fraction=1.0 if k is None else k, nll_sum=nll, scored=n,
+                              config=name, budget="bytes" if q else "none" if k is None else "tokens",
+                              fraction=frac if q else 1.0 if k is None else k, nll_sum=nll, scored=n,
                               perplexity=ac.ppl(nll, n), kv_fraction=frac)
                     ac.progress(f"  kvpress {name} {k} {t['id']}: perplexity "
                                 f"{ac.ppl(nll, n):.3f} kv {frac:.3f} ({timer():.1f} s)")

@@ -2,10 +2,13 @@
 """kvgc beside its anchors at equal bytes: reads the per-run results (JSON lines) that
 kvgc-bench-quality --results, llama_quality.py and kvpress_quality.py write, keeps the
 prompts every side ran (same ids), and prints, per task, markdown tables: every
-configuration's cells (KV bytes / f16 full cache, accuracy or perplexity, ratio to the same
-side's full cache), then the best cell of each configuration at or under 10 / 12.5 / 20 /
-50% of the bytes. Writes gnuplot data (OUT/anchors-pareto-TASK.dat) and, with gnuplot,
-the Pareto plots (bench/quality_plots.gp). Standard library only.
+configuration's cells (KV bytes / f16 full cache, accuracy with its 95% Wilson interval or
+perplexity, ratio to the same side's full cache), then the best cell of each configuration
+at or under 2.5 / 5 / 10 / 12.5 / 20 / 30 / 50% of the bytes, then whether any
+configuration's accuracy drops, as its budget grows, by more than its interval (the larger
+budget's upper bound under the smaller budget's accuracy). Writes gnuplot data
+(OUT/anchors-pareto-TASK.dat) and, with gnuplot, the Pareto plots
+(bench/quality_plots.gp). Standard library only.
 
   bench/anchors/report.py --out docs/quality kvgc.jsonl llama.jsonl kvpress.jsonl
 """
@@ -18,7 +21,30 @@ import subprocess
 import sys
 
 BASELINE = {"kvgc": "full", "kvpress": "no_press", "llama.cpp": "f16"}
-TARGETS = [0.10, 0.125, 0.20, 0.50]
+TARGETS = [0.025, 0.05, 0.10, 0.125, 0.20, 0.30, 0.50]
+
+
+def wilson(k, n, z=1.96):
+    """The 95% Wilson score interval of k successes in n trials."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def drops(points):
+    """(smaller share, larger share) pairs of one configuration's (kv, ok, n) cells, in
+    share order, where the larger's upper bound is under the smaller's accuracy."""
+    out = []
+    pts = sorted(points)
+    for i, (kv_a, ok_a, n_a) in enumerate(pts):
+        for kv_b, ok_b, n_b in pts[i + 1:]:
+            if kv_b > kv_a and wilson(ok_b, n_b)[1] < ok_a / n_a:
+                out.append(((kv_a, ok_a, n_a), (kv_b, ok_b, n_b)))
+    return out
 
 
 def load(paths):
@@ -110,7 +136,8 @@ def main():
             table.append((side, config, budget, fraction, kv, v, ratio, c))
         table.sort(key=lambda t: (t[0], t[1], t[4]))
         for side, config, budget, fraction, kv, v, ratio, c in table:
-            shown = f"{v:.3f}" if is_ppl else f"{c['ok']}/{c['n']}"
+            lo, hi = wilson(c["ok"], c["n"])
+            shown = f"{v:.3f}" if is_ppl else f"{c['ok']}/{c['n']} [{100 * lo:.0f}-{100 * hi:.0f}%]"
             print(f"| {side} | {config} | {budget} | {fraction:g} | {100 * kv:.1f}% | {shown} | {ratio:.3f} |")
         print()
         # At equal bytes: each configuration's best cell at or under each share.
@@ -132,6 +159,14 @@ def main():
                 cols.append(f"{best[1]:.3f} ({100 * best[0]:.1f}%)")
             print(f"| {side} | {config} | " + " | ".join(cols) + " |")
         print()
+        if not is_ppl:
+            found = []
+            for (side, config), pts in sorted(series.items()):
+                for a, b in drops([(kv, c["ok"], c["n"]) for kv, ratio, v, c in pts]):
+                    found.append(f"{side} {config}: {a[1]}/{a[2]} at {100 * a[0]:.1f}% but "
+                                 f"{b[1]}/{b[2]} at {100 * b[0]:.1f}%")
+            print("Drops beyond the interval as the budget grows: " +
+                  ("; ".join(found) if found else "none") + "\n")
         # Pareto data: one block per configuration.
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"{args.prefix}-pareto-{task}.dat")

@@ -27,12 +27,15 @@ for group in "$@"; do
   no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake_args="${CMAKE_ARGS:--DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'}"
   want="$(cat "$req"; echo "# CMAKE_ARGS=$cmake_args")"
-  # Reinstall only when the requirements or the build flags changed; no pip cache, whose
-  # wheel built from the same sdist would ignore new flags.
+  # Reinstall only when the requirements or the build flags changed; llama's with no pip
+  # cache, whose wheel built from the same sdist would ignore new flags (a forced
+  # reinstall of the kvpress group would fetch torch again: an added package only adds).
+  force=""
+  [ "$group" != llama ] || force="--no-cache-dir --force-reinstall"
   if [ ! -f "$stamp" ] || [ "$want" != "$(cat "$stamp")" ]; then
     echo "anchors: installing $group into $venv (first time: minutes)" >&2
-    CMAKE_ARGS="$cmake_args" "$venv/bin/python" -m pip install -q --no-cache-dir --force-reinstall \
-      -r "$req" >&2
+    # shellcheck disable=SC2086
+    CMAKE_ARGS="$cmake_args" "$venv/bin/python" -m pip install -q $force -r "$req" >&2
     printf '%s\n' "$want" > "$stamp"
   fi
 done

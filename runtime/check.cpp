@@ -143,7 +143,8 @@ Status ManagedHeap::check() {
       const uint64_t sinks = std::min<uint64_t>(opts_.sinks, seg.length);
       if (tiers[kGenSink] != sinks) return bad(name + " lost a sink");
       const uint64_t window = young_window(policy_, budgets[layer].units);
-      for (uint64_t p = std::max(seg.length > window ? seg.length - window : 0, seg.evictable_below); p < seg.length; ++p)
+      const uint64_t young_from = std::max(seg.length > window ? seg.length - window : 0, seg.evictable_below);
+      for (uint64_t p = young_from; p < seg.length; ++p)
         if (!positions.count(int32_t(p))) return bad(name + " lost position " + std::to_string(p) + " of its young window");
     }
   }

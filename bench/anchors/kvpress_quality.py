@@ -98,6 +98,21 @@ def quantized_fraction(cache, bits):
     return sum(shares) / len(shares)
 
 
+def held_share(name, k, q, cache, n):
+    """The share of an f16 cache's bytes a configuration holds after an n-token prefill."""
+    if q:
+        return quantized_fraction(cache, q[1])
+    return k if name == "adakv_snapkv" else kept_fraction(cache, n)
+
+
+def budget_fields(k, q, frac):
+    """A result's budget and fraction: HF's quantized cache is a byte share, a press a
+    share of the tokens, no press none."""
+    if q:
+        return {"budget": "bytes", "fraction": frac}
+    return {"budget": "none", "fraction": 1.0} if k is None else {"budget": "tokens", "fraction": k}
+
+
 def parse_quantized(spec):
     """--quantized "quanto:4,quanto:2" -> [("quanto", 4), ("quanto", 2)]."""
     out = []
@@ -206,15 +221,12 @@ def main():
                 press = None if k is None else make_press(name, 1.0 - k)
                 if t["kind"] == "retrieval":
                     logits, cache = prefill(model, press, ids, q)
-                    frac = k if name == "adakv_snapkv" else \
-                        quantized_fraction(cache, q[1]) if q else kept_fraction(cache, len(ids))
+                    frac = held_share(name, k, q, cache, len(ids))
                     text = answer(model, logits, cache, len(ids), t)
                     ok = ac.contains(text, t["expect"])
                     out.write(task=t["task"], id=t["id"], context=t["context"],
                               depth=t["depth"], mode="observe", config=name,
-                              budget="bytes" if q else "none" if k is None else "tokens",
-                              fraction=frac if q else 1.0 if k is None else k, correct=ok,
-                              kv_fraction=frac, answer=text)
+                              **budget_fields(k, q, frac), correct=ok, kv_fraction=frac, answer=text)
                     ac.progress(f"  kvpress {name} {k} {t['id']}: {'ok  ' if ok else 'MISS'} "
                                 f"kv {frac:.3f} ({timer():.1f} s) {text!r}")
                 else:
@@ -222,12 +234,10 @@ def main():
                         continue  # streaming perplexity: presses compress prefills only
                     prefix = t["prefix"]
                     _, cache = prefill(model, press, ids[:prefix], q)
-                    frac = k if name == "adakv_snapkv" else \
-                        quantized_fraction(cache, q[1]) if q else kept_fraction(cache, prefix)
+                    frac = held_share(name, k, q, cache, prefix)
                     nll, n = continuation_nll(model, cache, ids, prefix, t["score_from"])
                     out.write(task=t["task"], id=t["id"], context=prefix, mode="observe",
-                              config=name, budget="bytes" if q else "none" if k is None else "tokens",
-                              fraction=frac if q else 1.0 if k is None else k, nll_sum=nll, scored=n,
+                              config=name, **budget_fields(k, q, frac), nll_sum=nll, scored=n,
                               perplexity=ac.ppl(nll, n), kv_fraction=frac)
                     ac.progress(f"  kvpress {name} {k} {t['id']}: perplexity "
                                 f"{ac.ppl(nll, n):.3f} kv {frac:.3f} ({timer():.1f} s)")

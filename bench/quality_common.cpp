@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+extern char** environ;
+
 namespace quality {
 
 // The full cache ranks nothing, so its engine pools nothing: its observe prefill is the
@@ -22,11 +24,13 @@ engine::EngineOptions engine_options(const Config& config) {
   return o;
 }
 
-// The pooling-radius rows (0.10.1's measurement): the library's defaults with the observe
-// prefill's scores pooled over 3, 5 or 8 positions either side, placed after
-// default@bytes. Both tables have them.
-static void add_pool_rows(std::vector<Config>* rows) {
+// Rows both tables have. The pooling-radius rows (0.10.1's measurement): the library's
+// defaults with the observe prefill's scores pooled over 3, 5 or 8 positions either side,
+// placed after default@bytes. And the sweep's row, env@bytes, last.
+static void add_shared_rows(std::vector<Config>* rows) {
 #if QUALITY_HAVE_LADDER
+  rows->push_back({.name = "env@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+                   .library_defaults = true, .from_env = true});
   auto at = std::find_if(rows->begin(), rows->end(),
                          [](const Config& c) { return c.name == "default@bytes"; });
   if (at != rows->end()) ++at;
@@ -89,7 +93,7 @@ std::vector<Config> retrieval_configs() {
        .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes, .recent_decay = 0.95},
 #endif
   };
-  add_pool_rows(&rows);
+  add_shared_rows(&rows);
   return rows;
 }
 
@@ -137,7 +141,7 @@ std::vector<Config> perplexity_configs() {
        .demote = KVGC_DEMOTE_LADDER, .budget = Budget::Bytes},
 #endif
   };
-  add_pool_rows(&rows);
+  add_shared_rows(&rows);
   return rows;
 }
 
@@ -149,9 +153,37 @@ std::vector<std::string> all_config_names() {
   return names;
 }
 
+// The KVGC_* variables an `env@bytes` row runs under, sorted ("KVGC_A=1,KVGC_B=x"), or
+// an error naming one the bench must set itself: the budgets are the row's fraction, and
+// the bench reads the bytes a step leaves (immediate harvest) on a CPU heap of its size.
+static bool sweep_environment(std::string* summary, std::string* err) {
+  static const char* const kBenchOwned[] = {"KVGC_BUDGET", "KVGC_TOKEN_BUDGET", "KVGC_BYTE_BUDGET",
+                                            "KVGC_HARVEST", "KVGC_DEVICE"};
+  std::vector<std::string> vars;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (name.rfind("KVGC_", 0) != 0 || name == "KVGC_MODEL") continue;
+    for (const char* owned : kBenchOwned)
+      if (name == owned) {
+        *err = "--configs env@bytes: " + name + " is set; the bench sets the budget, the "
+               "device and the harvest of every row itself (unset it)";
+        return false;
+      }
+    vars.push_back(kv);
+  }
+  std::sort(vars.begin(), vars.end());
+  summary->clear();
+  for (const std::string& v : vars) *summary += (summary->empty() ? "" : ",") + v;
+  return true;
+}
+
 bool select_configs(const std::vector<std::string>& names, std::vector<Config>* configs,
                     std::string* err) {
-  if (names.empty()) return true;
+  if (names.empty()) {  // every row but the sweep's, which is the defaults unless asked for
+    std::erase_if(*configs, [](const Config& c) { return c.from_env; });
+    return true;
+  }
   const std::vector<std::string> known = all_config_names();
   for (const std::string& n : names) {
     if (n == "full") continue;  // always measured: the baseline
@@ -164,6 +196,12 @@ bool select_configs(const std::vector<std::string>& names, std::vector<Config>* 
   std::vector<Config> kept;
   for (const Config& c : *configs)
     if (std::find(names.begin(), names.end(), c.name) != names.end()) kept.push_back(c);
+  for (Config& c : kept) {
+    if (!c.from_env) continue;
+    std::string summary;
+    if (!sweep_environment(&summary, err)) return false;
+    c.name = "env(" + (summary.empty() ? std::string("defaults") : summary) + ")@bytes";
+  }
   *configs = kept;
   return true;
 }
@@ -181,7 +219,7 @@ namespace {
 kvgc_heap_options base_options(const Bench& bench, const Config& config, uint64_t max_tokens) {
   kvgc_heap_options options;
   kvgc_heap_options_init(&options);
-  options.flags = KVGC_OPT_IGNORE_ENV;
+  options.flags = config.from_env ? 0 : KVGC_OPT_IGNORE_ENV;
   options.device = KVGC_DEVICE_CPU;
   options.page_tokens = kPageTokens;
   if (!config.library_defaults) {

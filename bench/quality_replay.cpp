@@ -233,6 +233,7 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
 }
 
 bool replayable(const Config& config) {
+  if (config.from_env) return false;  // its decay is whatever KVGC_RECENT_DECAY says
   kvgc_heap_options defaults;
   kvgc_heap_options_init(&defaults);
   const double decay = config.library_defaults ? defaults.recent_decay : config.recent_decay;

@@ -21,12 +21,13 @@ Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL, .pool
 engine::EngineOptions engine_options(const Config& config) {
   engine::EngineOptions o;
   if (config.pool_radius >= 0) o.pool_radius = uint32_t(config.pool_radius);
+  o.key_prior = config.key_prior;
   return o;
 }
 
 // Rows both tables have. The pooling-radius rows (0.10.1's measurement): the library's
 // defaults with the observe prefill's scores pooled over 3, 5 or 8 positions either side,
-// placed after default@bytes. And the sweep's row, env@bytes, last.
+// and the key-prior rows, placed after default@bytes. And the sweep's row, env@bytes, last.
 static void add_shared_rows(std::vector<Config>* rows) {
 #if QUALITY_HAVE_LADDER
   rows->push_back({.name = "env@bytes", .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
@@ -39,6 +40,11 @@ static void add_shared_rows(std::vector<Config>* rows) {
     pool.push_back({.name = "default+pool" + std::to_string(radius) + "@bytes",
                     .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
                     .library_defaults = true, .pool_radius = radius});
+  // The key-diversity prior (EngineOptions::key_prior) at three weights.
+  for (const char* weight : {"0.25", "0.5", "1"})
+    pool.push_back({.name = std::string("default+keyprior") + weight + "@bytes",
+                    .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+                    .library_defaults = true, .key_prior = std::stof(weight)});
   rows->insert(at, pool.begin(), pool.end());
 #else
   (void)rows;

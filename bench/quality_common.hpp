@@ -59,6 +59,8 @@ struct Config {
   // The observe prefill's pooling radius (engine::EngineOptions::pool_radius) of this
   // row's engines; -1: the engine's default.
   int pool_radius = -1;
+  // EngineOptions::key_prior of this row's engines (a query-agnostic prior; 0: off).
+  float key_prior = 0.0f;
   // A sweep row (`env@bytes`): the library's defaults, then the KVGC_* variables of the
   // bench's own environment, as an operator's would apply; the budget stays the bench's.
   // Selected by name only, and named after the variables it ran under.

@@ -225,7 +225,7 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
   }
   // The snapshot's scores are unpooled (full_config's engine): this engine pools them at
   // its own radius, as its own observe prefill would before the step.
-  if (!engine->pool_scores(seq, err)) return false;
+  if (!engine->end_observe_scores(seq, 0, err)) return false;
   if (!try_resume(engine, snap.tokens, &resumed, err)) return false;
   *position_offset = resumed ? 0 : snap.tokens;
   const kvgc_status s = kvgc_step(heap, seq, nullptr);

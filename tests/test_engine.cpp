@@ -9,12 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../kernels/cpu/convert.hpp"
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
 #include "engine/tokenizer.hpp"
@@ -587,6 +589,86 @@ TEST_CASE("engine: the observe prefill pools each score over pool_radius positio
   CHECK(err.find("pool_radius") != std::string::npos);
 }
 
+TEST_CASE("engine: key_prior adds each prefilled key's diversity, scaled to the observed mass") {
+  TinyModel tiny;
+  const engine::Config& c = tiny.model.config;
+  const std::vector<int32_t> ids = tiny.tokenizer.encode(
+      "<|im_start|>user\nthe pass key is 71432, remember 71432 and the rest is filler text "
+      "that goes on and on until the question. What is the pass key?<|im_end|>\n");
+  const kvgc_heap_options opts = full_policy_options();
+  std::string err;
+  for (const kvgc_dtype kv : {KVGC_DTYPE_F32, KVGC_DTYPE_F16}) {
+    CAPTURE(int(kv));
+    auto prefill = [&](float weight) {
+      engine::EngineOptions eo;
+      eo.threads = 1;
+      eo.pool_radius = 0;
+      eo.kv_dtype = kv;
+      eo.key_prior = weight;
+      auto e = std::make_unique<engine::Engine>();
+      REQUIRE_MESSAGE(e->init(tiny.model, &opts, &err, eo), err);
+      std::vector<float> logits(c.n_vocab);
+      REQUIRE_MESSAGE(e->prefill(ids.data(), uint32_t(ids.size()), logits.data(), &err,
+                                 engine::Engine::PrefillMode::Observe), err);
+      return e;
+    };
+    const auto plain = prefill(0.0f), with = prefill(0.5f);
+    const auto base = observed_scores(*plain, c.n_layers), got = observed_scores(*with, c.n_layers);
+    const uint32_t width = c.n_kv_heads * c.head_dim;
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      // The reference: f32 keys read back, per head 1 - cos to the mean unit key.
+      const uint64_t n = ids.size();
+      std::vector<float> k(n * width);
+      std::vector<uint16_t> k16(n * width);
+      std::vector<int32_t> pos(n);
+      uint64_t got_n = 0;
+      void* out = kv == KVGC_DTYPE_F32 ? static_cast<void*>(k.data()) : k16.data();
+      REQUIRE(kvgc_read(plain->heap(), plain->sequence(), l, out, nullptr, pos.data(), n, &got_n,
+                        nullptr) == KVGC_OK);
+      REQUIRE(got_n == n);
+      if (kv == KVGC_DTYPE_F16)
+        for (size_t i = 0; i < k.size(); ++i) k[i] = kvgc::cpu::f16_to_f32(k16[i]);
+      std::vector<double> diversity(n, 0.0);
+      double total = 0;
+      for (uint32_t h = 0; h < c.n_kv_heads; ++h) {
+        std::vector<double> mean(c.head_dim, 0.0);
+        auto unit = [&](uint64_t i, uint32_t d) {
+          double norm = 0;
+          for (uint32_t j = 0; j < c.head_dim; ++j) norm += double(k[i * width + h * c.head_dim + j]) * k[i * width + h * c.head_dim + j];
+          return k[i * width + h * c.head_dim + d] / std::sqrt(norm);
+        };
+        for (uint64_t i = 0; i < n; ++i)
+          for (uint32_t d = 0; d < c.head_dim; ++d) mean[d] += unit(i, d);
+        double norm = 0;
+        for (const double m : mean) norm += m * m;
+        for (uint64_t i = 0; i < n; ++i) {
+          double dot = 0;
+          for (uint32_t d = 0; d < c.head_dim; ++d) dot += unit(i, d) * mean[d] / std::sqrt(norm);
+          diversity[size_t(pos[i])] += 1 - dot;
+          total += 1 - dot;
+        }
+      }
+      const double mass = double(engine::Engine::kObserveTokens) * c.n_heads;
+      double added = 0;
+      for (uint64_t p = 0; p < n; ++p) {
+        CAPTURE(l);
+        CAPTURE(p);
+        CHECK(got[l][p] - base[l][p] ==
+              doctest::Approx(0.5 * mass * diversity[p] / total).epsilon(1e-3).scale(1e-3));
+        added += got[l][p] - base[l][p];
+      }
+      CHECK(added == doctest::Approx(0.5 * mass).epsilon(1e-3));
+    }
+  }
+  engine::EngineOptions bad;
+  for (const float weight : {-1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    bad.key_prior = weight;
+    engine::Engine e;
+    CHECK_FALSE(e.init(tiny.model, &opts, &err, bad));
+    CHECK(err.find("key_prior") != std::string::npos);
+  }
+}
+
 // Loads a variant of the tiny model; the loader's error (empty if it loaded).
 std::string load_error(const Variant& v) {
   TempGguf gguf(TinyModelFile().build(TinyVocab(), v), "variant");
@@ -701,6 +783,26 @@ int run_shell(const std::string& command, std::string* output) {
   while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, got);
   const int status = pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_CASE("engine: kvgc-run and kvgc-serve refuse a --key-prior that is not a weight >= 0") {
+  std::vector<std::string> tools = {std::string(KVGC_RUN_EXE)};
+#ifdef KVGC_SERVE_EXE
+  if (std::filesystem::exists(KVGC_SERVE_EXE)) tools.push_back(std::string(KVGC_SERVE_EXE) + " x");
+#endif
+  for (const std::string& tool : tools) {
+    for (const char* bad : {"-1", "abc", "inf", "nan", "1x", "''"}) {
+      CAPTURE(tool);
+      CAPTURE(bad);
+      std::string output;
+      CHECK(run_shell(tool + " --key-prior " + bad + " --model /nonexistent.gguf", &output) == 2);
+      CHECK(output.find("--key-prior must be a finite weight >= 0") != std::string::npos);
+    }
+    // A good weight passes the parser: the tool goes on to the (missing) model.
+    std::string output;
+    CHECK(run_shell(tool + " --key-prior 0.5 --model /nonexistent.gguf", &output) != 0);
+    CHECK(output.find("--key-prior") == std::string::npos);
+  }
 }
 
 // Issue 22: `kvgc-serve /dev/zero` grew one line without a bound (3.1 GB of RSS in 10 s

@@ -43,6 +43,8 @@ to SDPA, so a model loaded with attn_implementation="kvgc" still runs everything
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
@@ -93,6 +95,13 @@ class KvgcCache(Cache):
         observe_tokens: how many of a prefill's last queries score in "observe" mode (32).
         pool_radius: max-pool radius over positions applied after an observe prefill (5,
             as kvgc-run's since 0.10.1; 0 disables pooling).
+        key_prior: weight of a query-agnostic prior added to an observe prefill's scores
+            (0: off). Each new token gets its key's diversity, 1 - cosine to the mean
+            direction of its head's new keys, summed over KV heads (KeyDiff's signal),
+            scaled so that a layer's prior totals key_prior times the mass its observed
+            queries paid. For prompts whose question comes after the compressed context
+            (kvpress's harness, query_aware=False): the context's last queries ask nothing,
+            so their mass alone does not find a fact the question will need.
         max_tokens: longest sequence the default arena must hold (default:
             min(max_position_embeddings, 8192)); ignored when budget/budget_bytes is given.
         auto_checkpoint: checkpoint() automatically at the end of the first prefill, so a
@@ -118,7 +127,7 @@ class KvgcCache(Cache):
         heap: the kvgc.Heap (None before the first forward).
         n_layers, n_q_heads, n_kv_heads, head_dim: the model's attention shape.
         kv_dtype: the storage dtype (a torch dtype; None until known).
-        prefill, observe_tokens, pool_radius, prefill_attention, max_tokens,
+        prefill, observe_tokens, pool_radius, key_prior, prefill_attention, max_tokens,
         auto_checkpoint, heap_options: the constructor's arguments.
 
     Methods beyond transformers' Cache: checkpoint(), restore(), live_tokens(layer),
@@ -127,8 +136,8 @@ class KvgcCache(Cache):
     """
 
     def __init__(self, config, *, kv_dtype=None, device="cpu", prefill="observe",
-                 observe_tokens=32, pool_radius=5, max_tokens=None, auto_checkpoint=False,
-                 prefill_attention="kvgc", **heap_options):
+                 observe_tokens=32, pool_radius=5, key_prior=0.0, max_tokens=None,
+                 auto_checkpoint=False, prefill_attention="kvgc", **heap_options):
         self.hf = _hf_compat.profile()
         cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         _check_full_attention(cfg)
@@ -157,6 +166,10 @@ class KvgcCache(Cache):
         _check_heap_options(**heap_options)
         self.device, self.prefill = device, prefill
         self.observe_tokens, self.pool_radius = int(observe_tokens), int(pool_radius)
+        key_prior = float(key_prior)
+        if not (key_prior >= 0 and math.isfinite(key_prior)):
+            raise ValueError(f"key_prior={key_prior!r}: expected a finite number >= 0")
+        self.key_prior = key_prior
         mpe = getattr(cfg, "max_position_embeddings", None) or _DEFAULT_MAX_TOKENS
         self.max_tokens = int(max_tokens or min(mpe, _DEFAULT_MAX_TOKENS))
         self.auto_checkpoint = bool(auto_checkpoint)
@@ -493,13 +506,37 @@ class KvgcCache(Cache):
         if f.batched:
             self._batch.step(stream=f.stream)
             return
-        pool = not f.decode and self.prefill == "observe" and self.pool_radius > 0
+        observe = not f.decode and self.prefill == "observe"
         for i, seq in enumerate(self._seqs):
-            if pool and f.real[i] > 1:
+            if observe and self.key_prior > 0 and f.real[i] > 1:
+                self._add_key_prior(seq, f.real[i])
+            if observe and self.pool_radius > 0 and f.real[i] > 1:
                 self._pool(seq)
             self.heap.step(seq, stream=f.stream)
         if not f.decode and self.auto_checkpoint and self._checkpoint is None:
             self.checkpoint()
+
+    def _add_key_prior(self, seq, new):
+        """key_prior: the diversity of this forward's `new` keys, added to their scores."""
+        heap = self.heap
+        # What the scored queries paid: each query head's probabilities sum to 1.
+        mass = min(new, self.observe_tokens) * self.n_q_heads
+        for layer in range(self.n_layers):
+            live, length = heap.tokens(seq, layer)
+            if live == 0:
+                continue
+            like = torch.empty(0, device=self.device)
+            k, _, pos = heap.read(seq, layer, like=like)
+            k, pos = torch.as_tensor(k), torch.as_tensor(pos)
+            fresh = pos >= length - new
+            if int(fresh.sum()) < 2:
+                continue
+            prior = torch.zeros(live, dtype=torch.float32, device=k.device)
+            prior[fresh] = _key_diversity(k[fresh].float())
+            total = float(prior.sum())
+            if total > 0:
+                prior *= self.key_prior * mass / total
+                heap.observe(seq, layer, prior)
 
     def _pool(self, seq):
         heap = self.heap
@@ -517,6 +554,16 @@ class KvgcCache(Cache):
             else:
                 delta = _pool_delta(scores, pos, self.pool_radius)
             heap.observe(seq, layer, delta)
+
+
+def _key_diversity(k):
+    """[n, heads, dim] keys -> [n]: 1 - cosine to the mean of the normalised keys, per head,
+    summed over heads: KeyDiff's signal (kvpress's KeyDiffPress keeps the keys least like
+    the rest)."""
+    unit = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    anchor = unit.mean(dim=0, keepdim=True)
+    anchor = anchor / anchor.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return (1.0 - (unit * anchor).sum(dim=-1)).sum(dim=-1)
 
 
 def _check_full_attention(cfg):

@@ -105,7 +105,7 @@ BatchEngine::Outcome BatchEngine::step(const std::vector<BatchItem>& items, uint
 }
 
 bool BatchEngine::end_observe(kvgc_seq seq, std::string* err) {
-  if (!engine_.pool_scores(seq, err)) return false;
+  if (!engine_.end_observe_scores(seq, 0, err)) return false;
   const kvgc_status s = kvgc_step(engine_.heap(), seq, nullptr);
   return s == KVGC_EBUDGET || !engine_.kvgc_failed(s, "kvgc_step", err);
 }

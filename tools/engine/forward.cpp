@@ -71,6 +71,11 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
                     " is above " + std::to_string(kMaxPoolRadius);
     return false;
   }
+  if (!(engine_options.key_prior >= 0 && std::isfinite(engine_options.key_prior))) {
+    if (err) *err = "EngineOptions.key_prior " + std::to_string(engine_options.key_prior) +
+                    " is not a finite number >= 0";
+    return false;
+  }
   model_ = &model;
   options_ = engine_options;
   const Config& c = model.config;
@@ -300,7 +305,11 @@ bool Engine::forward(const int32_t* tokens, uint32_t n_tokens, float* logits, st
 bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, std::string* err,
                      PrefillMode mode, const std::function<void(uint32_t)>& progress) {
   Pass pass;
+  uint64_t from = 0;  // kvgc's position of the prompt's first token
   if (mode == PrefillMode::Observe) {
+    uint64_t live = 0;
+    if (kvgc_failed(kvgc_seq_tokens(heap_, seq_, 0, &live, &from), "kvgc_seq_tokens", err))
+      return false;
     pass.step = false;
     pass.scored_from = n_tokens > kObserveTokens ? n_tokens - kObserveTokens : 0;
   }
@@ -315,7 +324,84 @@ bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, st
     done += n;
     if (progress) progress(done);
   }
-  return mode != PrefillMode::Observe || (pool_scores(seq_, err) && step(err));
+  return mode != PrefillMode::Observe ||
+         (end_observe_scores(seq_, from, err) && step(err));
+}
+
+bool Engine::end_observe_scores(kvgc_seq seq, uint64_t from, std::string* err) {
+  return (options_.key_prior <= 0 || add_key_prior(seq, from, err)) && pool_scores(seq, err);
+}
+
+// KeyDiff's signal as a prior: per KV head, the mean direction of the prefill's unit keys,
+// and each key's 1 - cosine to it. Through the public API, as pooling is.
+bool Engine::add_key_prior(kvgc_seq seq, uint64_t from, std::string* err) {
+  const Config& c = model_->config;
+  const uint32_t heads = c.n_kv_heads, dim = c.head_dim, width = heads * dim;
+  const size_t elem = options_.kv_dtype == KVGC_DTYPE_F16 ? 2 : 4;
+  for (uint32_t layer = 0; layer < c.n_layers; ++layer) {
+    KvgcTimer timer(&kvgc_seconds_);
+    uint64_t n = 0, length = 0;
+    if (kvgc_failed(kvgc_seq_tokens(heap_, seq, layer, &n, &length), "kvgc_seq_tokens", err))
+      return false;
+    if (n == 0) continue;
+    prior_k_.resize(n * width * elem);
+    prior_kf_.resize(n * width);
+    pool_pos_.resize(n);
+    pool_delta_.assign(n, 0.0f);
+    if (kvgc_failed(kvgc_read(heap_, seq, layer, prior_k_.data(), nullptr, pool_pos_.data(), n,
+                              &n, nullptr), "kvgc_read", err))
+      return false;
+    if (elem == 2)
+      kernels().f16_to_f32(reinterpret_cast<const uint16_t*>(prior_k_.data()), n * width,
+                           prior_kf_.data());
+    else
+      std::memcpy(prior_kf_.data(), prior_k_.data(), n * width * sizeof(float));
+    uint64_t fresh = 0;
+    for (uint64_t i = 0; i < n; ++i) fresh += uint64_t(pool_pos_[i]) >= from;
+    if (fresh < 2) continue;
+    // Unit keys, then each head's mean direction over the fresh ones.
+    std::vector<float> anchor(width, 0.0f);
+    for (uint64_t i = 0; i < n; ++i) {
+      float* row = &prior_kf_[i * width];
+      for (uint32_t h = 0; h < heads; ++h) {
+        float* x = row + h * dim;
+        double norm = 0;
+        for (uint32_t d = 0; d < dim; ++d) norm += double(x[d]) * x[d];
+        const float inv = norm > 0 ? float(1.0 / std::sqrt(norm)) : 0.0f;
+        for (uint32_t d = 0; d < dim; ++d) x[d] *= inv;
+      }
+      if (uint64_t(pool_pos_[i]) >= from)
+        for (uint32_t j = 0; j < width; ++j) anchor[j] += row[j];
+    }
+    for (uint32_t h = 0; h < heads; ++h) {
+      double norm = 0;
+      for (uint32_t d = 0; d < dim; ++d) norm += double(anchor[h * dim + d]) * anchor[h * dim + d];
+      const float inv = norm > 0 ? float(1.0 / std::sqrt(norm)) : 0.0f;
+      for (uint32_t d = 0; d < dim; ++d) anchor[h * dim + d] *= inv;
+    }
+    double total = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (uint64_t(pool_pos_[i]) < from) continue;
+      const float* row = &prior_kf_[i * width];
+      double diversity = 0;
+      for (uint32_t h = 0; h < heads; ++h) {
+        double dot = 0;
+        for (uint32_t d = 0; d < dim; ++d) dot += double(row[h * dim + d]) * anchor[h * dim + d];
+        diversity += 1.0 - dot;
+      }
+      pool_delta_[i] = float(diversity);
+      total += diversity;
+    }
+    if (!(total > 0)) continue;
+    // What the observed queries paid: each query head's probabilities sum to 1.
+    const double mass = double(std::min<uint64_t>(fresh, kObserveTokens)) * c.n_heads;
+    const float scale = float(double(options_.key_prior) * mass / total);
+    for (float& x : pool_delta_) x *= scale;
+    if (kvgc_failed(kvgc_observe(heap_, seq, layer, pool_delta_.data(), n, nullptr),
+                    "kvgc_observe", err))
+      return false;
+  }
+  return true;
 }
 
 // SnapKV's clustering: a token's score becomes the largest within pool_radius positions,

@@ -41,6 +41,12 @@ struct EngineOptions {
   // neighbours; 0 pools nothing. It must span what the question needs whole: a number
   // whose digits are tokens of their own needs its length less one.
   uint32_t pool_radius = kDefaultPoolRadius;
+  // A query-agnostic prior on the observe prefill's scores (0: off): each prefilled
+  // token gets its key's diversity, 1 - cosine to the mean direction of its KV head's
+  // prefilled keys, summed over KV heads (KeyDiff's signal), scaled so that a layer's
+  // prior totals key_prior times the mass the observed queries paid. For prompts whose
+  // question comes after the compressed part: their last queries ask nothing.
+  float key_prior = 0.0f;
 };
 
 // The thread count of engines whose options say 0: 1 unless set. (A process running
@@ -116,9 +122,11 @@ class Engine {
   bool project_rows(const uint32_t* rows, uint32_t n, float* logits, std::string* err);
   // The message of a failed kvgc call (false when status is KVGC_OK).
   bool kvgc_failed(kvgc_status status, const char* call, std::string* err) const;
-  // The observe prefill's score pooling (PrefillMode::Observe) on any sequence of heap():
-  // each layer's scores max-pooled over EngineOptions::pool_radius positions either side.
-  bool pool_scores(kvgc_seq seq, std::string* err);
+  // The end of an observe prefill's scoring (PrefillMode::Observe) on any sequence of
+  // heap(), before its kvgc_step: EngineOptions::key_prior on the tokens at positions >=
+  // `from` (the prefill's own), then each layer's scores max-pooled over pool_radius
+  // positions either side.
+  bool end_observe_scores(kvgc_seq seq, uint64_t from, std::string* err);
   // Adds the wall time of a kvgc call the caller made to kvgc_seconds().
   void add_kvgc_seconds(double seconds) { kvgc_seconds_ += seconds; }
 
@@ -166,6 +174,11 @@ class Engine {
   std::vector<float> pool_score_, pool_delta_;
   std::vector<int32_t> pool_pos_;
   std::vector<uint32_t> pool_order_;
+  std::vector<uint8_t> prior_k_;    // one segment's live keys as kvgc_read gives them
+  std::vector<float> prior_kf_;     // the same in f32
+
+  bool add_key_prior(kvgc_seq seq, uint64_t from, std::string* err);
+  bool pool_scores(kvgc_seq seq, std::string* err);
 };
 
 // Index of the largest of n logits (greedy decoding; the first on ties).

@@ -45,7 +45,8 @@ void usage(FILE* out) {
                "                [--max-tokens N] [--temperature T] [--seed S]\n"
                "                [--prefill observe|stream] [--profile FILE] [--threads N]\n"
                "                [--kv-dtype f16|f32] [--matmul q8|exact] [--ignore-eos]\n"
-               "                [--pool-radius N] [--print-prompt-ids] [--perplexity N]\n"
+               "                [--pool-radius N] [--key-prior W] [--print-prompt-ids]\n"
+               "                [--perplexity N]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
@@ -62,6 +63,10 @@ void usage(FILE* out) {
                "  --pool-radius N  the observe prefill's score pooling: a token ranks as the best\n"
                "                   within N positions either side, so a fact kept keeps its\n"
                "                   neighbours (default %u; 0: none; at most %u)\n"
+               "  --key-prior W    add to the observe prefill's scores each key's diversity\n"
+               "                   (1 - cosine to its head's mean key), W times the observed\n"
+               "                   mass in all: for prompts whose question comes later\n"
+               "                   (default 0: off)\n"
                "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "  --threads N      matmul threads, this one included (default: the CPUs this\n"
@@ -139,6 +144,12 @@ bool parse_args(int argc, char** argv, Args* args) {
         return bad("a radius in 0..4096");
       static_assert(engine::kMaxPoolRadius == 4096, "the message above names the bound");
       args->engine.pool_radius = uint32_t(n);
+    } else if (arg == "--key-prior" && (v = value())) {
+      char* end = nullptr;
+      args->engine.key_prior = std::strtof(v, &end);
+      if (*end != '\0' || end == v || !std::isfinite(args->engine.key_prior) ||
+          args->engine.key_prior < 0)
+        return bad("a finite weight >= 0");
     } else if (arg == "--threads" && (v = value())) {
       if (!parse_uint(v, 1, 1024, &n)) return bad("a thread count in 1..1024");
       args->engine.threads = uint32_t(n);

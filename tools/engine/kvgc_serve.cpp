@@ -6,6 +6,7 @@
 // (KVGC_POLICY, KVGC_BUDGET, KVGC_BYTE_BUDGET, ...), as for kvgc-run.
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -26,7 +27,7 @@ void usage(FILE* out) {
       "usage: kvgc-serve FILE [--model PATH] [--chat] [--max-tokens N] [--ignore-eos]\n"
       "                  [--threads N] [--step-tokens N] [--chunk N] [--max-running N]\n"
       "                  [--max-prefilling N] [--prefill observe|stream] [--prefix-cache]\n"
-      "                  [--pool-radius N]\n"
+      "                  [--pool-radius N] [--key-prior W]\n"
       "  FILE            prompts, one a line (empty lines skipped); at most 64 MiB\n"
       "  --model PATH    GGUF file (default: $KVGC_MODEL, else ~/.cache/kvgc/%s)\n"
       "  --chat          wrap each prompt in the model's ChatML template\n"
@@ -41,6 +42,7 @@ void usage(FILE* out) {
       "                  last 32 tokens, one GC at its end; stream: chunks are scored batch\n"
       "                  rows, GC every step\n"
       "  --pool-radius N the observe prefill's score pooling, as kvgc-run's (default %u)\n"
+      "  --key-prior W   the observe prefill's key-diversity prior, as kvgc-run's (default 0)\n"
       "  --prefix-cache  the prefix cache (observe prefill only): a prompt attaches the longest\n"
       "                  cached prefix of an earlier one and prefills the rest; every prompt is\n"
       "                  kept once in (who pays: KVGC_PREFIX_CHARGE, default cache)\n"
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   bool chat = false, ignore_eos = false;
   uint32_t max_tokens = 64, threads = engine::ThreadPool::available_cpus();
   uint32_t pool_radius = engine::kDefaultPoolRadius;
+  float key_prior = 0.0f;
   engine::ServeOptions so;
   so.prefill = engine::Engine::PrefillMode::Observe;
   for (int i = 1; i < argc; ++i) {
@@ -109,6 +112,13 @@ int main(int argc, char** argv) {
       ok = parse_count(a, v, 0, 1u << 20, &so.max_prefilling);
     } else if (a == "--pool-radius") {
       ok = parse_count(a, v, 0, engine::kMaxPoolRadius, &pool_radius);
+    } else if (a == "--key-prior") {
+      char* end = nullptr;
+      key_prior = v ? std::strtof(v, &end) : -1.0f;
+      ok = v && end != v && *end == '\0' && std::isfinite(key_prior) && key_prior >= 0;
+      if (!ok)
+        std::fprintf(stderr, "kvgc-serve: --key-prior must be a finite weight >= 0, not '%s'\n",
+                     v ? v : "");
     } else if (a.rfind("--", 0) != 0 && file_path.empty()) {
       file_path = a;
       continue;
@@ -162,6 +172,7 @@ int main(int argc, char** argv) {
   engine::EngineOptions eo;
   eo.threads = threads;
   eo.pool_radius = pool_radius;
+  eo.key_prior = key_prior;
   if (!eng.init(model, nullptr, &err, eo)) {  // kvgc's defaults, then KVGC_*
     std::fprintf(stderr, "kvgc-serve: %s\n", err.c_str());
     return 1;

@@ -223,6 +223,43 @@ def test_observe_scores_only_last_queries(tiny, attn):
             assert abs(float(scores.sum()) - scoring * 4) < 1e-2 * scoring
 
 
+def test_key_prior_adds_key_diversity(tiny, attn):
+    # key_prior=w adds, to each prefilled token, its key's diversity (1 - cosine to its
+    # head's mean direction, summed over KV heads) scaled to total w x the observed mass.
+    ids = prompt(100, 6)
+    got = {}
+    for w in (0.0, 0.5):
+        cache = full_cache(tiny, pool_radius=0, key_prior=w)
+        with torch.no_grad():
+            attn(tiny, "kvgc")(ids, past_key_values=cache)
+        got[w] = [(cache.heap.read_scores(cache._seqs[0], layer)[0].copy(),
+                   cache.heap.read(cache._seqs[0], layer)) for layer in range(2)]
+    for layer in range(2):
+        (base, (k, _, pos)), (with_prior, _) = got[0.0][layer], got[0.5][layer]
+        k = torch.from_numpy(np.asarray(k, dtype=np.float32))
+        unit = k / k.norm(dim=-1, keepdim=True)
+        mean = unit.mean(0) / unit.mean(0).norm(dim=-1, keepdim=True)
+        diversity = (1 - (unit * mean).sum(-1)).sum(-1).numpy()
+        expect = 0.5 * 32 * 4 * diversity / diversity.sum()  # 32 queries x 4 heads of mass
+        np.testing.assert_allclose(with_prior - base, expect, rtol=1e-4, atol=1e-4)
+        assert abs(float((with_prior - base).sum()) - 0.5 * float(base.sum())) < 1e-2
+    # A second multi-token forward adds the prior to its own tokens only.
+    cache = full_cache(tiny, pool_radius=0, key_prior=1.0)
+    with torch.no_grad():
+        m = attn(tiny, "kvgc")
+        m(ids, past_key_values=cache)
+        before = float(cache.heap.read_scores(cache._seqs[0], 0)[0].sum())
+        m(prompt(40, 7), past_key_values=cache, cache_position=torch.arange(100, 140))
+    after, _ = cache.heap.read_scores(cache._seqs[0], 0)
+    _, _, pos = cache.heap.read(cache._seqs[0], 0)
+    old = np.asarray(pos) < 100
+    # The old tokens gain only part of the new queries' mass (32 queries x 4 heads), no
+    # prior; the new ones gain their prior, the new mass (1.0 x 128) in all.
+    gained = float(after[old].sum()) - before
+    assert 0 < gained < 32 * 4
+    assert abs(float(after[~old].sum()) - (32 * 4 - gained) - 32 * 4) < 1e-2
+
+
 def test_pool_delta_matches_window_max():
     rng = np.random.default_rng(0)
     pos = rng.permutation(np.r_[0:50, 60:80, 200:205]).astype(np.int32)
@@ -362,6 +399,9 @@ def test_constructor_errors(tiny):
         kt.KvgcCache(tiny.config, kv_dtype=torch.int8)
     with pytest.raises(ValueError, match="prefill"):
         kt.KvgcCache(tiny.config, prefill="eager")
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="key_prior"):
+            kt.KvgcCache(tiny.config, key_prior=bad)
     with pytest.raises(ValueError, match="unknown heap option"):
         kt.KvgcCache(tiny.config, polcy="full")
     with pytest.raises(ValueError, match="policy"):

@@ -613,7 +613,8 @@ TEST_CASE("engine: key_prior adds each prefilled key's diversity, scaled to the 
       return e;
     };
     const auto plain = prefill(0.0f), with = prefill(0.5f);
-    const auto base = observed_scores(*plain, c.n_layers), got = observed_scores(*with, c.n_layers);
+    const auto base = observed_scores(*plain, c.n_layers);
+    const auto got = observed_scores(*with, c.n_layers);
     const uint32_t width = c.n_kv_heads * c.head_dim;
     for (uint32_t l = 0; l < c.n_layers; ++l) {
       // The reference: f32 keys read back, per head 1 - cos to the mean unit key.
@@ -633,9 +634,10 @@ TEST_CASE("engine: key_prior adds each prefilled key's diversity, scaled to the 
       for (uint32_t h = 0; h < c.n_kv_heads; ++h) {
         std::vector<double> mean(c.head_dim, 0.0);
         auto unit = [&](uint64_t i, uint32_t d) {
+          const float* x = &k[i * width + h * c.head_dim];
           double norm = 0;
-          for (uint32_t j = 0; j < c.head_dim; ++j) norm += double(k[i * width + h * c.head_dim + j]) * k[i * width + h * c.head_dim + j];
-          return k[i * width + h * c.head_dim + d] / std::sqrt(norm);
+          for (uint32_t j = 0; j < c.head_dim; ++j) norm += double(x[j]) * x[j];
+          return x[d] / std::sqrt(norm);
         };
         for (uint64_t i = 0; i < n; ++i)
           for (uint32_t d = 0; d < c.head_dim; ++d) mean[d] += unit(i, d);

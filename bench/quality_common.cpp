@@ -41,7 +41,7 @@ static void add_shared_rows(std::vector<Config>* rows) {
                     .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
                     .library_defaults = true, .pool_radius = radius});
   // The key-diversity prior (EngineOptions::key_prior) at three weights.
-  for (const char* weight : {"0.25", "0.5", "1"})
+  for (const char* weight : {"0.5", "1", "2"})
     pool.push_back({.name = std::string("default+keyprior") + weight + "@bytes",
                     .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
                     .library_defaults = true, .key_prior = std::stof(weight)});

@@ -97,18 +97,20 @@ class KvgcPress(BasePress):
             queries score, pooled, one GC step; "stream": every query scores).
         prefill_attention: "sdpa" computes the unscored prefill queries with torch SDPA
             (exact; the rows still go to kvgc), "kvgc" runs them through kvgc's kernel.
-        key_prior: KvgcCache's query-agnostic key-diversity prior (1.0 here, 0 in
+        key_prior: KvgcCache's query-agnostic key-diversity prior (2.0 here, 0 in
             KvgcCache): the pipeline compresses the context before it reads the question,
-            so the context's last queries ask nothing; with the prior, kvgc at 20% of the
-            bytes answered 10/10 RULER niah_single_1 rows at 4K against 4/10 without it
-            (docs/QUALITY.md, "A query-agnostic prior"). 0 turns it off.
+            so the context's last queries ask nothing. With it, kvgc at 10% of the bytes
+            answered 20/20 RULER niah_single_1 rows at 4K (KeyDiff 16/20), without it
+            4/10 (docs/QUALITY.md, "A query-agnostic prior"). Pass 0 when the question
+            is in the compressed context (query_aware): there the prior dilutes what the
+            question attends to.
         heap_options: any other kvgc.Heap option (policy, demote, window, sinks, ...);
             absent ones are kvgc's defaults.
     """
 
     # Not a dataclass (BasePress is one): heap options are free keywords, as for KvgcCache.
     def __init__(self, compression_ratio=0.0, *, kv_dtype=torch.float16, prefill="observe",
-                 prefill_attention="sdpa", key_prior=1.0, **heap_options):
+                 prefill_attention="sdpa", key_prior=2.0, **heap_options):
         self.compression_ratio = compression_ratio
         self.kv_dtype, self.prefill, self.prefill_attention = kv_dtype, prefill, prefill_attention
         self.key_prior = key_prior

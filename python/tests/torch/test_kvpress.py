@@ -216,8 +216,8 @@ def test_kvgc_press_in_pipeline(smollm2):
 
         press = KvgcPress(0.8, harvest="immediate")  # f16 K/V, 20% of the f16 bytes
         pipe(ctx, questions=qs, press=press, max_new_tokens=10)
-        assert press._cache.key_prior == 1.0  # the question comes after the context here
-        assert "key_prior=1.0" in repr(press)
+        assert press._cache.key_prior == 2.0  # the question comes after the context here
+        assert "key_prior=2.0" in repr(press)
         assert press.last["share"] <= 0.2 + 1e-9, press.last
         assert press.last["live_tokens_layer0"] < press.last["context_tokens"]
     finally:

@@ -43,6 +43,7 @@ struct Args {
   unsigned jobs = 2;
   std::vector<uint32_t> contexts;
   std::vector<double> depths, fractions;
+  std::vector<uint32_t> offsets;
   std::vector<std::string> configs;
   std::vector<std::string> parts;  // retrieval task names, perplexity, ppl-prefix, privacy
 };
@@ -61,7 +62,8 @@ void usage(FILE* out) {
   for (const std::string& p : known_parts()) parts += " " + p;
   std::fprintf(out,
       "usage: kvgc-bench-quality [--quick|--full] [--only PART]... [--configs NAME,...]\n"
-      "         [--fractions F,F] [--contexts N,N] [--depths D,D] [--observe-only]\n"
+      "         [--fractions F,F] [--contexts N,N] [--depths D,D] [--offsets N,N]\n"
+      "         [--observe-only]\n"
       "         [--check-replay] [--export FILE] [--results FILE] [--model PATH]\n"
       "         [--text FILE] [--text2 FILE] [--out DIR] [--jobs N] [--no-plots]\n"
       "  --quick        (default) ~1K-token prompts at 3 depths, 1K scored tokens\n"
@@ -76,6 +78,8 @@ void usage(FILE* out) {
       "                 for [tokens] rows, of its f16 full-cache bytes for [bytes] rows\n"
       "  --contexts N,N retrieval prompt / perplexity prefix lengths (replace the mode's)\n"
       "  --depths D,D   retrieval depths in 0..1 (replace the mode's)\n"
+      "  --offsets N,N  ppl-prefix: where in the text each prefix starts, in tokens\n"
+      "                 (default 0,6144)\n"
       "  --observe-only no stream-prefill rows (the passkey's; each costs a prefill)\n"
       "  --check-replay also prefill every configuration afresh and compare its cache and\n"
       "                 answer with the replayed one (exit 1 on a difference)\n"
@@ -144,6 +148,8 @@ bool parse_args(int argc, char** argv, Args* args) {
     } else if (arg == "--depths" && (v = value())) {
       ok = parse_list(v, &args->depths);
       for (const double d : args->depths) ok = ok && d <= 1;
+    } else if (arg == "--offsets" && (v = value())) {
+      ok = parse_list(v, &args->offsets);
     } else if (arg == "--fractions" && (v = value())) {
       ok = parse_list(v, &args->fractions);
       for (const double f : args->fractions) ok = ok && f > 0 && f <= 1;
@@ -257,6 +263,7 @@ int main(int argc, char** argv) {
   bench.check_replay = args.check_replay;
   bench.contexts = args.contexts;
   bench.depths = args.depths;
+  bench.offsets = args.offsets;
   bench.fractions = args.fractions;
   bench.config_names = args.configs;
   bench.text_path = args.text;

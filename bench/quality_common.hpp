@@ -93,6 +93,7 @@ struct Bench {
   bool check_replay = false;    // --check-replay: every replay against a fresh prefill
   std::vector<uint32_t> contexts;  // --contexts: replaces the retrieval parts' lengths
   std::vector<double> depths;      // --depths: replaces the retrieval parts' depths
+  std::vector<uint32_t> offsets;   // --offsets: where ppl-prefix's prefixes start (tokens)
   std::vector<double> fractions;   // --fractions: replaces the budgets
   std::vector<std::string> config_names;  // --configs (empty: all)
   std::string text_path;        // prose: needle haystack, perplexity, entropy profile

@@ -278,7 +278,8 @@ bool build_prefix_ppl(const Bench& bench, std::vector<PplPrompt>* out, std::stri
   std::vector<uint32_t> prefixes = bench.full ? std::vector<uint32_t>{1024, 2048, 4096}
                                               : std::vector<uint32_t>{1024};
   if (!bench.contexts.empty()) prefixes = bench.contexts;
-  const std::vector<size_t> offsets = {0, 6144};
+  std::vector<size_t> offsets = {0, 6144};
+  if (!bench.offsets.empty()) offsets.assign(bench.offsets.begin(), bench.offsets.end());
   out->clear();
   for (const uint32_t p : prefixes) {
     for (const size_t off : offsets) {

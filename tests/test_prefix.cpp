@@ -14,8 +14,10 @@
 #include <cstring>
 #include <algorithm>
 #include <numeric>
+#include <random>
 
 #include "../c_api/kvgc.hpp"
+#include "attend_reference.hpp"
 #include "gc_util.hpp"
 
 using namespace kvgc_test;
@@ -687,11 +689,29 @@ TEST_CASE("prefix cache, charged as prune: holders decide as unshared, hold only
           charged_prompt += a.pos[ra[j]] < 144 && a.cls[ra[j]] != KVGC_CLASS_FP16;
           if (a.pos[ra[j]] < 144)
             CHECK(std::memcmp(a.k.data() + ra[j] * tok, src_k.data() + size_t(a.pos[ra[j]]) * tok, tok) == 0);
+          else {  // a token of its own: the same bytes at the same rung as unshared
+            CHECK(std::memcmp(a.k.data() + ra[j] * tok, b.k.data() + rb[j] * tok, tok) == 0);
+            CHECK(std::memcmp(a.v.data() + ra[j] * tok, b.v.data() + rb[j] * tok, tok) == 0);
+          }
         }
       }
     const kvgc_stats st = H.stats();
     if (config) CHECK(st.tokens_demoted > 0);
     CHECK((config == 0) == (charged_prompt == 0));
+    // Attention reads what kvgc_read reads: every live token once, a demoted shared one at
+    // its page's precision, a demoted private one dequantised.
+    std::mt19937 rng(uint32_t(config) + 5);
+    std::normal_distribution<float> gauss(0.f, 1.f);
+    const size_t eb = elem_bytes(H.m);
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < 2; ++l) {
+        std::vector<uint8_t> q(size_t(H.m.n_q_heads) * H.m.head_dim * eb);
+        for (size_t e = 0; e < q.size() / eb; ++e) kvgc::cpu::store(&q[e * eb], H.m.dtype, 2.0f * gauss(rng));
+        const Reference ref = reference(H.h, H.m, shared[i], l, q, 1, 1.0 / std::sqrt(double(H.m.head_dim)));
+        std::vector<uint8_t> out(q.size(), 0xA5);  // poisoned
+        REQUIRE(kvgc_attend(H.h, shared[i], l, q.data(), 1, out.data(), nullptr, nullptr) == KVGC_OK);
+        CHECK(rel_err(ref.out, to_float(out, H.m.dtype)) < output_bound(H.m.dtype));
+      }
     // The holders' tenant: header pages and their own tokens; the unshared tenant holds
     // its prompt too, at its rungs.
     uint64_t used_shared = 0, used_own = 0, limit = 0;

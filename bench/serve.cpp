@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ struct Args {
   uint32_t private_min = 128, private_max = 512;
   int prefix_charge = -1;       // --prefix-charge (-1: the heap's default)
   bool configs_given = false;
+  std::string answers;          // --answers FILE: one line per request and configuration
 };
 
 void usage(FILE* out) {
@@ -85,7 +87,10 @@ void usage(FILE* out) {
       "                     Passkey accuracy is reported for A and B apart (+share needs observe)\n"
       "  --private-min/max  tokens of each request's own part (default 128..512)\n"
       "  --prefix-charge C  cache, view or prune: who pays for attached tokens in the\n"
-      "                     bounded +share configurations (default: the heap's, cache)\n");
+      "                     bounded +share configurations (default: the heap's, cache)\n"
+      "  --answers FILE     write each request's outcome, a tab-separated line per request\n"
+      "                     and configuration: config, request, key (A, B or -), expected,\n"
+      "                     correct, prompt tokens, attached, preemptions, the answer's start\n");
 }
 
 bool fail_flag(const std::string& flag, const std::string& value, const char* want) {
@@ -183,6 +188,7 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (f == "--shared-prefix") ok = parse_u32(f, v, 64, &a->shared_prefix);
     else if (f == "--private-min") ok = parse_u32(f, v, 32, &a->private_min);
     else if (f == "--private-max") ok = parse_u32(f, v, 32, &a->private_max);
+    else if (f == "--answers") a->answers = v;
     else if (f == "--prefill") {
       if (v != "observe" && v != "stream") return fail_flag(f, v, "expected observe or stream");
       a->observe = v == "observe";
@@ -380,8 +386,8 @@ struct Row {
 };
 
 bool run_config(const std::string& config, const Args& a, const engine::Model& model,
-                const engine::Tokenizer& tok, const std::vector<int32_t>& prose, Row* row,
-                std::string* err) {
+                const engine::Tokenizer& tok, const std::vector<int32_t>& prose, FILE* answers,
+                Row* row, std::string* err) {
   const std::string name = base_name(config);
   const kvgc_heap_options o = heap_options(config, a);
   engine::BatchEngine eng;
@@ -478,10 +484,20 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
       continue;
     }
     delays.push_back(r.admitted - r.arrival);
+    const std::string answer = quality::lower(tok.decode(r.output));
+    const bool correct = !stream.expect[i].empty() && answer.find(stream.expect[i]) != std::string::npos;
+    if (answers) {
+      std::string start = answer.substr(0, 48);
+      for (char& c : start)
+        if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+      const char* key = stream.key_kind.empty() ? (stream.expect[i].empty() ? "-" : "K")
+                                                : stream.key_kind[i] == 0 ? "A" : "B";
+      std::fprintf(answers, "%s\t%zu\t%s\t%s\t%d\t%zu\t%llu\t%u\t%s\n", config.c_str(), i, key,
+                   stream.expect[i].empty() ? "-" : stream.expect[i].c_str(), int(correct),
+                   r.prompt.size(), (unsigned long long)r.attached, r.preemptions, start.c_str());
+    }
     if (!stream.expect[i].empty()) {
       ++row->passkey_total;
-      const std::string answer = quality::lower(tok.decode(r.output));
-      const bool correct = answer.find(stream.expect[i]) != std::string::npos;
       row->passkey_correct += correct;
       if (!stream.key_kind.empty()) {
         ++row->kind_total[stream.key_kind[i]];
@@ -535,10 +551,23 @@ int main(int argc, char** argv) {
     std::printf("  shared prefix of %u tokens (pass key A inside), own parts %u..%u tokens (pass "
                 "key B), A asked by even requests, B by odd; outputs %u..%u\n",
                 a.shared_prefix, a.private_min, a.private_max, a.output_min, a.output_max);
+  FILE* answers = nullptr;
+  if (!a.answers.empty()) {
+    answers = std::fopen(a.answers.c_str(), "w");
+    if (!answers) {
+      std::fprintf(stderr, "kvgc-bench-serve: --answers %s: %s\n", a.answers.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+    std::fprintf(answers, "config\trequest\tkey\texpected\tcorrect\tprompt\tattached\tpreemptions\tanswer\n");
+  }
   std::vector<Row> rows;
   for (const std::string& name : a.configs) {
     Row row;
-    if (!run_config(name, a, model, tok, prose, &row, &err)) {
+    const bool ran = run_config(name, a, model, tok, prose, answers, &row, &err);
+    if (answers) std::fflush(answers);  // a run stopped later keeps the configurations done
+    if (!ran) {
+      if (answers) std::fclose(answers);
       std::fprintf(stderr, "kvgc-bench-serve: %s: %s\n", name.c_str(), err.c_str());
       return 1;
     }
@@ -672,5 +701,9 @@ int main(int argc, char** argv) {
     result += buf;
   }
   std::printf("%s\n", result.c_str());
+  if (answers && std::fclose(answers) != 0) {
+    std::fprintf(stderr, "kvgc-bench-serve: --answers %s: %s\n", a.answers.c_str(), std::strerror(errno));
+    return 1;
+  }
   return 0;
 }

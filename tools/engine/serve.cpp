@@ -158,6 +158,7 @@ bool Server::admit(double now, std::string* err) {
       ++stats_.prefix_lookups;
       stats_.prefix_hits += attached > 0;
       stats_.prefix_tokens_attached += attached;
+      r->attached = attached;
     }
     waiting_.pop_front();
     if (options_.prefix_cache && r->admitted < 0) {  // for tokens_to_keep

@@ -32,6 +32,7 @@ struct ServeRequest {
   double first_token = -1;
   double finished = -1;
   uint32_t preemptions = 0;
+  uint64_t attached = 0;      // prompt tokens attached from the prefix cache, last admission
   bool done = false;
   std::string error;          // set when the request can never run (done, no output)
 };

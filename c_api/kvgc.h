@@ -56,8 +56,8 @@ extern "C" {
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
 #define KVGC_VERSION_MINOR 10
-#define KVGC_VERSION_PATCH 1
-#define KVGC_VERSION_STRING "0.10.1"
+#define KVGC_VERSION_PATCH 2
+#define KVGC_VERSION_STRING "0.10.2"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -404,8 +404,13 @@ typedef uint64_t kvgc_prefix; /* never 0; never reused within a heap */
  * (may be NULL). n_tokens is seq's length, or (0.7.1) a multiple of page_tokens below
  * it: the first whole pages only, e.g. the part of a prompt that other prompts share, so
  * that the rest stays seq's own to prune. seq continues unchanged (its header pages are
- * written on `stream`). If the same ids are already cached with the same visibility,
- * that prefix's handle is returned (flags still apply) and nothing else changes.
+ * written on `stream`). Since 0.10.2 no page is kept twice: a page of seq whose ids a
+ * cached prefix visible to it (the same tenant, or the same salt) already holds at the
+ * same place (prompts prefilled side by side each computed their own copy) is read from
+ * that prefix's page from then on, and seq's copy goes back to the pool; seq's view
+ * (live bits, scores, positions) is unchanged. If the same ids are already cached with
+ * the same visibility, that prefix's handle is returned (flags still apply) and seq reads
+ * its pages (when their header pages fit; else seq keeps its copy).
  * KVGC_EINVAL when n_tokens is 0, above a layer's length or below it and not a multiple
  * of page_tokens, or when a kvgc_step already ranked seq's tokens (keep a prompt right
  * after appending it);

@@ -281,6 +281,11 @@ class ManagedHeap : public host::HostAllocated {
   // Makes page `index` of the segment's class-`cls` table shared: its slot metadata moves
   // to a new header page that takes its place in the table. Copies no K/V byte.
   Status share(SequenceState& s, uint32_t layer, int cls, size_t index, void* stream);
+  // Page `index` of the segment's fp16 table, private and holding the same tokens as the
+  // shared page `cached` (a cached prefix's, same ids at the same place), gives way to a
+  // header page reading `cached`: its metadata stays the segment's, its copy of the K/V
+  // goes back to the pool. Copies no K/V byte.
+  Status rebind_to_shared(SequenceState& s, uint32_t layer, size_t index, PageId cached, void* stream);
   // A header page for `holder` that reads `shared`, its metadata copied from `src` (a
   // header's bytes on the device, or on the host: kind says which).
   Status add_header(const SequenceState& holder, uint32_t layer, PageId shared, const void* src,

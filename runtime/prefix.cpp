@@ -102,24 +102,54 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
   uint64_t prev = chain_seed(s->tenant, salt);
   for (uint32_t i = 0; i < n_pages; ++i)
     prev = hashes[i] = page_hash(prev, ids + uint64_t(i) * pt, uint32_t(std::min<uint64_t>(pt, n - uint64_t(i) * pt)));
-  // The same ids, seen by the same sequences: that prefix serves.
+  // Per page, a visible cached prefix holding the same ids at the same place (prompts
+  // prefilled side by side each computed their own copy): the page it keeps serves, and
+  // the sequence's copy goes back to the pool (vLLM's block-hash deduplication).
+  host::vector<const PrefixEntry*> twin(n_pages, nullptr);
+  for (uint32_t i = 0; i < n_pages; ++i) {
+    const uint64_t first = uint64_t(i) * pt, count = std::min<uint64_t>(pt, n - first);
+    for (auto [a, b] = prefix_index_.equal_range(hashes[i]); a != b && !twin[i]; ++a) {
+      const PrefixEntry& e = prefixes_.find(a->second)->second;
+      if (visible(e, s->tenant, salt) && i < e.n_pages && e.hashes[i] == hashes[i] &&
+          std::min<uint64_t>(pt, e.ids.size() - first) == count &&
+          std::equal(ids + first, ids + first + count, e.ids.begin() + first))
+        twin[i] = &e;
+    }
+  }
+  uint64_t need = 0, twins = 0;  // header pages: one per kept page still held privately
+  for (const Segment& seg : s->layers)
+    for (uint32_t i = 0; i < n_pages; ++i) {
+      const bool own = !is_header(seg.table[KVGC_CLASS_FP16].pages[i]);
+      need += own;
+      twins += own && twin[i];
+    }
+  auto rebind_twins = [&]() -> Status {
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t i = 0; i < n_pages; ++i)
+        if (twin[i] && !is_header(s->layers[l].table[KVGC_CLASS_FP16].pages[i]))
+          KVGC_TRY(rebind_to_shared(*s, l, i, twin[i]->pages[size_t(l) * twin[i]->n_pages + i], stream));
+    return Status::Ok();
+  };
+  // The same ids, seen by the same sequences: that prefix serves, and the sequence reads
+  // its pages (when the header pages fit: else it keeps its copy, as before 0.10.2).
   for (auto [a, b] = prefix_index_.equal_range(hashes.back()); a != b; ++a) {
     PrefixEntry& e = prefixes_.find(a->second)->second;
     if (e.salt == salt && (salt || e.tenant == s->tenant) && e.ids.size() == n &&
         std::equal(e.ids.begin(), e.ids.end(), ids)) {
+      if (twins && pool_.can_alloc(kHeaderClass, twins) &&
+          tenant_room(s->tenant) >= twins * pool_.page_bytes(kHeaderClass))
+        KVGC_TRY(rebind_twins());
       e.last_use = ++lru_clock_;
       e.pinned |= pin;
       if (out) *out = e.id;
       return Status::Ok();
     }
   }
-  uint64_t need = 0;  // header pages: one per kept page the sequence still holds privately
-  for (const Segment& seg : s->layers)
-    for (uint32_t i = 0; i < n_pages; ++i) need += !is_header(seg.table[KVGC_CLASS_FP16].pages[i]);
   auto room = [&] { return pool_.can_alloc(kHeaderClass, need); };
   if (!room()) {
     KVGC_TRY(settle_all());
-    while (!room() && evict_one_prefix()) {}
+    while (!room() && evict_one_prefix())
+      std::fill(twin.begin(), twin.end(), nullptr);  // an evicted twin's pages may be gone
     if (!room()) {
       ++counters_.enomem;
       return fail(KVGC_ENOMEM, "kvgc_prefix_keep: sharing seq " + std::to_string(seq) + "'s pages needs " +
@@ -143,6 +173,7 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
   e.last_use = ++lru_clock_;
   prefixes_.reserve(prefixes_.size() + 1);
   prefix_index_.reserve(prefix_index_.size() + n_pages);
+  KVGC_TRY(rebind_twins());
   for (uint32_t l = 0; l < L; ++l) {
     PageTable& t = s->layers[l].table[KVGC_CLASS_FP16];
     for (uint32_t i = 0; i < n_pages; ++i) {

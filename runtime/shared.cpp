@@ -78,6 +78,22 @@ Status ManagedHeap::share(SequenceState& s, uint32_t layer, int cls, size_t inde
   return Status::Ok();
 }
 
+Status ManagedHeap::rebind_to_shared(SequenceState& s, uint32_t layer, size_t index, PageId cached,
+                                     void* stream) {
+  Segment& seg = s.layers[layer];
+  PageTable& t = seg.table[KVGC_CLASS_FP16];
+  const PageId p = t.pages[index];
+  KVGC_ASSERT(!is_header(p) && pool_.desc(cached).used == pool_.desc(p).used);
+  PageId h;
+  KVGC_TRY(add_header(s, layer, cached, page_ptr(p), CopyKind::DeviceToDevice, stream, &h));
+  pool_.desc(h).used = pool_.desc(p).used;
+  pool_.desc(h).live = pool_.desc(p).live;
+  t.pages[index] = h;
+  drop_page(s.tenant, p);
+  touch(seg);
+  return Status::Ok();
+}
+
 Status ManagedHeap::unshare_tail(SequenceState& s, uint32_t layer, int cls, void* stream) {
   Segment& seg = s.layers[layer];
   PageTable& t = seg.table[cls];

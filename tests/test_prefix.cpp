@@ -561,6 +561,82 @@ TEST_CASE("prefix cache: keeping a prompt's first whole pages leaves the rest th
   H.check();
 }
 
+TEST_CASE("prefix cache: prompts prefilled side by side keep one copy of the pages they share") {
+  // Requests admitted together each prefill the common prefix before any of it is cached.
+  // When the second keeps, its pages that the first's cached prefix already holds (the
+  // same ids at the same place) are not kept twice: it reads the cached page and its copy
+  // goes back to the pool. Whole-prompt keeps of the same ids do the same.
+  Heap H(gc_options(KVGC_POLICY_H2O, 40), model(2, 2, 32));  // 8 tokens a page
+  const auto ids = prompt_ids(50);
+  std::vector<int32_t> other = prompt_ids(50);
+  other[44] = -1;  // the same first 5 pages, then its own
+  kvgc_seq a, b, c, d;
+  for (kvgc_seq* s : {&a, &b, &c, &d}) REQUIRE(kvgc_seq_create(H.h, 0, s) == KVGC_OK);
+  for (kvgc_seq s : {a, b, c, d}) append_prompt(H, s, 0, 50);
+  const Image before_b = image(H, b, 1), before_c = image(H, c, 1);
+  const uint64_t fp16_pages = H.stats().cls[KVGC_CLASS_FP16].pages_used;
+  CHECK(fp16_pages == 4 * 2 * 7);
+  const std::vector<int32_t> head(ids.begin(), ids.begin() + 40);
+  const kvgc_prefix first = keep(H, a, head);  // 5 pages of a's become shared
+  CHECK(H.stats().shared_pages == 2 * 5);
+  // b keeps its first 6 pages: 5 are a's twins (rebound, freed), the 6th becomes shared.
+  const std::vector<int32_t> b_head(ids.begin(), ids.begin() + 48);
+  const kvgc_prefix second = keep(H, b, b_head);
+  CHECK(second != first);
+  CHECK(H.stats().shared_pages == 2 * 6);
+  CHECK(H.stats().cls[KVGC_CLASS_FP16].pages_used == fp16_pages - 2 * 5);
+  // c keeps the same ids as a's prefix: a's handle, and c reads a's pages.
+  CHECK(keep(H, c, head) == first);
+  CHECK(H.stats().shared_pages == 2 * 6);
+  CHECK(H.stats().cls[KVGC_CLASS_FP16].pages_used == fp16_pages - 2 * 10);
+  // d's prompt differs inside page 5: only pages 0-4 have twins.
+  std::vector<int32_t> d_ids = ids;
+  d_ids[41] = -7;
+  const std::vector<int32_t> d_head(d_ids.begin(), d_ids.begin() + 48);
+  keep(H, d, d_head);
+  CHECK(H.stats().shared_pages == 2 * 7);
+  CHECK(H.stats().cls[KVGC_CLASS_FP16].pages_used == fp16_pages - 2 * 15);
+  H.check();
+  // Each sequence reads what it appended, with its own metadata.
+  CHECK(image(H, b, 1) == before_b);
+  CHECK(image(H, c, 1) == before_c);
+  // Freed in any order: the walker balances the references, nothing leaks.
+  REQUIRE(kvgc_seq_destroy(H.h, a) == KVGC_OK);
+  REQUIRE(kvgc_prefix_drop(H.h, first) == KVGC_OK);
+  H.check();
+  CHECK(image(H, c, 1) == before_c);
+  for (kvgc_seq s : {b, c, d}) REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+  REQUIRE(kvgc_prefix_drop(H.h, second) == KVGC_OK);
+  H.check();
+  CHECK(H.stats().prefixes == 1);  // d's
+  CHECK(H.stats().cached_only_bytes == H.stats().shared_bytes);
+}
+
+TEST_CASE("prefix cache: another tenant's keep of the same ids never reads the first tenant's pages") {
+  Heap H(gc_options(KVGC_POLICY_H2O, 40), model(1, 2, 32));
+  const auto ids = prompt_ids(32);
+  kvgc_seq a, b;
+  REQUIRE(kvgc_seq_create(H.h, 1, &a) == KVGC_OK);
+  REQUIRE(kvgc_seq_create(H.h, 2, &b) == KVGC_OK);
+  append_prompt(H, a, 0, 32);
+  append_prompt(H, b, 0, 32);
+  const uint64_t fp16_pages = H.stats().cls[KVGC_CLASS_FP16].pages_used;
+  const kvgc_prefix pa = keep(H, a, ids), pb = keep(H, b, ids);
+  CHECK(pa != pb);
+  CHECK(H.stats().shared_pages == 2 * 4);  // two copies: no twin across tenants
+  CHECK(H.stats().cls[KVGC_CLASS_FP16].pages_used == fp16_pages);
+  // With one salt they are one audience, and the second keep reads the first's pages.
+  kvgc_seq c, d;
+  REQUIRE(kvgc_seq_create(H.h, 1, &c) == KVGC_OK);
+  REQUIRE(kvgc_seq_create(H.h, 2, &d) == KVGC_OK);
+  append_prompt(H, c, 0, 32);
+  append_prompt(H, d, 0, 32);
+  const kvgc_prefix pc = keep(H, c, ids, 99);
+  CHECK(keep(H, d, ids, 99) == pc);
+  CHECK(H.stats().shared_pages == 3 * 4);
+  H.check();
+}
+
 TEST_CASE("prefix cache, charged to the cache: a holder spends its whole length's budget on its own tokens") {
   // A budget fraction is of the holder's whole length, as unshared, and its own tokens
   // (after the P pinned ones) are what it is spent on: they keep that many tokens once

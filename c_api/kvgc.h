@@ -56,8 +56,8 @@ extern "C" {
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
 #define KVGC_VERSION_MINOR 10
-#define KVGC_VERSION_PATCH 2
-#define KVGC_VERSION_STRING "0.10.2"
+#define KVGC_VERSION_PATCH 3
+#define KVGC_VERSION_STRING "0.10.3"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -394,7 +394,9 @@ KVGC_API kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, vo
  *
  * Room: when the arena is short (an append, a plan, a fork, a demotion), cached prefixes
  * that are not pinned are evicted in least-recently-used order before anything returns
- * KVGC_ENOMEM; evicting one frees the pages no sequence holds. */
+ * KVGC_ENOMEM; evicting one frees the pages no sequence holds. Since 0.10.3 only a prefix
+ * holding such a page is evicted: one whose pages all have holders stays findable (its
+ * eviction would free no byte, and the next request would prefill its tokens again). */
 typedef uint64_t kvgc_prefix; /* never 0; never reused within a heap */
 
 #define KVGC_PREFIX_PIN 1u /* kvgc_prefix_keep flags: never evicted for room */

@@ -43,10 +43,21 @@ bool visible(const PrefixEntry& e, uint32_t tenant, uint64_t salt) {
 
 }  // namespace
 
+// Only a prefix holding a page that no sequence holds is evicted: one whose every page
+// some sequence still reads would free nothing, and losing it would make the next request
+// prefill those tokens again (into a copy of its own) instead of attaching them. Twin
+// prefixes over the same unheld pages both qualify, so their pages still go back.
 bool ManagedHeap::evict_one_prefix() {
+  auto frees_a_page = [&](const PrefixEntry& e) {
+    for (PageId p : e.pages) {
+      const SharedPage& sp = shared_.find(p)->second;
+      if (sp.refs == sp.prefix_refs) return true;
+    }
+    return false;
+  };
   PrefixEntry* lru = nullptr;
   for (auto& [id, e] : prefixes_)
-    if (!e.pinned && !e.busy && (!lru || e.last_use < lru->last_use)) lru = &e;
+    if (!e.pinned && !e.busy && (!lru || e.last_use < lru->last_use) && frees_a_page(e)) lru = &e;
   if (!lru) return false;
   drop_prefix(*lru);
   prefixes_.erase(lru->id);

@@ -364,6 +364,62 @@ TEST_CASE("prefix cache: room comes from cached prefixes in LRU order; pinned on
   H.check();
 }
 
+TEST_CASE("prefix cache: a prefix whose pages sequences hold is not evicted for room") {
+  // Evicting it would free no byte and make the next request prefill it again.
+  kvgc_heap_options o = gc_options(KVGC_POLICY_FULL, 0);
+  o.budget_bytes = 1 << 20;
+  o.slab_bytes = 64 << 10;
+  Heap H(o, model(1, 2, 32));
+  const auto held_ids = prompt_ids(64, 500000);
+  kvgc_seq keeper, reader;
+  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+  H.append(keeper, 0, 0, 64);
+  const kvgc_prefix held = keep(H, keeper, held_ids);
+  REQUIRE(kvgc_seq_create(H.h, 0, &reader) == KVGC_OK);
+  REQUIRE(attach(H, reader, held_ids) == 64);
+  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);  // the reader alone holds its pages now
+  // Unheld prefixes, until the arena is short and some are evicted, then an append that
+  // runs out: the held prefix, the least recently used of all, stays throughout.
+  std::vector<kvgc_prefix> unheld;
+  for (int i = 1; H.stats().prefix_evictions < 3; ++i) {
+    REQUIRE(i < 10000);
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    H.append(s, 0, 0, 64);
+    unheld.push_back(keep(H, s, prompt_ids(64, 1000 * i)));
+    REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+    CHECK(kvgc_prefix_pin(H.h, held, 0) == KVGC_OK);
+  }
+  CHECK(kvgc_prefix_pin(H.h, unheld.front(), 0) == KVGC_ENOTFOUND);
+  kvgc_seq big;
+  REQUIRE(kvgc_seq_create(H.h, 0, &big) == KVGC_OK);
+  kvgc_status last = KVGC_OK;
+  for (int64_t at = 0; at < 100000 && last == KVGC_OK; at += 8) {
+    const auto k = gaussian(H.m, kPromptKey, 0, at, 8, false), v = gaussian(H.m, kPromptKey, 0, at, 8, true);
+    last = kvgc_append(H.h, big, 0, k.data(), v.data(), 8, nullptr);
+  }
+  CHECK(last == KVGC_ENOMEM);
+  kvgc_stats st = H.stats();
+  CHECK(st.prefixes == 1);  // every unheld one went; the held one is still found
+  CHECK(st.cached_only_bytes == 0);
+  {
+    kvgc_seq t;
+    REQUIRE(kvgc_seq_create(H.h, 0, &t) == KVGC_OK);
+    CHECK(attach(H, t, held_ids) == 64);
+    REQUIRE(kvgc_seq_destroy(H.h, t) == KVGC_OK);
+  }
+  H.check();
+  // Once no sequence holds its pages, it goes for room as any other.
+  REQUIRE(kvgc_seq_destroy(H.h, reader) == KVGC_OK);
+  CHECK(H.stats().cached_only_bytes > 0);
+  const auto k = gaussian(H.m, kPromptKey, 0, 0, 8, false), v = gaussian(H.m, kPromptKey, 0, 0, 8, true);
+  for (int i = 0; i < 1000 && kvgc_prefix_pin(H.h, held, 0) == KVGC_OK; ++i)
+    REQUIRE(kvgc_append(H.h, big, 0, k.data(), v.data(), 8, nullptr) == KVGC_OK);
+  CHECK(kvgc_prefix_pin(H.h, held, 0) == KVGC_ENOTFOUND);
+  CHECK(H.stats().prefixes == 0);
+  H.check();
+}
+
 TEST_CASE("prefix cache: bad arguments get a clear error and change nothing") {
   Heap H(gc_options(KVGC_POLICY_H2O, 40), model(2, 2, 32));
   const auto ids = prompt_ids(50);

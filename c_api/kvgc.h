@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 10
-#define KVGC_VERSION_PATCH 3
-#define KVGC_VERSION_STRING "0.10.3"
+#define KVGC_VERSION_MINOR 11
+#define KVGC_VERSION_PATCH 0
+#define KVGC_VERSION_STRING "0.11.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -239,7 +239,11 @@ typedef struct kvgc_heap_options {
   kvgc_layer_budget layer_budget; /* UNIFORM */
   double score_noise;      /* 0: Laplace scale on ranking scores; 0 = off */
   uint64_t seed;           /* 0x6b766763 */
-  uint32_t slab_bytes;     /* 2 MiB: grown to hold at least one page of each class */
+  uint32_t slab_bytes;     /* 0 (0.11; 2 MiB before): chosen by the heap (kvgc_heap_get_options
+                              reports it): 8 fp16 pages in 64 KiB steps for a heap that
+                              demotes (memory moves between classes a slab at a time, so
+                              small slabs let the ladder's cheaper classes find room),
+                              else 2 MiB; or 64 KiB..1 GiB. Grown to hold an fp16 page */
   int verbose;             /* 0: 1 prints the effective configuration to stderr */
   /* KVGC_LAYER_BUDGET_ENTROPY: one weight per layer (> 0, finite), copied at creation.
    * KVGC_LAYER_BUDGET=entropy:FILE reads them from FILE (one number a line, '#' comments). */

@@ -17,7 +17,7 @@ namespace kvgc {
 namespace {
 
 constexpr uint64_t kDefaultSeed = 0x6b766763;  // "kvgc"
-constexpr uint32_t kDefaultSlab = 2u << 20;
+constexpr uint32_t kDefaultSlab = 0;  // sized from the model's pages (heap.cpp)
 constexpr uint32_t kMaxSinks = 1u << 20;
 constexpr uint32_t kMaxWindow = 1u << 24;
 constexpr uint32_t kMaxThreads = 256;  // cpu::ThreadPool::kMaxThreads
@@ -348,8 +348,9 @@ Status options_validate(const kvgc_heap_options& o) {
                               "affinity mask)");
   if (!(o.score_noise >= 0 && std::isfinite(o.score_noise)))
     return bad("score_noise", "must be a finite number >= 0");
-  if (o.slab_bytes < (64u << 10) || o.slab_bytes > (1u << 30) || o.slab_bytes % kPageAlign)
-    return bad("slab_bytes", "must be a multiple of 256 in 64 KiB..1 GiB");
+  if (o.slab_bytes != 0 &&
+      (o.slab_bytes < (64u << 10) || o.slab_bytes > (1u << 30) || o.slab_bytes % kPageAlign))
+    return bad("slab_bytes", "must be 0 (sized from the model) or a multiple of 256 in 64 KiB..1 GiB");
   return Status::Ok();
 }
 

@@ -110,6 +110,53 @@ TEST_CASE("sequences and layers are independent; destroy frees their pages") {
   kvgc_heap_destroy(h);
 }
 
+TEST_CASE("slab_bytes 0: 8 fp16 pages in 64 KiB steps for a heap that demotes, else 2 MiB; an explicit size is kept") {
+  // Small slabs let memory move between classes (heap.cpp: the ladder's cheaper classes
+  // need whole free slabs; kvgc-bench-serve measured the effect, docs/PERF.md).
+  for (uint32_t head_dim : {32u, 64u, 128u}) {
+    CAPTURE(head_dim);
+    const kvgc_model_desc m = model(2, 4, head_dim);
+    kvgc_heap_options o = cpu_options(16 << 20);
+    o.slab_bytes = 0;
+    for (auto [policy, demote] : {std::pair{KVGC_POLICY_FULL, KVGC_DEMOTE_LADDER},
+                                  std::pair{KVGC_POLICY_H2O, KVGC_DEMOTE_OFF}}) {
+      o.policy = policy;
+      o.demote = demote;
+      kvgc_heap* h = nullptr;
+      REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+      kvgc_heap_options eff;
+      kvgc_heap_options_init(&eff);
+      REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
+      CHECK(eff.slab_bytes == 2u << 20);
+      kvgc_heap_destroy(h);
+    }
+    o.policy = KVGC_POLICY_H2O;
+    o.demote = KVGC_DEMOTE_LADDER;
+    kvgc_heap* h = nullptr;
+    REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+    kvgc_heap_options eff;
+    kvgc_heap_options_init(&eff);
+    REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
+    kvgc_stats st;
+    kvgc_stats_init(&st);
+    REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+    const uint64_t page = st.cls[KVGC_CLASS_FP16].page_bytes, step = 64 << 10;
+    CHECK(eff.slab_bytes == (8 * page + step - 1) / step * step);
+    CHECK(st.slab_bytes == eff.slab_bytes);
+    CHECK(st.slab_bytes < 8 * page + step);
+    CHECK(st.slabs_total * st.slab_bytes + st.scratch_bytes == st.arena_bytes);
+    kvgc_heap_destroy(h);
+    o.slab_bytes = 1 << 20;
+    REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+    REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
+    CHECK(eff.slab_bytes == 1u << 20);
+    kvgc_heap_destroy(h);
+  }
+  kvgc_heap_options d;
+  kvgc_heap_options_init(&d);
+  CHECK(d.slab_bytes == 0);
+}
+
 TEST_CASE("stats add up: bytes per class, pages, slabs, live tokens, counters") {
   const kvgc_model_desc m = model(2, 2, 64);
   kvgc_heap* h = nullptr;

@@ -219,6 +219,10 @@ TEST_CASE("validate names the field of a bad options struct") {
   options_defaults(&o);
   o.slab_bytes = 1000;
   CHECK(options_validate(o).msg.find("opts->slab_bytes") != std::string::npos);
+  o.slab_bytes = 32u << 10;  // below 64 KiB; 0 is the model-sized default
+  CHECK(options_validate(o).msg.find("opts->slab_bytes") != std::string::npos);
+  o.slab_bytes = 0;
+  CHECK(options_validate(o).ok());
   options_defaults(&o);
   kvgc_test::poke_enum(o.harvest, 2);
   CHECK(options_validate(o).msg.find("opts->harvest") != std::string::npos);

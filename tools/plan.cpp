@@ -218,7 +218,7 @@ bool make_share_plan(const PlanParams& p, const ShareParams& s, SharePlan* out,
 
 uint64_t header_page_bytes(const kvgc_model_desc& model, uint32_t page_tokens,
                            std::string* err) {
-  // One layer of the model, on the CPU, the arena one slab (2 MiB, or one page when larger):
+  // One layer of the model, on the CPU, the arena one slab (64 KiB, or one page when larger):
   // the layout of a page does not depend on the number of layers, and nothing is stored.
   kvgc_model_desc one = model;
   one.n_layers = 1;
@@ -234,6 +234,7 @@ uint64_t header_page_bytes(const kvgc_model_desc& model, uint32_t page_tokens,
   opts.policy = KVGC_POLICY_FULL;
   opts.demote = KVGC_DEMOTE_OFF;
   opts.page_tokens = page_tokens;
+  opts.slab_bytes = 64u << 10;  // the least; the heap grows it to hold one page
   opts.budget_bytes = std::max<uint64_t>(page, opts.slab_bytes);
   kvgc_heap* heap = nullptr;
   uint64_t bytes = 0;

@@ -375,7 +375,7 @@ class KvgcCache(Cache):
                                         _KV_DTYPES[self.kv_dtype], self.max_tokens, "fp16",
                                         page_tokens=opts.get("page_tokens") or 16)
                 # +1 sequence: a checkpoint; +1/8: partly filled pages; +32 MiB: a few
-                # 2 MiB slabs per storage class (the arena is reserved, not touched).
+                # slabs per storage class (the arena is reserved, not touched).
                 opts["budget_bytes"] = int(per_seq * (b + 1) * 9 // 8) + (32 << 20)
             self.heap = kvgc.Heap(self.n_layers, self.n_q_heads, self.n_kv_heads,
                                   self.head_dim, _KV_DTYPES[self.kv_dtype], device=self.device,

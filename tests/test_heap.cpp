@@ -113,6 +113,23 @@ TEST_CASE("sequences and layers are independent; destroy frees their pages") {
 TEST_CASE("slab_bytes 0: 8 fp16 pages in 64 KiB steps for a heap that demotes, else 2 MiB; an explicit size is kept") {
   // Small slabs let memory move between classes (heap.cpp: the ladder's cheaper classes
   // need whole free slabs; kvgc-bench-serve measured the effect, docs/PERF.md).
+  struct Effective {
+    uint64_t slab, slabs, fp16_page, scratch, arena;
+  };
+  auto effective = [](const kvgc_model_desc& m, const kvgc_heap_options& o) {
+    kvgc_heap* h = nullptr;
+    REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
+    kvgc_heap_options eff;
+    kvgc_heap_options_init(&eff);
+    REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
+    kvgc_stats st;
+    kvgc_stats_init(&st);
+    REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
+    CHECK(st.slab_bytes == eff.slab_bytes);
+    kvgc_heap_destroy(h);
+    return Effective{eff.slab_bytes, st.slabs_total, st.cls[KVGC_CLASS_FP16].page_bytes,
+                     st.scratch_bytes, st.arena_bytes};
+  };
   for (uint32_t head_dim : {32u, 64u, 128u}) {
     CAPTURE(head_dim);
     const kvgc_model_desc m = model(2, 4, head_dim);
@@ -122,35 +139,17 @@ TEST_CASE("slab_bytes 0: 8 fp16 pages in 64 KiB steps for a heap that demotes, e
                                   std::pair{KVGC_POLICY_H2O, KVGC_DEMOTE_OFF}}) {
       o.policy = policy;
       o.demote = demote;
-      kvgc_heap* h = nullptr;
-      REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
-      kvgc_heap_options eff;
-      kvgc_heap_options_init(&eff);
-      REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
-      CHECK(eff.slab_bytes == 2u << 20);
-      kvgc_heap_destroy(h);
+      CHECK(effective(m, o).slab == 2u << 20);
     }
     o.policy = KVGC_POLICY_H2O;
     o.demote = KVGC_DEMOTE_LADDER;
-    kvgc_heap* h = nullptr;
-    REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
-    kvgc_heap_options eff;
-    kvgc_heap_options_init(&eff);
-    REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
-    kvgc_stats st;
-    kvgc_stats_init(&st);
-    REQUIRE(kvgc_get_stats(h, &st) == KVGC_OK);
-    const uint64_t page = st.cls[KVGC_CLASS_FP16].page_bytes, step = 64 << 10;
-    CHECK(eff.slab_bytes == (8 * page + step - 1) / step * step);
-    CHECK(st.slab_bytes == eff.slab_bytes);
-    CHECK(st.slab_bytes < 8 * page + step);
-    CHECK(st.slabs_total * st.slab_bytes + st.scratch_bytes == st.arena_bytes);
-    kvgc_heap_destroy(h);
+    const Effective e = effective(m, o);
+    const uint64_t step = 64 << 10;
+    CHECK(e.slab == (8 * e.fp16_page + step - 1) / step * step);
+    CHECK(e.slab < 8 * e.fp16_page + step);
+    CHECK(e.slabs * e.slab + e.scratch == e.arena);
     o.slab_bytes = 1 << 20;
-    REQUIRE(kvgc_heap_create(&m, &o, &h) == KVGC_OK);
-    REQUIRE(kvgc_heap_get_options(h, &eff) == KVGC_OK);
-    CHECK(eff.slab_bytes == 1u << 20);
-    kvgc_heap_destroy(h);
+    CHECK(effective(m, o).slab == 1u << 20);
   }
   kvgc_heap_options d;
   kvgc_heap_options_init(&d);

@@ -240,8 +240,8 @@ typedef struct kvgc_heap_options {
   double score_noise;      /* 0: Laplace scale on ranking scores; 0 = off */
   uint64_t seed;           /* 0x6b766763 */
   uint32_t slab_bytes;     /* 0 (0.11; 2 MiB before): chosen by the heap (kvgc_heap_get_options
-                              reports it): 8 fp16 pages in 64 KiB steps for a heap that
-                              demotes (memory moves between classes a slab at a time, so
+                              reports it): 8 fp16 pages rounded up to 64 KiB, in whole fp16
+                              pages, for a heap that demotes (memory moves between classes a slab at a time, so
                               small slabs let the ladder's cheaper classes find room),
                               else 2 MiB; or 64 KiB..1 GiB. Grown to hold an fp16 page */
   int verbose;             /* 0: 1 prints the effective configuration to stderr */

@@ -57,26 +57,35 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     h->layout_[c] = PageLayout::make(opts.page_tokens, model.n_kv_heads, model.head_dim,
                                      model.dtype, kvgc_storage_class(c));
+  // Classes that save too little for this head_dim (scale words cost as much as the
+  // bytes they save), or are dominated, stay off the ladder.
+  uint64_t page_bytes[KVGC_CLASS_COUNT];
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) page_bytes[c] = h->layout_[c].bytes;
+  std::string note;
+  h->ladder_ = make_ladder(h->opts_.demote, page_bytes, &note);
+  if (!note.empty() && h->opts_.verbose)
+    std::fprintf(stderr, "kvgc: KVGC_DEMOTE=%s for head_dim %u: %s\n",
+                 demote_name(h->opts_.demote), model.head_dim, note.c_str());
+
   // A slab must hold at least one page of every class (int4 pages are the smaller).
-  // By default (0) a heap that demotes gets small slabs: kAutoSlabFp16Pages fp16 pages,
-  // in 64 KiB steps. Memory moves between classes a whole slab at a time, and a slab
-  // goes back only when every page in it is free; pages of many sequences share a slab,
-  // so the larger the slab the rarer that is, and the ladder's cheaper classes then find
-  // no slab for the tokens the GC demotes while the fp16 class holds many free pages
-  // (the GC evicts those tokens instead). Measured on kvgc-bench-serve --shared-prefix
-  // (80 MiB, 12.3 KiB fp16 pages): demotions that found no page 1,040 times with 2 MiB
-  // slabs, 909 with 512 KiB, 232 with 256 KiB, 53 with 128 KiB; passkeys 13/24, 16/24,
-  // 21/24, 21/24. A heap that never demotes keeps kFp16OnlySlab: there the same run's
-  // full cache with sharing preempted more with small slabs (12 against 7) and held
-  // 4.08 sequences on average against 5.09.
+  // By default (0) a heap that demotes gets small slabs: kAutoSlabFp16Pages fp16 pages
+  // rounded up to 64 KiB, then down to whole fp16 pages (no tail waste in that class:
+  // 64 KiB steps alone wasted 11% of an arena of 64 KiB pages). Memory moves between
+  // classes a whole slab at a time, and a slab goes back only when every page in it is
+  // free; pages of many sequences share a slab, so the larger the slab the rarer that
+  // is, and the ladder's cheaper classes then find no slab for the tokens the GC demotes
+  // while the fp16 class holds many free pages (the GC evicts those tokens instead).
+  // Measured on kvgc-bench-serve --shared-prefix (80 MiB, 12.3 KiB fp16 pages): demotions
+  // that found no page 1,040 times with 2 MiB slabs, 909 with 512 KiB, 232 with 256 KiB,
+  // 53 with 128 KiB (10 fp16 pages, as now); passkeys 13/24, 16/24, 21/24, 21/24. A heap
+  // that never demotes keeps kFp16OnlySlab: there the same run's full cache with sharing
+  // preempted more with small slabs (12 against 7) and held 4.08 sequences on average
+  // against 5.09.
   constexpr size_t kAutoSlabFp16Pages = 8, kSlabStep = 64u << 10, kFp16OnlySlab = 2u << 20;
   const size_t fp16_page = h->layout_[KVGC_CLASS_FP16].bytes;
-  uint64_t class_bytes[KVGC_CLASS_COUNT];
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) class_bytes[c] = h->layout_[c].bytes;
-  std::string unused;
-  const bool demotes = opts.policy != KVGC_POLICY_FULL && make_ladder(opts.demote, class_bytes, &unused).n > 1;
-  const size_t auto_slab = demotes ? (kAutoSlabFp16Pages * fp16_page + kSlabStep - 1) / kSlabStep * kSlabStep
-                                   : kFp16OnlySlab;
+  const bool demotes = opts.policy != KVGC_POLICY_FULL && h->ladder_.n > 1;
+  const size_t stepped = (kAutoSlabFp16Pages * fp16_page + kSlabStep - 1) / kSlabStep * kSlabStep;
+  const size_t auto_slab = demotes ? stepped / fp16_page * fp16_page : kFp16OnlySlab;
   const size_t slab = std::max<size_t>(opts.slab_bytes ? opts.slab_bytes : auto_slab, fp16_page);
   h->opts_.slab_bytes = uint32_t(slab);
 
@@ -102,15 +111,7 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   h->policy_.window_scales = h->opts_.byte_budget || h->opts_.byte_budget_fraction > 0;
   h->policy_.page_tokens = h->opts_.page_tokens;
   h->policy_.recent = h->opts_.recent_decay < 1.0;
-  uint64_t page_bytes[KVGC_CLASS_COUNT];
-  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) page_bytes[c] = h->policy_.unit_cost[c] = h->layout_[c].bytes;
-  // Classes that save too little for this head_dim (scale words cost as much as the
-  // bytes they save), or are dominated, stay off the ladder.
-  std::string note;
-  h->ladder_ = make_ladder(h->opts_.demote, page_bytes, &note);
-  if (!note.empty() && h->opts_.verbose)
-    std::fprintf(stderr, "kvgc: KVGC_DEMOTE=%s for head_dim %u: %s\n",
-                 demote_name(h->opts_.demote), model.head_dim, note.c_str());
+  for (int c = 0; c < KVGC_CLASS_COUNT; ++c) h->policy_.unit_cost[c] = page_bytes[c];
 
   // Device executors keep their scratch in the arena's last slabs, sized for a segment
   // as long as the whole arena could hold, so neither attention nor the GC allocates.
@@ -650,7 +651,7 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   for (const auto& [p, sp] : shared_) {
     o->shared_bytes += pool_.page_bytes(pool_.class_of(p));
     o->shared_refs += sp.refs;
-    if (sp.refs == sp.prefix_refs) o->cached_only_bytes += pool_.page_bytes(pool_.class_of(p));
+    if (sp.cached_only()) o->cached_only_bytes += pool_.page_bytes(pool_.class_of(p));
   }
   o->prefixes = prefixes_.size();
   for (const auto& [id, e] : prefixes_) o->prefixes_pinned += e.pinned;

@@ -429,6 +429,7 @@ class ManagedHeap : public host::HostAllocated {
     uint32_t refs = 0;    // header pages naming it + cached prefixes holding it
     uint32_t tenant = 0;  // charged once, to the tenant whose sequence created it
     uint32_t prefix_refs = 0;  // of refs, cached prefixes (all of them: no sequence holds it)
+    bool cached_only() const { return refs == prefix_refs; }  // evicting prefixes frees it
   };
   host::unordered_map<PageId, SharedPage> shared_;  // shared page -> its holders
   host::unordered_map<PageId, PageId> backing_;     // header page -> its shared page

@@ -49,11 +49,8 @@ bool visible(const PrefixEntry& e, uint32_t tenant, uint64_t salt) {
 // prefixes over the same unheld pages both qualify, so their pages still go back.
 bool ManagedHeap::evict_one_prefix() {
   auto frees_a_page = [&](const PrefixEntry& e) {
-    for (PageId p : e.pages) {
-      const SharedPage& sp = shared_.find(p)->second;
-      if (sp.refs == sp.prefix_refs) return true;
-    }
-    return false;
+    return std::any_of(e.pages.begin(), e.pages.end(),
+                       [&](PageId p) { return shared_.find(p)->second.cached_only(); });
   };
   PrefixEntry* lru = nullptr;
   for (auto& [id, e] : prefixes_)

@@ -373,7 +373,10 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
       CAPTURE(demote);
       kvgc_heap_options o = cpu_options(64 << 20, 8);
       o.policy = policy;
-      o.token_budget = 24 + rng() % 24;
+      // Generational's long-term tier holds budget - sinks - window - max(2 * 8, (budget -
+      // sinks - window) / 2) tokens: at least 6 from a budget of 32, so minors can promote
+      // (a budget of 24..26 left it none, and seed 196961123 drew one: no promotion).
+      o.token_budget = 32 + rng() % 16;
       o.sinks = 2;
       o.window = 8;
       o.demote = demote;
@@ -411,6 +414,9 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
         }
         for (uint32_t& x : n_new)
           if (x == 1 && rng() % 8 == 0) x = rng() % 12;  // chunks, and sequences without rows
+        // The first sequence takes a page of rows every step: a minor GC each step, so its
+        // intermediate tokens reach the age (2 minors) at which they are promoted.
+        if (step > 0) n_new[0] = 8;
         const uint32_t B = uint32_t(sc.size());
         uint32_t rows = 0;
         for (uint32_t x : n_new) rows += x;
@@ -467,6 +473,7 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
       }
       const kvgc_stats st = get_stats(cpu);
       CHECK(st.gcs > 0);
+      if (policy == KVGC_POLICY_GENERATIONAL) CHECK(st.tokens_promoted > 0);  // by construction
       total.tokens_evicted += st.tokens_evicted;
       total.tokens_demoted += st.tokens_demoted;
       total.tokens_promoted += st.tokens_promoted;

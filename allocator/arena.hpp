@@ -33,6 +33,7 @@ class Arena {
   }
   void release(Slab& s) {
     s.cls = Slab::kFree;
+    s.draining = false;
     s.pages_total = s.pages_used = s.bump = 0;
     s.free_head = Slab::kNil;
     free_.push_front(s);

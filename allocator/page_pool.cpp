@@ -82,8 +82,15 @@ void PagePool::free(PageId id) {
   const int cls = s.cls;
   const bool was_full = s.full();
   s.push(index_of(id));
-  ++counts_[cls].pages_free;
   --counts_[cls].pages_used;
+  if (s.draining) {  // off the list, its free pages not counted (drain)
+    if (!s.empty()) return;
+    --counts_[cls].slabs;
+    arena_.release(s);
+    ++slabs_released_;
+    return;
+  }
+  ++counts_[cls].pages_free;
   if (s.empty()) {
     if (!was_full) partial_[cls].erase(partial_[cls].iterator_to(s));
     counts_[cls].pages_free -= s.pages_total;
@@ -93,6 +100,22 @@ void PagePool::free(PageId id) {
   } else if (was_full) {
     partial_[cls].push_front(s);
   }
+}
+
+void PagePool::drain(uint32_t slab) {
+  Slab& s = arena_.slab(slab);
+  KVGC_ASSERT(s.cls != Slab::kFree && !s.draining && !s.empty());
+  if (!s.full()) partial_[s.cls].erase(partial_[s.cls].iterator_to(s));
+  counts_[s.cls].pages_free -= s.pages_total - s.pages_used;
+  s.draining = true;
+}
+
+void PagePool::undrain(uint32_t slab) {
+  Slab& s = arena_.slab(slab);
+  if (s.cls == Slab::kFree || !s.draining) return;  // it emptied: back in the arena
+  s.draining = false;
+  counts_[s.cls].pages_free += s.pages_total - s.pages_used;
+  if (!s.full()) partial_[s.cls].push_front(s);
 }
 
 bool PagePool::allocated(PageId id) const {
@@ -142,6 +165,7 @@ bool PagePool::check(std::string* err) const {
       continue;
     }
     if (s.cls < 0 || s.cls >= kNumClasses) return fail(name + " has a bad class");
+    if (s.draining) return fail(name + " was left draining");
     if (s.pages_total != pages_per_slab_[s.cls]) return fail(name + " has a bad page count");
     if (s.empty()) return fail(name + " is empty but was not returned to the arena");
     if (!s.full() && on_list[i] != 2) return fail(name + " has free pages but is not partial");

@@ -42,6 +42,23 @@ class PagePool {
   // Whether n more pages of `cls` fit right now (free pages + free slabs).
   bool can_alloc(int cls, uint64_t n) const;
 
+  // Evacuation: memory moves between classes only by whole slabs, so free pages of one
+  // class are stranded until their slab empties. The runtime empties a sparse slab by
+  // moving its pages into the free pages of its class's other slabs (the pages' holders
+  // are the runtime's to rewrite), and the slab goes back to the arena.
+  // The slab of class `cls` with the fewest pages in use, at least one free, whose pages
+  // the class's other slabs can take, and which `movable(slab index)` accepts; or
+  // UINT32_MAX when there is none.
+  template <class F>
+  uint32_t sparsest_evacuable(int cls, F&& movable) const;
+  // Takes the slab off its class's partial list: no alloc picks it, and its free pages no
+  // longer count as the class's. Its pages go on being freed as usual; the last one
+  // returns it to the arena. undrain() puts back one that did not empty.
+  void drain(uint32_t slab);
+  void undrain(uint32_t slab);
+  uint32_t slab_of_page(PageId id) const { return slab_of(id); }
+  PageId page_id(uint32_t slab, uint32_t index) const { return make_id(slab, index, index_bits_); }
+
   PageDesc& desc(PageId id) { return arena_.slab(slab_of(id)).desc[index_of(id)]; }
   const PageDesc& desc(PageId id) const { return arena_.slab(slab_of(id)).desc[index_of(id)]; }
   int class_of(PageId id) const { return arena_.slab(slab_of(id)).cls; }
@@ -84,6 +101,18 @@ class PagePool {
   uint32_t index_bits_ = 0, index_mask_ = 0;
   uint64_t slabs_acquired_ = 0, slabs_released_ = 0;
 };
+
+template <class F>
+uint32_t PagePool::sparsest_evacuable(int cls, F&& movable) const {
+  uint32_t best = UINT32_MAX, best_used = UINT32_MAX;
+  for (const Slab& s : partial_[cls]) {
+    const uint32_t free_elsewhere = uint32_t(counts_[cls].pages_free) - (s.pages_total - s.pages_used);
+    if (s.pages_used >= best_used || s.pages_used > free_elsewhere) continue;
+    const uint32_t i = arena_.index_of(s);
+    if (movable(i)) best = i, best_used = s.pages_used;
+  }
+  return best;
+}
 
 template <class F>
 void PagePool::for_each_allocated(F&& f) const {

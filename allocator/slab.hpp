@@ -35,6 +35,7 @@ struct Slab : bi::list_base_hook<NormalLink> {
   static constexpr int8_t kFree = -1;
   static constexpr uint32_t kNil = 0x7fffffffu;  // end of the page free list
   int8_t cls = kFree;        // storage class, or kFree while it sits in the arena
+  bool draining = false;     // being evacuated (PagePool::drain): off the partial list
   uint32_t pages_total = 0;  // pages this slab holds in its current class
   uint32_t pages_used = 0;
   uint32_t bump = 0;         // pages [bump, pages_total) were never handed out

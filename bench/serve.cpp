@@ -366,6 +366,7 @@ struct Row {
   std::string name;
   uint32_t max_running = 0;
   double mean_running = 0;
+  double loaded_running = 0;  // mean over the steps at which an arrived request waited
   double tokens_per_s = 0;      // generated tokens / s
   double rows_per_s = 0;        // all rows (prompt + decode) / s
   double queue_mean = 0, queue_p95 = 0;
@@ -375,6 +376,7 @@ struct Row {
   double seconds = 0;
   double held_sum = 0, used_max = 0;  // bytes per running sequence (summed), peak bytes used
   double own_sum = 0;                 // the same less shared pages (each held once)
+  uint64_t slabs_evacuated = 0, pages_migrated = 0;  // the heap's, over the run
   uint64_t held_samples = 0;
   double footprint_sum = 0;           // admission's estimate for each request's prompt
   int kind_correct[2] = {0, 0}, kind_total[2] = {0, 0};  // --shared-prefix: A, B
@@ -461,10 +463,19 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
     }
   }
   row->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  {
+    kvgc_stats hs;
+    kvgc_stats_init(&hs);
+    if (kvgc_get_stats(eng.heap(), &hs) == KVGC_OK) {
+      row->slabs_evacuated = hs.slabs_evacuated;
+      row->pages_migrated = hs.pages_migrated;
+    }
+  }
   const engine::ServeStats& st = server.stats();
   row->name = config;
   row->max_running = st.max_running;
   row->mean_running = st.mean_running();
+  row->loaded_running = st.mean_running_loaded();
   row->tokens_per_s = double(st.generated_tokens) / row->seconds;
   row->rows_per_s = double(st.generated_tokens + st.prompt_tokens) / row->seconds;
   row->preemptions = st.preemptions;
@@ -574,12 +585,14 @@ int main(int argc, char** argv) {
     // Its figures at once (stderr is unbuffered): a run stopped before the table below
     // keeps the configurations it finished.
     std::fprintf(stderr,
-                 "  %s done in %.1f s: max_seq %u, mean_seq %.2f, passkey %d/%d, preempt %llu, "
-                 "MiB/seq %.2f, peak MiB %.1f, gen_tok/s %.1f\n",
-                 name.c_str(), row.seconds, row.max_running, row.mean_running, row.passkey_correct,
+                 "  %s done in %.1f s: max_seq %u, mean_seq %.2f, load_seq %.2f, passkey %d/%d, preempt %llu, "
+                 "MiB/seq %.2f, peak MiB %.1f, gen_tok/s %.1f, slabs evacuated %llu (%llu pages)\n",
+                 name.c_str(), row.seconds, row.max_running, row.mean_running, row.loaded_running,
+                 row.passkey_correct,
                  row.passkey_total, (unsigned long long)row.preemptions,
                  row.held_samples ? row.held_sum / double(row.held_samples) / (1 << 20) : 0.0,
-                 row.used_max / (1 << 20), row.tokens_per_s);
+                 row.used_max / (1 << 20), row.tokens_per_s,
+                 (unsigned long long)row.slabs_evacuated, (unsigned long long)row.pages_migrated);
     rows.push_back(row);
   }
   std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %9s %8s\n", "config",
@@ -628,18 +641,19 @@ int main(int argc, char** argv) {
   std::string result = "RESULT";
   char buf[512];
   if (a.shared_prefix) {
-    std::printf("\n%-16s %8s %9s %9s %11s %11s %6s %10s %10s\n", "config", "max_seq",
-                "mean_seq", "gen_tok/s", "prompt_rows", "attached", "keeps", "passkey_A",
-                "passkey_B");
+    std::printf("\n%-16s %8s %9s %9s %9s %11s %11s %6s %10s %10s\n", "config", "max_seq",
+                "mean_seq", "load_seq", "gen_tok/s", "prompt_rows", "attached", "keeps",
+                "passkey_A", "passkey_B");
     for (const Row& r : rows)
-      std::printf("%-16s %8u %9.2f %9.1f %11llu %11llu %6llu %6d/%-3d %6d/%-3d\n", r.name.c_str(),
-                  r.max_running, r.mean_running, r.tokens_per_s,
+      std::printf("%-16s %8u %9.2f %9.2f %9.1f %11llu %11llu %6llu %6d/%-3d %6d/%-3d\n", r.name.c_str(),
+                  r.max_running, r.mean_running, r.loaded_running, r.tokens_per_s,
                   (unsigned long long)r.prompt_rows, (unsigned long long)r.prefix_tokens,
                   (unsigned long long)r.prefix_keeps, r.kind_correct[0], r.kind_total[0],
                   r.kind_correct[1], r.kind_total[1]);
-    std::printf("(prompt_rows: prompt rows prefilled, recomputation included; attached: prompt "
-                "tokens attached from the prefix cache instead; passkey_A: the shared prefix's "
-                "key, passkey_B: each request's own)\n");
+    std::printf("(load_seq: mean_seq over the steps at which an arrived request waited, what "
+                "the arena sustains under load; prompt_rows: prompt rows prefilled, recomputation "
+                "included; attached: prompt tokens attached from the prefix cache instead; "
+                "passkey_A: the shared prefix's key, passkey_B: each request's own)\n");
     auto ratio = [](double x, double y, char* out, size_t n) {
       if (y > 0) std::snprintf(out, n, "%.3f", x / y);
       else std::snprintf(out, n, "na");
@@ -650,11 +664,16 @@ int main(int argc, char** argv) {
                                         def ? def->mean_running : 0.0);
       const double best_max = std::max(full_share ? double(full_share->max_running) : 0.0,
                                        def ? double(def->max_running) : 0.0);
-      char mean_r[32], max_r[32];
+      const double best_loaded = std::max(full_share ? full_share->loaded_running : 0.0,
+                                          def ? def->loaded_running : 0.0);
+      char mean_r[32], max_r[32], loaded_r[32];
       ratio(def_share->mean_running, best_mean, mean_r, sizeof mean_r);
       ratio(double(def_share->max_running), best_max, max_r, sizeof max_r);
-      std::snprintf(buf, sizeof buf, " share_prune_vs_best_alone=%s share_prune_max_vs_best_alone=%s",
-                    mean_r, max_r);
+      ratio(def_share->loaded_running, best_loaded, loaded_r, sizeof loaded_r);
+      std::snprintf(buf, sizeof buf,
+                    " share_prune_vs_best_alone=%s share_prune_max_vs_best_alone=%s"
+                    " share_prune_loaded_vs_best_alone=%s",
+                    mean_r, max_r, loaded_r);
       result += buf;
     }
     if (full) {  // passkey accuracy per key kind, against the full cache
@@ -693,9 +712,10 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     const std::string k = quality::key_name(r.name);
     std::snprintf(buf, sizeof buf,
-                  " %s_max_seqs=%u %s_mean_seqs=%.2f %s_tok_s=%.1f %s_queue_mean_s=%.2f "
-                  "%s_queue_p95_s=%.2f %s_passkey=%d/%d %s_preemptions=%llu",
-                  k.c_str(), r.max_running, k.c_str(), r.mean_running, k.c_str(), r.tokens_per_s,
+                  " %s_max_seqs=%u %s_mean_seqs=%.2f %s_loaded_seqs=%.2f %s_tok_s=%.1f "
+                  "%s_queue_mean_s=%.2f %s_queue_p95_s=%.2f %s_passkey=%d/%d %s_preemptions=%llu",
+                  k.c_str(), r.max_running, k.c_str(), r.mean_running, k.c_str(), r.loaded_running,
+                  k.c_str(), r.tokens_per_s,
                   k.c_str(), r.queue_mean, k.c_str(), r.queue_p95, k.c_str(), r.passkey_correct,
                   r.passkey_total, k.c_str(), (unsigned long long)r.preemptions);
     result += buf;

@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 11
+#define KVGC_VERSION_MINOR 12
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.11.0"
+#define KVGC_VERSION_STRING "0.12.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -355,7 +355,8 @@ KVGC_API kvgc_status kvgc_seq_destroy(kvgc_heap* heap, kvgc_seq seq);
  * writes into a partly filled shared tail copies that one page (copy-on-write). The
  * shared pages stay charged to the tenant that created them; the new sequence's tenant is
  * charged its header pages. All or nothing: KVGC_ENOMEM when the header pages do not fit
- * (after applying pending GC results and evicting cached prefixes), KVGC_EBUDGET past a
+ * (after applying pending GC results, evacuating sparse slabs and evicting cached
+ * prefixes: see "Room" below), KVGC_EBUDGET past a
  * tenant's quota; *seq_out is written only on success. Added in 0.2. */
 KVGC_API kvgc_status kvgc_seq_fork(kvgc_heap* heap, kvgc_seq seq, uint32_t tenant,
                                    kvgc_seq* seq_out, void* stream);
@@ -400,7 +401,13 @@ KVGC_API kvgc_status kvgc_read(kvgc_heap* heap, kvgc_seq seq, uint32_t layer, vo
  * that are not pinned are evicted in least-recently-used order before anything returns
  * KVGC_ENOMEM; evicting one frees the pages no sequence holds. Since 0.10.3 only a prefix
  * holding such a page is evicted: one whose pages all have holders stays findable (its
- * eviction would free no byte, and the next request would prefill its tokens again). */
+ * eviction would free no byte, and the next request would prefill its tokens again).
+ * Since 0.12 evacuation comes first: sparse slabs of the other storage classes are emptied
+ * by copying their pages (device to device, enqueued on the call's stream) into their
+ * classes' other slabs, and go back to the arena. Pages move, tokens do not: what any
+ * sequence or prefix reads is unchanged. It never runs while a batch plan is live, so an
+ * engine's exported page offsets stay valid for the plan's life (kvgc_stats:
+ * pages_migrated, slabs_evacuated). */
 typedef uint64_t kvgc_prefix; /* never 0; never reused within a heap */
 
 #define KVGC_PREFIX_PIN 1u /* kvgc_prefix_keep flags: never evicted for room */
@@ -736,7 +743,7 @@ KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const
                                         void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 6
+#define KVGC_STATS_VERSION 7
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -815,14 +822,20 @@ typedef struct kvgc_stats {
   /* version 6 (0.10): the INT2 class */
   kvgc_class_stats cls_int2;
   uint64_t tokens_demoted_to_int2;
+  /* version 7 (0.12): evacuation. Memory moves between classes by whole slabs; when the
+     arena is short of one class's pages, sparse slabs of the others are emptied by moving
+     their pages into their class's other slabs (device copies; nothing else changes) */
+  uint64_t pages_migrated;     /* pages moved so */
+  uint64_t slabs_evacuated;    /* slabs emptied so and given back to the arena */
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of versions 1 to 5, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 to 6, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 #define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
 #define KVGC_STATS_V3_SIZE (offsetof(kvgc_stats, cls_header))
 #define KVGC_STATS_V4_SIZE (offsetof(kvgc_stats, cached_only_bytes))
 #define KVGC_STATS_V5_SIZE (offsetof(kvgc_stats, cls_int2))
+#define KVGC_STATS_V6_SIZE (offsetof(kvgc_stats, pages_migrated))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

@@ -368,6 +368,16 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
       for (Segment& seg : e.s->layers) KVGC_TRY(compact_fragmented(e.tenant, seg, stream));
     KVGC_TRY(walk());
     misfit = first_misfit(&why);
+    if (misfit < n && why == KVGC_ENOMEM) {  // then other classes' sparse slabs (evacuate.cpp)
+      uint64_t total = 0;
+      for (uint32_t i = 0; i < n; ++i) total += need[i];
+      const uint64_t moved = counters_.pages_migrated;
+      KVGC_TRY(evacuate(KVGC_CLASS_FP16, total, kNoSegment, stream));
+      if (counters_.pages_migrated != moved) {  // pages moved: tails and lists are stale
+        KVGC_TRY(walk());
+        misfit = first_misfit(&why);
+      }
+    }
     while (misfit < n && why == KVGC_ENOMEM && evict_one_prefix()) misfit = first_misfit(&why);
   }
   if (misfit < n) {

@@ -242,7 +242,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   }
   auto give_back = [&] { drop_pages_after(s.tenant, seg, before); };
   uint32_t n_runs[KVGC_CLASS_COUNT] = {};
-  bool settled = false;
+  bool settled = false, evacuated = false;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
     PageTable& t = seg.table[c];
     uint64_t want = want_slots[c];
@@ -264,6 +264,21 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
           st = gc_flush(stream);
           if (st.ok()) st = settle_all();
         } catch (...) {  // a select out of host memory: this segment's pages go back too
+          give_back();
+          throw;
+        }
+        if (!st.ok()) {
+          give_back();
+          return st;
+        }
+        continue;
+      }
+      if (p == kNoPage && !evacuated && !pool_.can_alloc(c, 1) && pending_ == 0 && gc_ops_.empty()) {
+        evacuated = true;  // then other classes' sparse slabs (none holding this segment's pages)
+        Status st;
+        try {
+          st = evacuate(c, (want + pt - 1) / pt, segment_id(s, layer), stream);
+        } catch (...) {
           give_back();
           throw;
         }

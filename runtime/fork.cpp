@@ -36,8 +36,9 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
   const uint64_t hb = pool_.page_bytes(kHeaderClass);
   auto room = [&] { return pool_.can_alloc(kHeaderClass, mine + theirs); };
   if (!room()) {
-    KVGC_TRY(settle_all());  // pages pending GCs emptied come back first, then cached prefixes
-    while (!room() && evict_one_prefix()) {}
+    KVGC_TRY(settle_all());  // pages pending GCs emptied come back first, then other
+    KVGC_TRY(evacuate(kHeaderClass, mine + theirs, kNoSegment, stream));  // classes' sparse
+    while (!room() && evict_one_prefix()) {}                            // slabs, then prefixes
     if (!room()) {
       ++counters_.enomem;
       return fail(KVGC_ENOMEM, "kvgc_seq_fork: sharing seq " + std::to_string(seq) + "'s " +

@@ -369,6 +369,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
     KVGC_TRY(compact_fragmented(s->tenant, seg, stream));
     cow = tail_shared(t);
     need = t.pages_needed(pool_, pt, n) + cow;
+    KVGC_TRY(evacuate(KVGC_CLASS_FP16, need, kNoSegment, stream));  // then other classes' sparse slabs
     while (!pool_.can_alloc(KVGC_CLASS_FP16, need) && evict_one_prefix()) {}  // then cached prefixes
   }
   if (!pool_.can_alloc(KVGC_CLASS_FP16, need)) {
@@ -661,6 +662,8 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->prefix_evictions = counters_.prefix_evictions;
   o->pages_shared = counters_.pages_shared;
   o->cow_copies = counters_.cow_copies;
+  o->pages_migrated = counters_.pages_migrated;
+  o->slabs_evacuated = counters_.slabs_evacuated;
   return Status::Ok();
 }
 

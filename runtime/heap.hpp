@@ -180,6 +180,7 @@ struct Counters {
   uint64_t demoted_to[KVGC_CLASS_COUNT] = {};
   uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_attached = 0, prefix_evictions = 0;
   uint64_t pages_shared = 0, cow_copies = 0;
+  uint64_t pages_migrated = 0, slabs_evacuated = 0;
 };
 
 class ManagedHeap : public host::HostAllocated {
@@ -331,6 +332,15 @@ class ManagedHeap : public host::HostAllocated {
   // Bytes the tenant is charged: its tables' pages (private and header) and the shared
   // pages it created.
   uint64_t tenant_bytes_now(uint32_t tenant) const;
+  // Evacuation (evacuate.cpp): empties sparse slabs of classes other than `cls`, sparsest
+  // first, by moving their pages into their class's other slabs, until n pages of `cls`
+  // fit or no slab can go. Leaves slabs holding a page of segment `keep` alone
+  // (kNoSegment: none). Does nothing while a GC is issued and not applied, or a batch
+  // plan is live. A device error from a copy is returned with nothing changed.
+  Status evacuate(int cls, uint64_t n, SegmentId keep, void* stream);
+  Status evacuate_slab(uint32_t slab, void* stream);
+  bool evacuable(uint32_t slab, SegmentId keep) const;
+  Segment& segment_of(SegmentId id);
   // Evicts the least recently used cached prefix that is neither pinned nor in use;
   // false when there is none. Callers loop while the arena is short.
   bool evict_one_prefix();

@@ -156,6 +156,7 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
   auto room = [&] { return pool_.can_alloc(kHeaderClass, need); };
   if (!room()) {
     KVGC_TRY(settle_all());
+    KVGC_TRY(evacuate(kHeaderClass, need, kNoSegment, stream));  // other classes' sparse slabs
     while (!room() && evict_one_prefix())
       std::fill(twin.begin(), twin.end(), nullptr);  // an evicted twin's pages may be gone
     if (!room()) {
@@ -264,7 +265,9 @@ Status ManagedHeap::prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, 
   };
   auto room = [&] { return pool_.can_alloc(kHeaderClass, need); };
   if (!room()) {
-    if (Status st = settle_all(); !st.ok()) {
+    Status st = settle_all();
+    if (st.ok()) st = evacuate(kHeaderClass, need, kNoSegment, stream);  // other classes' sparse slabs
+    if (!st.ok()) {
       unbusy();
       return st;
     }

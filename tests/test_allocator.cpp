@@ -230,3 +230,50 @@ TEST_CASE("page tables: tail room, pages needed and fragmentation") {
   CHECK(t.pages_needed(p, 16, 7) == 1);
   CHECK(t.fragmentation(16) == doctest::Approx(4.0 / 16.0));
 }
+
+TEST_CASE("drain: a slab being evacuated takes no page, its free pages stop counting, its last page returns it") {
+  // Three fp16 slabs of 16 pages: slab 0 a quarter used, slab 1 full, slab 2 half used.
+  PagePool p;
+  std::string err;
+  REQUIRE(p.init(config(4), &err));
+  const uint32_t per = p.pages_per_slab(0);
+  REQUIRE(per == 16);
+  std::vector<PageId> pages;
+  for (uint32_t i = 0; i < 3 * per; ++i) pages.push_back(p.alloc(0, i));
+  for (uint32_t i = 0; i < 3 * per; ++i) {
+    const uint32_t slab = p.slab_of_page(pages[i]), index = i % per;
+    REQUIRE(slab == i / per);
+    if ((slab == 0 && index >= 4) || (slab == 2 && index >= 8)) p.free(pages[i]);
+  }
+  require_ok(p);
+  REQUIRE(p.counts(0).pages_free == 12 + 8);
+  // The sparsest slab whose pages fit elsewhere: slab 0 (4 pages; 8 free in slab 2).
+  CHECK(p.sparsest_evacuable(0, [](uint32_t) { return true; }) == 0);
+  CHECK(p.sparsest_evacuable(0, [](uint32_t s) { return s != 0; }) == 2);  // 8 fit in 12
+  CHECK(p.sparsest_evacuable(1, [](uint32_t) { return true; }) == UINT32_MAX);  // no int4 slab
+  p.drain(0);
+  CHECK(p.counts(0).pages_free == 8);  // slab 0's free pages no longer count
+  CHECK_FALSE(p.can_alloc(0, 8 + p.arena().free_slabs() * per + 1));
+  std::string why;
+  CHECK_FALSE(p.check(&why));  // a drained slab must not outlive the call that drains it
+  CHECK(why.find("draining") != std::string::npos);
+  // Its pages move into slab 2 (alloc never picks the drained slab), then go.
+  for (uint32_t i = 0; i < 4; ++i) {
+    const PageId to = p.alloc(0, 100 + i);
+    CHECK(p.slab_of_page(to) == 2);
+    p.free(pages[i]);
+  }
+  require_ok(p);  // slab 0 went back to the arena with its last page
+  CHECK(p.arena().slab(0).cls == Slab::kFree);
+  CHECK(p.counts(0).slabs == 2);
+  CHECK(p.counts(0).pages_free == 4);
+  // undrain puts back a slab that did not empty, its free pages counted again.
+  p.free(pages[per]);  // slab 1: 15 used
+  p.drain(1);
+  CHECK(p.counts(0).pages_free == 4);
+  p.undrain(1);
+  CHECK(p.counts(0).pages_free == 5);
+  require_ok(p);
+  CHECK(p.slab_of_page(p.alloc(0, 7)) != 0);
+  require_ok(p);
+}

@@ -1193,3 +1193,145 @@ TEST_CASE("observe and compact on CUDA: bad input fails cleanly as on the CPU; t
   require_check(h);
   kvgc_heap_destroy(h);
 }
+
+TEST_CASE("evacuation on a CUDA heap moves pages as on a CPU heap (header slabs emptied for fp16, shared pages and prefixes for headers)") {
+  // The same ops on a CPU heap and a CUDA heap of the same geometry: forks strand header
+  // pages in a quarter-used slab each, cached prefixes leave shared fp16 pages among holes;
+  // then appends need fp16 slabs (header slabs are evacuated) and forks need header pages
+  // (fp16 slabs with the prefixes' shared pages are). Both heaps evacuate; every
+  // sequence's rows, and every prefix attached afresh, read back alike and as before.
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  const kvgc_model_desc m = model(2, 2, 32, KVGC_DTYPE_F16);
+  kvgc_heap_options o = cpu_options(1 << 20, 16);
+  o.policy = KVGC_POLICY_FULL;
+  kvgc_heap* h[2] = {make_heap(m, KVGC_DEVICE_CPU, 16, 0, &o), nullptr};
+  // The CUDA heap's arena ends in its scratch and batch tables: a budget that leaves
+  // it at least the CPU heap's pages (the ops below go by counts, not by geometry).
+  for (uint64_t budget = o.budget_bytes; !h[1];) {
+    kvgc_heap_options g = o;
+    g.device = KVGC_DEVICE_CUDA;
+    g.budget_bytes = budget;
+    if (kvgc_heap_create(&m, &g, &h[1]) != KVGC_OK) {
+      REQUIRE(budget < (uint64_t(1) << 32));
+      budget *= 2;
+      continue;
+    }
+    const kvgc_stats st = get_stats(h[1]);
+    if (st.arena_bytes - st.scratch_bytes < o.budget_bytes) {
+      kvgc_heap_destroy(h[1]);
+      h[1] = nullptr;
+      budget += o.budget_bytes - (st.arena_bytes - st.scratch_bytes);
+    }
+  }
+  auto append = [&](int d, kvgc_seq s, uint32_t l, int64_t at, uint32_t n, uint64_t tag) {
+    const auto k = gaussian(m, tag, l, at, n, false), v = gaussian(m, tag, l, at, n, true);
+    if (d == 0) return kvgc_append(h[0], s, l, k.data(), v.data(), n, nullptr);
+    DeviceBuffer dk(k.size()), dv(v.size());
+    REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+    const kvgc_status st = kvgc_append(h[1], s, l, dk.p, dv.p, n, stream);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    return st;
+  };
+  auto rows = [&](int d, kvgc_seq s, uint32_t l) {
+    return d == 0 ? read_cpu(h[0], s, l, m) : read_gpu(h[1], s, l, m, stream);
+  };
+  std::vector<kvgc_seq> kept[2], keepers[2];
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Rows> before;  // the CPU heap's, before any evacuation
+  for (int d = 0; d < 2; ++d) {
+    CAPTURE(d);
+    kvgc_heap* H = h[d];
+    // Prefixes among holes in the fp16 slabs.
+    std::vector<kvgc_seq> fillers;
+    for (int i = 0; i < 8; ++i) {
+      kvgc_seq s, f;
+      REQUIRE(kvgc_seq_create(H, 0, &s) == KVGC_OK);
+      for (uint32_t l = 0; l < 2; ++l) REQUIRE(append(d, s, l, 0, 40, 100 + i) == KVGC_OK);
+      std::vector<int32_t> ids(40);
+      for (int j = 0; j < 40; ++j) ids[j] = 1000 * (i + 1) + j;
+      kvgc_prefix p;
+      REQUIRE(kvgc_prefix_keep(H, s, ids.data(), ids.size(), 0, 0, &p, d ? stream : nullptr) == KVGC_OK);
+      if (d == 0) prompts.push_back(ids);
+      keepers[d].push_back(s);
+      REQUIRE(kvgc_seq_create(H, 0, &f) == KVGC_OK);
+      for (uint32_t l = 0; l < 2; ++l) REQUIRE(append(d, f, l, 0, 48, 200 + i) == KVGC_OK);
+      fillers.push_back(f);
+    }
+    for (kvgc_seq f : fillers) REQUIRE(kvgc_seq_destroy(H, f) == KVGC_OK);
+    for (kvgc_seq s : keepers[d]) REQUIRE(kvgc_seq_destroy(H, s) == KVGC_OK);
+    // Forks of a: header slabs a quarter used.
+    kvgc_seq a;
+    REQUIRE(kvgc_seq_create(H, 0, &a) == KVGC_OK);
+    for (uint32_t l = 0; l < 2; ++l) REQUIRE(append(d, a, l, 0, 64, 7) == KVGC_OK);
+    std::vector<kvgc_seq> forks;
+    while (get_stats(H).cls_header.slabs < 3) {
+      kvgc_seq f;
+      REQUIRE(kvgc_seq_fork(H, a, 0, &f, d ? stream : nullptr) == KVGC_OK);
+      forks.push_back(f);
+    }
+    kept[d].push_back(a);
+    for (size_t i = 0; i < forks.size(); ++i) {
+      if (i % 4 == 0) kept[d].push_back(forks[i]);
+      else REQUIRE(kvgc_seq_destroy(H, forks[i]) == KVGC_OK);
+    }
+    require_check(H);
+    REQUIRE(get_stats(H).slabs_evacuated == 0);
+    if (d == 0)
+      for (kvgc_seq s : kept[0])
+        for (uint32_t l = 0; l < 2; ++l) before.push_back(rows(0, s, l));
+    // b appends fp16 pages past the free slabs: header slabs are evacuated (before any
+    // prefix is evicted).
+    kvgc_seq b;
+    REQUIRE(kvgc_seq_create(H, 0, &b) == KVGC_OK);
+    int64_t length[2] = {0, 0};
+    for (uint32_t l = 0; get_stats(H).slabs_evacuated == 0; l ^= 1) {
+      REQUIRE(append(d, b, l, length[l], 16, 9) == KVGC_OK);
+      length[l] += 16;
+    }
+    const uint64_t after_appends = get_stats(H).slabs_evacuated;
+    CHECK(get_stats(H).prefix_evictions == 0);
+    REQUIRE(kvgc_seq_destroy(H, b) == KVGC_OK);
+    // Forks until one evacuates fp16 slabs (the prefixes' shared pages move).
+    kvgc_stats st = get_stats(H);
+    for (int n = 0; st.slabs_evacuated == after_appends; ++n) {
+      kvgc_seq f;
+      REQUIRE(n < 100000);
+      REQUIRE(kvgc_seq_fork(H, a, 0, &f, d ? stream : nullptr) == KVGC_OK);
+      st = get_stats(H);
+    }
+    CHECK(st.prefix_evictions == 0);
+    require_check(H);
+  }
+  // Every kept sequence reads back alike on both heaps, and as before.
+  size_t i = 0;
+  for (size_t j = 0; j < kept[0].size(); ++j)
+    for (uint32_t l = 0; l < 2; ++l) {
+      CAPTURE(j);
+      const Rows c = rows(0, kept[0][j], l), g = rows(1, kept[1][j], l);
+      CHECK(compare_rows(c, g, m) == "");
+      CHECK(compare_rows(before[i++], c, m) == "");
+    }
+  // Every prefix attaches afresh and reads back its keeper's K/V.
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    CAPTURE(p);
+    Rows got[2];
+    for (int d = 0; d < 2; ++d) {
+      kvgc_seq t;
+      REQUIRE(kvgc_seq_create(h[d], 0, &t) == KVGC_OK);
+      uint64_t n = 0;
+      REQUIRE(kvgc_prefix_attach(h[d], t, prompts[p].data(), prompts[p].size(), 0, &n,
+                                 d ? stream : nullptr) == KVGC_OK);
+      CHECK(n == 40);
+      got[d] = rows(d, t, 1);
+      REQUIRE(kvgc_seq_destroy(h[d], t) == KVGC_OK);
+    }
+    CHECK(compare_rows(got[0], got[1], m) == "");
+    const auto k = gaussian(m, 100 + p, 1, 0, 40, false);
+    CHECK(got[0].k == k);
+  }
+  kvgc_heap_destroy(h[0]);
+  kvgc_heap_destroy(h[1]);
+  cudaStreamDestroy(stream);
+}

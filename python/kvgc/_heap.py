@@ -61,7 +61,7 @@ def _empty_like(a, shape):
 
 
 class Stats:
-    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 5): every field as an attribute.
+    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 7): every field as an attribute.
 
     The ones most users want: ``live_tokens``, ``used_bytes`` (bytes of pages in use, every
     class and the header pages), ``arena_bytes``, ``tokens_evicted``, ``tokens_demoted``,
@@ -78,7 +78,10 @@ class Stats:
     evicted for room), ``pages_shared`` (pages made shared by keep or fork), ``cow_copies``
     (shared partly filled pages copied on a first write); version 5 (0.7.1):
     ``cached_only_bytes`` (of ``shared_bytes``, the pages only cached prefixes hold: what
-    evicting unpinned prefixes gives back, free for an engine's admission).
+    evicting unpinned prefixes gives back, free for an engine's admission); version 6
+    (0.10): ``classes["int2"]`` and ``tokens_demoted_to[3]``; version 7 (0.12):
+    ``pages_migrated`` and ``slabs_evacuated`` (pages moved out of sparse slabs of one
+    storage class, and the slabs so emptied, when the arena was short of another's pages).
     """
 
     def __init__(self, fields):

@@ -891,7 +891,7 @@ nb::dict Heap::stats() {
   KVGC_STAT(prefixes_pinned); KVGC_STAT(prefix_lookups); KVGC_STAT(prefix_hits);
   KVGC_STAT(prefix_tokens_attached); KVGC_STAT(prefix_evictions); KVGC_STAT(pages_shared);
   KVGC_STAT(cow_copies);
-  KVGC_STAT(cached_only_bytes);
+  KVGC_STAT(cached_only_bytes); KVGC_STAT(pages_migrated); KVGC_STAT(slabs_evacuated);
 #undef KVGC_STAT
   return d;
 }

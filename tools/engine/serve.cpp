@@ -253,6 +253,10 @@ bool Server::step(double now, std::string* err) {
     }
     ++stats_.steps;
     stats_.running_sum += double(running_.size());
+    if (!waiting_.empty() && waiting_.front()->arrival <= now) {
+      ++stats_.loaded_steps;
+      stats_.loaded_running_sum += double(running_.size());
+    }
     stats_.max_running = std::max<uint32_t>(stats_.max_running, uint32_t(running_.size()));
     stats_.max_in_prompt = std::max<uint32_t>(stats_.max_in_prompt, uint32_t(in_prompt()));
     std::vector<size_t> finished;

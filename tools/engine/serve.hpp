@@ -105,7 +105,15 @@ struct ServeStats {
   // still in their prompt and of those decoding, and the head's own need, summed.
   uint64_t waits_for_room = 0;
   double wait_prefill_bytes = 0, wait_decode_bytes = 0, wait_head_bytes = 0;
+  // The same over the steps at which an arrived request waited in the queue: what the
+  // arena sustains under load, without the stream's start and drain (where fewer
+  // requests remain than the arena could run).
+  uint64_t loaded_steps = 0;
+  double loaded_running_sum = 0;
   double mean_running() const { return steps ? running_sum / double(steps) : 0.0; }
+  double mean_running_loaded() const {
+    return loaded_steps ? loaded_running_sum / double(loaded_steps) : 0.0;
+  }
 };
 
 class Server {

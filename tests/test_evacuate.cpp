@@ -1,0 +1,147 @@
+// Evacuation (runtime/evacuate.cpp): when the arena is short of one storage class's
+// pages, sparse slabs of other classes are emptied into their classes' other slabs and
+// given back, before anything returns KVGC_ENOMEM or a cached prefix is evicted. What
+// moved reads back as before: private pages, header pages, shared pages and the cached
+// prefixes holding them; the walker balances.
+#include <doctest/doctest.h>
+
+#include <numeric>
+
+#include "gc_util.hpp"
+
+using namespace kvgc_test;
+
+namespace {
+
+// Free fp16 pages the arena can give without evacuation: the class's free pages and
+// every free slab carved into it.
+uint64_t fp16_room(const kvgc_stats& s) {
+  return s.cls[KVGC_CLASS_FP16].pages_free +
+         s.slabs_free * (s.slab_bytes / s.cls[KVGC_CLASS_FP16].page_bytes);
+}
+
+kvgc_heap_options options(uint64_t arena_bytes) {
+  kvgc_heap_options o = cpu_options(arena_bytes, 16);
+  o.policy = KVGC_POLICY_FULL;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("evacuation: an append that free slabs cannot hold takes sparse header slabs' memory") {
+  // Forks of one sequence fill several slabs with header pages; destroying three forks in
+  // four leaves each of those slabs a quarter used. An fp16 append that needs more than
+  // the free slabs then gets them by evacuation, and everything else reads back as before.
+  Heap H(options(1 << 20), model(2, 2, 32));
+  kvgc_seq a;
+  REQUIRE(kvgc_seq_create(H.h, 0, &a) == KVGC_OK);
+  for (uint32_t l = 0; l < 2; ++l) H.append(a, l, 0, 64);
+  std::vector<kvgc_seq> forks;
+  while (H.stats().cls_header.slabs < 4) {
+    kvgc_seq f;
+    REQUIRE(kvgc_seq_fork(H.h, a, 0, &f, nullptr) == KVGC_OK);
+    forks.push_back(f);
+  }
+  std::vector<kvgc_seq> kept;
+  for (size_t i = 0; i < forks.size(); ++i) {
+    if (i % 4 == 0) kept.push_back(forks[i]);
+    else REQUIRE(kvgc_seq_destroy(H.h, forks[i]) == KVGC_OK);
+  }
+  H.check();
+  const kvgc_stats before = H.stats();
+  REQUIRE(before.cls_header.slabs >= 3);  // stranded: a quarter of each used
+  REQUIRE(before.slabs_evacuated == 0);
+  std::vector<Heap::Image> images;
+  for (kvgc_seq s : kept)
+    for (uint32_t l = 0; l < 2; ++l) images.push_back(H.image(s, l));
+  // b takes every fp16 page it can, 16 tokens (a page) at a time per layer.
+  kvgc_seq b;
+  REQUIRE(kvgc_seq_create(H.h, 0, &b) == KVGC_OK);
+  uint64_t pages = 0;
+  int64_t length[2] = {0, 0};
+  kvgc_status last = KVGC_OK;
+  for (uint32_t l = 0; last == KVGC_OK; l ^= 1) {
+    const auto k = gaussian(H.m, b, l, length[l], 16, false), v = gaussian(H.m, b, l, length[l], 16, true);
+    last = kvgc_append(H.h, b, l, k.data(), v.data(), 16, nullptr);
+    if (last == KVGC_OK) ++pages, length[l] += 16;
+  }
+  CHECK(last == KVGC_ENOMEM);  // the arena is full in the end
+  H.check();
+  const kvgc_stats after = H.stats();
+  CHECK(pages > fp16_room(before));  // more than the free slabs held
+  CHECK(after.slabs_evacuated >= 2);
+  CHECK(after.pages_migrated > 0);
+  CHECK(after.cls_header.slabs < before.cls_header.slabs);
+  CHECK(after.cls_header.pages_used == before.cls_header.pages_used);  // moved, none lost
+  size_t i = 0;
+  for (kvgc_seq s : kept)
+    for (uint32_t l = 0; l < 2; ++l) {
+      CAPTURE(s);
+      CHECK(H.image(s, l) == images[i++]);
+      CHECK(verify_gaussian(H.h, H.m, s, a, l, 0.0) == "");
+    }
+  for (uint32_t l = 0; l < 2; ++l) CHECK(verify_gaussian(H.h, H.m, b, l, 0.0) == "");
+}
+
+TEST_CASE("evacuation: shared pages and the cached prefixes holding them move before a prefix is evicted") {
+  // Twelve sequences each keep a prompt as a cached prefix and go: the prefixes' shared
+  // pages are all that is left in the fp16 slabs. Forks of another sequence then need
+  // header pages beyond the free slabs: fp16 slabs are evacuated (their shared pages
+  // moved, the prefixes pointed at the copies) before any prefix is evicted, and each
+  // prefix attaches and reads back its prompt's K/V.
+  Heap H(options(1 << 20), model(2, 2, 32));
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<kvgc_seq> keepers, fillers;
+  for (int i = 0; i < 12; ++i) {
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 0, &s) == KVGC_OK);
+    std::vector<int32_t> ids(40);
+    std::iota(ids.begin(), ids.end(), 1000 * (i + 1));
+    for (uint32_t l = 0; l < 2; ++l) H.append(s, l, 0, 40);
+    kvgc_prefix p;
+    REQUIRE(kvgc_prefix_keep(H.h, s, ids.data(), ids.size(), 0, 0, &p, nullptr) == KVGC_OK);
+    prompts.push_back(ids);
+    keepers.push_back(s);
+    // A filler between prompts: its pages, gone below, leave holes in the fp16 slabs.
+    kvgc_seq f;
+    REQUIRE(kvgc_seq_create(H.h, 0, &f) == KVGC_OK);
+    for (uint32_t l = 0; l < 2; ++l) H.append(f, l, 0, 48);
+    fillers.push_back(f);
+  }
+  for (kvgc_seq s : fillers) REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+  for (kvgc_seq s : keepers) REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+  H.check();
+  const kvgc_stats before = H.stats();
+  REQUIRE(before.prefixes == 12);
+  REQUIRE(before.cls[KVGC_CLASS_FP16].pages_free > 0);
+  // Forks of a long sequence until the first evacuation.
+  kvgc_seq a;
+  REQUIRE(kvgc_seq_create(H.h, 0, &a) == KVGC_OK);
+  for (uint32_t l = 0; l < 2; ++l) H.append(a, l, 0, 16);
+  kvgc_stats st = H.stats();
+  int forks = 0;
+  while (st.slabs_evacuated == 0) {
+    kvgc_seq f;
+    const kvgc_status rc = kvgc_seq_fork(H.h, a, 0, &f, nullptr);
+    INFO(std::string(kvgc_errmsg(H.h)));
+    REQUIRE(rc == KVGC_OK);
+    REQUIRE(++forks < 100000);
+    st = H.stats();
+  }
+  H.check();
+  CHECK(st.prefix_evictions == 0);  // evacuation came first
+  CHECK(st.prefixes == 12);
+  CHECK(st.pages_migrated > 0);
+  // Every prefix attaches and reads back its keeper's K/V and positions.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    kvgc_seq t;
+    REQUIRE(kvgc_seq_create(H.h, 0, &t) == KVGC_OK);
+    uint64_t n = 0;
+    REQUIRE(kvgc_prefix_attach(H.h, t, prompts[i].data(), prompts[i].size(), 0, &n, nullptr) == KVGC_OK);
+    CHECK(n == 40);
+    for (uint32_t l = 0; l < 2; ++l) CHECK(verify_gaussian(H.h, H.m, t, keepers[i], l, 0.0) == "");
+    REQUIRE(kvgc_seq_destroy(H.h, t) == KVGC_OK);
+  }
+  H.check();
+}

@@ -10,7 +10,10 @@
 // kvgc_batch_plan_ex, unscored but the last 32 tokens, its GC deferred; pooled scores and
 // one step at the prompt's end), as Engine::prefill's default does alone, bit for bit.
 // Then the plan's all-or-nothing refusal: an arena too small for the batch gives NoRoom
-// naming the first sequence that does not fit, and changes nothing.
+// naming the first sequence that does not fit, and changes nothing. Then the server:
+// preemption and recomputation, admission against the heap's own room (a projection that
+// undercounts does not make it admit and preempt the same head step after step), and the
+// prefix cache.
 //
 // Needs the downloaded model (tools/fetch-model.sh): skipped (77) without it, unless
 // KVGC_REQUIRE_MODEL=1 (CI) makes a missing model a failure.
@@ -360,6 +363,47 @@ int main() {
       check(!tight.back().error.empty() && tight.back().done && tight.back().output.empty(),
             "a request larger than the arena is refused: " + tight.back().error);
       check(tight_stats.max_running >= 2, "two sequences ran at once in the small arena");
+    }
+  }
+  // Admission checks the heap's own room beside the projection: with a footprint that
+  // counts decoding sequences as nothing (a projection that trusts pruning too much), the
+  // projection admits every head, and only the heap's count keeps a head from being
+  // admitted, preempted at its first plan and admitted again, step after step.
+  {
+    const kvgc_model_desc desc = engine::kv_desc(model.config, KVGC_DTYPE_F16);
+    uint64_t one = 0;
+    kvgc_kv_bytes(&desc, 61, KVGC_CLASS_FP16, 16, &one);
+    engine::BatchEngine eng;
+    engine::EngineOptions eo;
+    eo.threads = 1;
+    kvgc_heap_options o = heap_options(one * 2 + one * 5 / 8);
+    o.policy = KVGC_POLICY_FULL;
+    o.token_budget = 0;
+    o.slab_bytes = 64 << 10;
+    if (!eng.init(model, &o, &err, eo)) {
+      check(false, "engine: " + err);
+    } else {
+      engine::ServeOptions so;
+      so.chunk_tokens = 32;
+      so.footprint = [&desc](uint64_t n, uint64_t cached, bool prefilling) {
+        uint64_t bytes = 0;
+        if (prefilling) kvgc_kv_bytes(&desc, n - cached, KVGC_CLASS_FP16, 16, &bytes);
+        return bytes;
+      };
+      std::vector<engine::ServeRequest> reqs(4);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].prompt.assign(all.begin() + 7 * i, all.begin() + 7 * i + 60);
+        reqs[i].max_new = 24;
+        reqs[i].stop_at_eos = false;
+      }
+      engine::ServeStats st;
+      const bool ran = serve_all(&eng, so, &reqs, &st, &err);
+      check(ran, "served with an undercounting footprint: " + err);
+      bool all_done = ran;
+      for (const engine::ServeRequest& r : reqs) all_done = all_done && r.output.size() == 24;
+      check(all_done, "every request completes");
+      check(st.preemptions <= 4, "admission waits for the heap's room: " +
+                                     std::to_string(st.preemptions) + " preemptions for 4 requests");
     }
   }
   // The server's prefix cache (ServeOptions::prefix_cache): refused with a stream prefill;

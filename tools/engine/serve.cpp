@@ -41,13 +41,28 @@ uint64_t Server::footprint(uint64_t tokens, uint64_t cached, bool prefilling) co
   return bytes;
 }
 
-uint64_t Server::own_footprint(const Running& r, bool prefilling) const {
+uint64_t Server::own_footprint(const Running& r, bool prefilling, size_t tokens) const {
+  if (tokens == SIZE_MAX) tokens = r.context.size() + 1;
   const size_t paid = std::max(whole_attached_ ? r.attached / page_tokens_ * page_tokens_ : 0,
                                whole_kept_ ? r.kept / page_tokens_ * page_tokens_ : 0);
   // Plus a header page per shared page it holds, in every layer (what it attached or kept).
   const uint64_t headers = uint64_t(std::max(r.attached, r.kept) / page_tokens_) *
                            engine_->kv_model().n_layers * header_bytes_;
-  return footprint(r.context.size() + 1, paid, prefilling) + headers;
+  return footprint(tokens, std::min(paid, tokens), prefilling) + headers;
+}
+
+uint64_t Server::heap_room() const {
+  kvgc_stats s;
+  kvgc_stats_init(&s);
+  if (kvgc_get_stats(engine_->heap(), &s) != KVGC_OK) return UINT64_MAX;  // the projection decides
+  uint64_t growth = 0;
+  for (const Running& x : running_)
+    if (x.done < x.prompt_end) {
+      const uint64_t now = own_footprint(x, true, x.done), end = x.footprint;
+      growth += end > now ? end - now : 0;
+    }
+  const uint64_t room = s.free_bytes + s.cached_only_bytes;
+  return room > growth ? room - growth : 0;
 }
 
 size_t Server::tokens_to_keep(const Running& r) const {
@@ -124,7 +139,8 @@ bool Server::admit(double now, std::string* err) {
       for (const Running& x : running_)
         (x.done < x.prompt_end ? stats_.wait_prefill_bytes : stats_.wait_decode_bytes) += double(x.footprint);
     };
-    if (!options_.prefix_cache && !running_.empty() && projected_ + run.footprint + headroom > arena_bytes_) {
+    if (!options_.prefix_cache && !running_.empty() &&
+        (projected_ + run.footprint + headroom > arena_bytes_ || run.footprint + headroom > heap_room())) {
       wait_for_room();
       break;
     }
@@ -149,8 +165,8 @@ bool Server::admit(double now, std::string* err) {
       }
       run.attached = run.done = size_t(attached);
       run.footprint = own_footprint(run, true);
-      if (!running_.empty() &&
-          projected_ + run.footprint + cache_held() + headroom > arena_bytes_) {
+      if (!running_.empty() && (projected_ + run.footprint + cache_held() + headroom > arena_bytes_ ||
+                                run.footprint + headroom > heap_room())) {
         kvgc_seq_destroy(engine_->heap(), run.seq);  // undoes the attach
         wait_for_room();
         break;

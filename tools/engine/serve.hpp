@@ -152,7 +152,16 @@ class Server {
   void preempt(size_t index);      // running_[index] back to the front of the queue
   void finish(size_t index, double now);
   uint64_t footprint(uint64_t tokens, uint64_t cached, bool prefilling) const;
-  uint64_t own_footprint(const Running& r, bool prefilling) const;
+  // Its footprint with `tokens` of its context in the cache (default: all of it and the
+  // next token).
+  uint64_t own_footprint(const Running& r, bool prefilling, size_t tokens = SIZE_MAX) const;
+  // The heap's own count of the room left, beside the projection: its free bytes (free
+  // slabs and every class's free pages, which evacuation moves to where they are needed)
+  // and the cached pages no sequence holds, less what the running sequences still in their
+  // prompt will take before its end. The projection counts what each sequence will hold
+  // once pruned; this is what the arena can take now, so that a head admitted into the
+  // gap between the two is not preempted at its next plan, again and again.
+  uint64_t heap_room() const;
   // What a finished prompt keeps in the prefix cache (see ServeOptions::prefix_cache).
   size_t tokens_to_keep(const Running& r) const;
   size_t in_prompt() const;        // running sequences still in their prompt

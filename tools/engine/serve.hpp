@@ -79,7 +79,10 @@ struct ServeOptions {
   // the running sequences hold (kvgc_stats: shared_bytes - cached_only_bytes, read after
   // each attach), plus a page of headroom per running sequence. Cached pages no running
   // sequence holds count as free: the heap evicts them, least recently used first, before
-  // an append or a plan runs short (vLLM's rule).
+  // an append or a plan runs short (vLLM's rule). Since kvgc 0.12 a head is also admitted
+  // only when the heap's own room (Server::heap_room: its free bytes and cached-only pages,
+  // less what prompts in progress will still take) holds its footprint: the projection
+  // alone admitted heads the arena could not hold, and preempted them at their next plan.
   bool prefix_cache = false;
   uint64_t prefix_salt = 0;        // kvgc_prefix_keep/attach's salt (0: the tenant's own)
 };

@@ -241,6 +241,19 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
     seg.table[c].pages.reserve(before[c] + (want_slots[c] + pt - 1) / pt);
   }
   auto give_back = [&] { drop_pages_after(s.tenant, seg, before); };
+  // Runs f; if it fails or throws (a select out of host memory), this segment's pages go
+  // back too.
+  auto or_give_back = [&](auto&& f) -> Status {
+    Status st;
+    try {
+      st = f();
+    } catch (...) {
+      give_back();
+      throw;
+    }
+    if (!st.ok()) give_back();
+    return st;
+  };
   uint32_t n_runs[KVGC_CLASS_COUNT] = {};
   bool settled = false, evacuated = false;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
@@ -259,33 +272,15 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
       if (p == kNoPage && !settled && (pending_ || !gc_ops_.empty())) {  // pages other GCs emptied come back first
         settled = true;
         // The queued GCs first: segment by segment, they would be pending by now.
-        Status st;
-        try {
-          st = gc_flush(stream);
-          if (st.ok()) st = settle_all();
-        } catch (...) {  // a select out of host memory: this segment's pages go back too
-          give_back();
-          throw;
-        }
-        if (!st.ok()) {
-          give_back();
-          return st;
-        }
+        KVGC_TRY(or_give_back([&] {
+          Status st = gc_flush(stream);
+          return st.ok() ? settle_all() : st;
+        }));
         continue;
       }
       if (p == kNoPage && !evacuated && !pool_.can_alloc(c, 1) && pending_ == 0 && gc_ops_.empty()) {
         evacuated = true;  // then other classes' sparse slabs (none holding this segment's pages)
-        Status st;
-        try {
-          st = evacuate(c, (want + pt - 1) / pt, segment_id(s, layer), stream);
-        } catch (...) {
-          give_back();
-          throw;
-        }
-        if (!st.ok()) {
-          give_back();
-          return st;
-        }
+        KVGC_TRY(or_give_back([&] { return evacuate(c, (want + pt - 1) / pt, segment_id(s, layer), stream); }));
         continue;
       }
       if (p == kNoPage && !pool_.can_alloc(c, 1) && evict_one_prefix()) continue;  // then cached prefixes

@@ -51,17 +51,20 @@ uint64_t Server::own_footprint(const Running& r, bool prefilling, size_t tokens)
   return footprint(tokens, std::min(paid, tokens), prefilling) + headers;
 }
 
-uint64_t Server::heap_room() const {
-  kvgc_stats s;
-  kvgc_stats_init(&s);
-  if (kvgc_get_stats(engine_->heap(), &s) != KVGC_OK) return UINT64_MAX;  // the projection decides
+const kvgc_stats* Server::heap_stats(kvgc_stats* out) const {
+  kvgc_stats_init(out);
+  return kvgc_get_stats(engine_->heap(), out) == KVGC_OK ? out : nullptr;
+}
+
+uint64_t Server::heap_room(const kvgc_stats* s) const {
+  if (!s) return UINT64_MAX;  // the projection decides
   uint64_t growth = 0;
   for (const Running& x : running_)
     if (x.done < x.prompt_end) {
       const uint64_t now = own_footprint(x, true, x.done), end = x.footprint;
       growth += end > now ? end - now : 0;
     }
-  const uint64_t room = s.free_bytes + s.cached_only_bytes;
+  const uint64_t room = s->free_bytes + s->cached_only_bytes;
   return room > growth ? room - growth : 0;
 }
 
@@ -87,13 +90,10 @@ size_t Server::in_prompt() const {
                               [](const Running& x) { return x.done < x.prompt_end; }));
 }
 
-uint64_t Server::cache_held() const {
+uint64_t Server::cache_held(const kvgc_stats* s) const {
   // The shared pages some running sequence holds, each once: kvgc_stats counts them
   // exactly (pages only cached prefixes hold are free: the heap evicts them for room).
-  kvgc_stats s;
-  kvgc_stats_init(&s);
-  if (kvgc_get_stats(engine_->heap(), &s) != KVGC_OK) return 0;
-  return s.shared_bytes - s.cached_only_bytes;
+  return s ? s->shared_bytes - s->cached_only_bytes : 0;
 }
 
 bool Server::submit(ServeRequest* request, std::string* err) {
@@ -139,8 +139,10 @@ bool Server::admit(double now, std::string* err) {
       for (const Running& x : running_)
         (x.done < x.prompt_end ? stats_.wait_prefill_bytes : stats_.wait_decode_bytes) += double(x.footprint);
     };
+    kvgc_stats snapshot;
     if (!options_.prefix_cache && !running_.empty() &&
-        (projected_ + run.footprint + headroom > arena_bytes_ || run.footprint + headroom > heap_room())) {
+        (projected_ + run.footprint + headroom > arena_bytes_ ||
+         run.footprint + headroom > heap_room(heap_stats(&snapshot)))) {
       wait_for_room();
       break;
     }
@@ -165,8 +167,9 @@ bool Server::admit(double now, std::string* err) {
       }
       run.attached = run.done = size_t(attached);
       run.footprint = own_footprint(run, true);
-      if (!running_.empty() && (projected_ + run.footprint + cache_held() + headroom > arena_bytes_ ||
-                                run.footprint + headroom > heap_room())) {
+      const kvgc_stats* s = running_.empty() ? nullptr : heap_stats(&snapshot);
+      if (!running_.empty() && (projected_ + run.footprint + cache_held(s) + headroom > arena_bytes_ ||
+                                run.footprint + headroom > heap_room(s))) {
         kvgc_seq_destroy(engine_->heap(), run.seq);  // undoes the attach
         wait_for_room();
         break;

@@ -164,12 +164,16 @@ class Server {
   // prompt will take before its end. The projection counts what each sequence will hold
   // once pruned; this is what the arena can take now, so that a head admitted into the
   // gap between the two is not preempted at its next plan, again and again.
-  uint64_t heap_room() const;
+  // `s`: a heap_stats() snapshot (null: none could be read; the projection decides).
+  uint64_t heap_room(const kvgc_stats* s) const;
   // What a finished prompt keeps in the prefix cache (see ServeOptions::prefix_cache).
   size_t tokens_to_keep(const Running& r) const;
   size_t in_prompt() const;        // running sequences still in their prompt
-  // Bytes of the shared pages the running sequences hold, each page once.
-  uint64_t cache_held() const;
+  // Bytes of the shared pages the running sequences hold, each page once (0 without `s`).
+  uint64_t cache_held(const kvgc_stats* s) const;
+  // One read of the heap's counts for an admission check (it settles pending GCs, so it
+  // is read once, not per use): `*out`, or null when it cannot be read.
+  const kvgc_stats* heap_stats(kvgc_stats* out) const;
 
   BatchEngine* engine_;
   ServeOptions options_;

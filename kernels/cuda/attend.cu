@@ -106,6 +106,12 @@ __device__ __forceinline__ void st(uint8_t* p, uint32_t i, float x) {
   else if constexpr (D == KVGC_DTYPE_BF16) reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
   else reinterpret_cast<float*>(p)[i] = x;
 }
+// A 16-bit element (f16 or bf16) from its bits.
+template <kvgc_dtype D>
+__device__ __forceinline__ float from_bits(uint32_t b) {
+  if constexpr (D == KVGC_DTYPE_F16) return __half2float(__ushort_as_half(uint16_t(b)));
+  else return __uint_as_float((b & 0xffffu) << 16);
+}
 // int4 scale/zero pairs are f16 for f16 models, bf16 otherwise (qparam_dtype).
 template <kvgc_dtype D>
 __device__ __forceinline__ float ldq(const uint16_t* p, uint32_t i) {
@@ -138,8 +144,141 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// Pass 1. DPL = dims per lane; blockIdx.x = item, .y = KV head x query-head chunk.
-template <kvgc_dtype D, int DPL, uint32_t N>
+// ---- pass 1's row readers ----------------------------------------------------------
+// A row (one head's K or V of one slot) is read in 16-byte chunks when rows are 16-byte
+// aligned (slot_stride % 16 == 0, so every row of the page is): one load a chunk instead
+// of one a element. Other rows (odd head dims) go element by element through elem().
+
+// q . K[row] over this lane's part of the row: chunks part, part + R, ... (or elements,
+// unaligned), added to s[g] for the GP query heads of qs (scaled, zero past hd).
+template <kvgc_dtype D, int GP, int HD_MAX>
+__device__ __forceinline__ void dot_row(const uint8_t* kv, const PageLayout& L, uint32_t cls, uint32_t h,
+                                        uint32_t slot, uint32_t part, uint32_t R,
+                                        const float (*qs)[HD_MAX], float s[GP]) {
+  const uint8_t* row = kv + L.k_off + h * L.head_stride + slot * L.slot_stride;
+  const uint16_t* qp =
+      cls == KVGC_CLASS_FP16 ? nullptr
+                             : reinterpret_cast<const uint16_t*>(kv + L.kq_off) + L.qparam_index(h, slot);
+  auto fma_elem = [&](uint32_t d, float x) {
+#pragma unroll
+    for (int g = 0; g < GP; ++g) s[g] = fmaf(qs[g][d], x, s[g]);
+  };
+  if (L.slot_stride % 16 != 0) {
+    for (uint32_t d = part; d < L.head_dim; d += R) fma_elem(d, elem<D>(kv, L, cls, h, slot, false, d));
+    return;
+  }
+  const uint32_t chunks = uint32_t(L.slot_stride / 16);
+  const float int8_scale = cls == KVGC_CLASS_INT8 ? ldq<D>(qp, 0) : 0.f;
+  auto dot_chunk = [&](const uint4& w, uint32_t c) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    if (cls == KVGC_CLASS_FP16) {
+      if constexpr (D == KVGC_DTYPE_F32) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) fma_elem(4 * c + k, __uint_as_float(words[k]));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) fma_elem(8 * c + k, from_bits<D>(words[k / 2] >> (16 * (k % 2))));
+      }
+    } else if (cls == KVGC_CLASS_INT8) {
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        fma_elem(16 * c + k, float(int8_t(words[k / 4] >> (8 * (k % 4)))) * int8_scale);
+    } else if (cls == KVGC_CLASS_INT4) {  // aligned rows: head_dim % 32 == 0, a chunk is a group
+      const float sc = ldq<D>(qp, 2 * c), z = ldq<D>(qp, 2 * c + 1);
+#pragma unroll
+      for (int k = 0; k < 32; ++k) fma_elem(32 * c + k, float((words[k / 8] >> (4 * (k % 8))) & 15u) * sc + z);
+    } else {  // INT2: a chunk is two groups of 32
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float sc = ldq<D>(qp, 2 * (2 * c + half)), z = ldq<D>(qp, 2 * (2 * c + half) + 1);
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+          const uint32_t e = 32 * half + k;
+          fma_elem(64 * c + e, float((words[e / 16] >> (2 * (e % 16))) & 3u) * sc + z);
+        }
+      }
+    }
+  };
+  // kUnroll chunks loaded before any is used: loads in flight, not one at a time.
+  constexpr uint32_t kUnroll = 4;
+  for (uint32_t c0 = part; c0 < chunks; c0 += kUnroll * R) {
+    uint4 w[kUnroll];
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u)
+      if (c0 + u * R < chunks) w[u] = reinterpret_cast<const uint4*>(row)[c0 + u * R];
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u)
+      if (c0 + u * R < chunks) dot_chunk(w[u], c0 + u * R);
+  }
+}
+
+// V[row][d0 .. d0 + DPL) as f32 (elements past hd read 0). One load for fp16-class rows and
+// for int8/int4 rows when the lane's dims are all in the row and aligned.
+template <kvgc_dtype D, int DPL>
+__device__ __forceinline__ void load_v(const uint8_t* kv, const PageLayout& L, uint32_t cls, uint32_t h,
+                                       uint32_t slot, uint32_t d0, float v[DPL]) {
+  const uint32_t hd = L.head_dim;
+  const bool whole = d0 + DPL <= hd && L.slot_stride % 16 == 0;
+  const uint8_t* row = kv + L.v_off + h * L.head_stride + slot * L.slot_stride;
+  if (whole && cls == KVGC_CLASS_FP16) {
+    constexpr int kElt = D == KVGC_DTYPE_F32 ? 4 : 2, kBytes = DPL * kElt;
+    constexpr int kWords = kBytes / 4;
+    uint32_t words[kWords];
+    const uint8_t* src = row + d0 * kElt;
+    if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i) {
+        const uint4 w = reinterpret_cast<const uint4*>(src)[i];
+        words[4 * i] = w.x, words[4 * i + 1] = w.y, words[4 * i + 2] = w.z, words[4 * i + 3] = w.w;
+      }
+    } else if constexpr (kBytes == 8) {
+      const uint2 w = *reinterpret_cast<const uint2*>(src);
+      words[0] = w.x, words[1] = w.y;
+    } else {
+      words[0] = *reinterpret_cast<const uint32_t*>(src);
+    }
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      if constexpr (D == KVGC_DTYPE_F32) {
+        v[k] = __uint_as_float(words[k]);
+      } else {
+        v[k] = from_bits<D>(words[k / 2] >> (16 * (k % 2)));
+      }
+    }
+    return;
+  }
+  const uint16_t* qp =
+      cls == KVGC_CLASS_FP16 ? nullptr
+                             : reinterpret_cast<const uint16_t*>(kv + L.vq_off) + L.qparam_index(h, slot);
+  if (whole && cls == KVGC_CLASS_INT8 && DPL >= 4) {  // DPL bytes, DPL-aligned
+    const float sc = ldq<D>(qp, 0);
+#pragma unroll
+    for (int i = 0; i < DPL / 4; ++i) {
+      const uint32_t w = reinterpret_cast<const uint32_t*>(row + d0)[i];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[4 * i + k] = float(int8_t(w >> (8 * k))) * sc;
+    }
+    return;
+  }
+  if (whole && cls == KVGC_CLASS_INT4 && DPL >= 4) {  // DPL / 2 bytes in one group (32 | hd)
+    const uint32_t g = d0 / 32;
+    const float sc = ldq<D>(qp, 2 * g), z = ldq<D>(qp, 2 * g + 1);
+    const uint32_t w = DPL == 8 ? *reinterpret_cast<const uint32_t*>(row + d0 / 2)
+                                : uint32_t(*reinterpret_cast<const uint16_t*>(row + d0 / 2));
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) v[k] = float((w >> (4 * k)) & 15u) * sc + z;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) v[k] = d0 + k < hd ? elem<D>(kv, L, cls, h, slot, true, d0 + k) : 0.f;
+}
+
+// Pass 1. DPL = dims per lane, GP = query heads a block computes (the group's chunk,
+// rounded up to 1, 2, 4 or 8); blockIdx.x = item, .y = KV head x query-head chunk.
+// Per sub-tile of S slots (S = the page's tokens rounded up to a power of two, at most
+// 32), R = 32 / S lanes share a slot: each dots its part of the K row (R > 1 for pages of
+// fewer than 32 tokens, so that no lane idles), then the parts are summed by shuffles.
+template <kvgc_dtype D, int DPL, int GP, uint32_t N>
 __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant__ Params<N> prm) {
   const Common& p = prm.c;
   const Entry& e = entry_of(prm, blockIdx.x, &Entry::item0);
@@ -150,19 +289,19 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   const uint64_t log_off = e.log_off0 + uint64_t(qi - e.qa) * p.q_heads * e.n_live;
   const uint32_t chunks = (p.group + kGMax - 1) / kGMax;
   const uint32_t h = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * kGMax;
-  const uint32_t G = min(kGMax, int(p.group - g0));
+  const uint32_t G = min(GP, int(p.group - g0));
   const uint32_t qrow = e.q_row + qi;
   const int64_t qpos = e.q_pos0 + qi;
   const bool scored = p.logits && (e.flags & kScored);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = p.hd;
   constexpr int kHdMax = DPL * 32;
 
-  __shared__ float qs[kGMax][kHdMax];           // the queries, scaled
-  __shared__ float probs[kWarps][32][kGMax];    // per warp: a sub-tile's probabilities
-  __shared__ float red_m[kWarps][kGMax], red_l[kWarps][kGMax];
-  __shared__ float red_acc[kWarps][kGMax][kHdMax];
+  __shared__ float qs[GP][kHdMax];           // the queries, scaled
+  __shared__ float probs[kWarps][32][GP];    // per warp: a sub-tile's probabilities
+  __shared__ float red_m[kWarps][GP], red_l[kWarps][GP];
+  __shared__ float red_acc[kWarps][GP][kHdMax];
 
-  for (uint32_t i = threadIdx.x; i < kGMax * kHdMax; i += blockDim.x) {
+  for (uint32_t i = threadIdx.x; i < GP * kHdMax; i += blockDim.x) {
     const uint32_t g = i / kHdMax, d = i % kHdMax;
     qs[g][d] = (g < G && d < hd)
                    ? ld<D>(p.q, ((size_t(qrow) * p.q_heads) + h * p.group + g0 + g) * hd + d) * p.scale
@@ -170,9 +309,9 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   }
   __syncthreads();
 
-  float m[kGMax], l[kGMax], acc[kGMax][DPL];
+  float m[GP], l[GP], acc[GP][DPL];
 #pragma unroll
-  for (int g = 0; g < kGMax; ++g) {
+  for (int g = 0; g < GP; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
@@ -184,59 +323,67 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
     const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
     const int32_t* pos = reinterpret_cast<const int32_t*>(sp.page + L.pos_off);
     const uint8_t* kv = payload_of(sp);  // K/V: a shared page's are not at its header
-    for (uint32_t base = 0; base < L.page_tokens; base += 32) {
-      // Logits: lane owns slot base + lane.
-      const uint32_t slot = base + lane;
+    uint32_t S = 32;
+    while (S / 2 >= L.page_tokens && S > 1) S /= 2;
+    const uint32_t R = 32 / S, mine = lane % S, share = lane / S;
+    for (uint32_t base = 0; base < L.page_tokens; base += S) {
+      // Logits: lanes mine, mine + S, ... share slot base + mine.
+      const uint32_t slot = base + mine;
       const bool is_live = slot < L.page_tokens && (live[slot / 32] >> (slot % 32) & 1u);
       const bool visible = is_live && int64_t(pos[slot]) <= qpos;
-      float s[kGMax];
+      float s[GP];
 #pragma unroll
-      for (int g = 0; g < kGMax; ++g) s[g] = 0.f;
-      if (visible)
-        for (uint32_t d = 0; d < hd; ++d) {
-          const float k = elem<D>(kv, L, sp.cls, h, slot, false, d);
+      for (int g = 0; g < GP; ++g) s[g] = 0.f;
+      if (visible) dot_row<D, GP, kHdMax>(kv, L, sp.cls, h, slot, share, R, qs, s);
+      for (uint32_t o = S; o < 32; o <<= 1)
 #pragma unroll
-          for (int g = 0; g < kGMax; ++g) s[g] += qs[g][d] * k;
-        }
+        for (int g = 0; g < GP; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+      const bool owner = share == 0;  // the lane that writes the slot's logit and probability
       uint32_t row_index = 0;  // the slot's read-order row within its sequence
-      if (is_live) {
+      if (is_live && owner && scored) {
         row_index = uint32_t(sp.out_row) + __popc(live[slot / 32] & ((1u << (slot % 32)) - 1u));
         for (uint32_t w = 0; w < slot / 32; ++w) row_index += __popc(live[w]);
       }
-      // Online softmax over this sub-tile.
+      // Online softmax over this sub-tile (every lane of a slot holds the same logit).
 #pragma unroll
-      for (int g = 0; g < kGMax; ++g) {
+      for (int g = 0; g < GP; ++g) {
         if (g >= int(G)) break;
         const float x = visible ? s[g] : -INFINITY;
-        if (is_live && scored)
+        if (is_live && owner && scored)
           p.logits[log_off + size_t(h * p.group + g0 + g) * e.n_live + row_index] = x;
         const float tile_m = warp_max(x);
         const float new_m = fmaxf(m[g], tile_m);
         const float e = (visible && new_m > -INFINITY) ? expf(x - new_m) : 0.f;
         const float corr = (m[g] > -INFINITY) ? expf(m[g] - new_m) : 0.f;
-        l[g] = l[g] * corr + warp_sum(e);
+        l[g] = l[g] * corr + warp_sum(owner ? e : 0.f);
         m[g] = new_m;
 #pragma unroll
         for (int k = 0; k < DPL; ++k) acc[g][k] *= corr;
-        probs[warp][lane][g] = e;
+        if (owner) probs[warp][mine][g] = e;
       }
       __syncwarp();
       // Values: lane owns dims lane * DPL ..; every live slot of the sub-tile.
-      const uint32_t n = min(32u, L.page_tokens - base);
-      for (uint32_t j = 0; j < n; ++j) {
-        const uint32_t sl = base + j;
-        if (!(live[sl / 32] >> (sl % 32) & 1u)) continue;
-        float v[DPL];
+      // kVUnroll rows loaded before any is used; a dead slot's (any bytes) is not.
+      constexpr uint32_t kVUnroll = 4;
+      const uint32_t n = min(S, L.page_tokens - base);
+      for (uint32_t j0 = 0; j0 < n; j0 += kVUnroll) {
+        float v[kVUnroll][DPL];
+        bool use[kVUnroll];
 #pragma unroll
-        for (int k = 0; k < DPL; ++k) {
-          const uint32_t d = lane * DPL + k;
-          v[k] = d < hd ? elem<D>(kv, L, sp.cls, h, sl, true, d) : 0.f;
+        for (uint32_t u = 0; u < kVUnroll; ++u) {
+          const uint32_t sl = base + j0 + u;
+          use[u] = j0 + u < n && (live[sl / 32] >> (sl % 32) & 1u);
+          if (use[u]) load_v<D, DPL>(kv, L, sp.cls, h, sl, lane * DPL, v[u]);
         }
 #pragma unroll
-        for (int g = 0; g < kGMax; ++g) {
-          const float pr = probs[warp][j][g];
+        for (uint32_t u = 0; u < kVUnroll; ++u) {
+          if (!use[u]) continue;
 #pragma unroll
-          for (int k = 0; k < DPL; ++k) acc[g][k] += pr * v[k];
+          for (int g = 0; g < GP; ++g) {
+            const float pr = probs[warp][j0 + u][g];
+#pragma unroll
+            for (int k = 0; k < DPL; ++k) acc[g][k] += pr * v[u][k];
+          }
         }
       }
       __syncwarp();
@@ -245,9 +392,9 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   // Merge the warps of the block, then write the block's partial, or (the query's only
   // split) its output and (m, l).
   if (lane == 0)
-    for (int g = 0; g < kGMax; ++g) red_m[warp][g] = m[g], red_l[warp][g] = l[g];
+    for (int g = 0; g < GP; ++g) red_m[warp][g] = m[g], red_l[warp][g] = l[g];
 #pragma unroll
-  for (int g = 0; g < kGMax; ++g)
+  for (int g = 0; g < GP; ++g)
 #pragma unroll
     for (int k = 0; k < DPL; ++k) red_acc[warp][g][lane * DPL + k] = acc[g][k];
   __syncthreads();
@@ -467,10 +614,16 @@ cudaError_t launch_pass(const Common& c, const Plan& plan, const Pass& ps, uint3
   std::copy_n(plan.entries.data() + ps.first_entry, ps.n_entries, p.e);
   if (ps.n_items) {
     const dim3 grid(ps.n_items, blocks_y);
-    switch (dpl) {
-      case 2: partial_kernel<D, 2, N><<<grid, kThreads, 0, stream>>>(p); break;
-      case 4: partial_kernel<D, 4, N><<<grid, kThreads, 0, stream>>>(p); break;
-      default: partial_kernel<D, 8, N><<<grid, kThreads, 0, stream>>>(p); break;
+    // Query heads a block computes: the group, at most kGMax, rounded up to a power of 2.
+    const uint32_t gp = c.group >= 5 ? 8 : c.group >= 3 ? 4 : c.group;
+    switch (dpl * 16 + gp) {
+#define KVGC_PARTIAL(DPL, GP) \
+  case DPL * 16 + GP: partial_kernel<D, DPL, GP, N><<<grid, kThreads, 0, stream>>>(p); break;
+      KVGC_PARTIAL(2, 1) KVGC_PARTIAL(2, 2) KVGC_PARTIAL(2, 4) KVGC_PARTIAL(2, 8)
+      KVGC_PARTIAL(4, 1) KVGC_PARTIAL(4, 2) KVGC_PARTIAL(4, 4) KVGC_PARTIAL(4, 8)
+      KVGC_PARTIAL(8, 1) KVGC_PARTIAL(8, 2) KVGC_PARTIAL(8, 4) KVGC_PARTIAL(8, 8)
+#undef KVGC_PARTIAL
+      default: return cudaErrorInvalidValue;
     }
   }
   if (ps.n_merges) combine_kernel<D, N><<<ps.n_merges * c.q_heads, 128, 0, stream>>>(p);

@@ -3,15 +3,18 @@
 // One op is a batch of sequences (AttendOp::seqs; a single segment is the batch of
 // one). The host turns it into a work list of items, (sequence, query, split of its
 // pages), balanced FlashDecoding-style: a page budget per split is chosen so that the
-// whole batch makes about 4 blocks per SM, long sequences get several splits, short ones
-// one. A pass is three launches on the engine's stream whatever the batch size, no sync:
+// batch's blocks fill whole waves of the GPU (make_plan); long sequences get several
+// splits, short ones one. A pass is three launches on the engine's stream whatever the batch
+// size, no sync:
 //   1. partial: a block per (item, KV head x chunk of <= 8 query heads); each warp takes
-//      every 4th page of the item. Per page, lanes own slots for the logits (each lane
-//      dots its slot's K row with the group's queries, kept in shared memory) and then
-//      own dims for the values (p broadcast from shared memory), with an online softmax
-//      in fp32. With scores, logits go to scratch for pass 3. An item that is its
-//      query's only split writes the output (and its (m, l)) itself; the others write
-//      their (m, l, acc) partial to scratch.
+//      every 4th page of the item, a tile of S <= 32 slots at a time, streamed through
+//      shared memory two tiles deep (cp.async: the next tile is in flight while this one
+//      is computed). Per tile, 32 / S lanes share a slot and dot its K row (16-byte
+//      chunks) with the group's queries (in shared memory), then lanes own dims for the
+//      values (p broadcast from shared memory), with an online softmax in fp32. With
+//      scores, logits go to scratch for pass 3. An item that is its query's only split
+//      writes the output (and its (m, l)) itself; the others write their (m, l, acc)
+//      partial to scratch.
 //   2. combine: per (split query, query head), merges its partials into out (model
 //      dtype) and keeps the final (m, l). Not launched when no query is split.
 //   3. mass: a block per page of the pass's sequences; per slot, sums exp(logit - m) / l
@@ -38,6 +41,9 @@ namespace kvgc::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32, kGMax = 8;
+// Blocks of pass 1 an SM runs at once (a wave), as make_plan counts them: at head_dim 128
+// and a GQA group of 4, 80 registers and 36.5 KiB of shared memory make 6 on sm_90.
+constexpr uint32_t kBlocksPerSm = 6;
 constexpr uint32_t kMaxParts = 256;  // split partials a pass may hold (attend_scratch_bytes)
 constexpr uint32_t kNoPart = 0xffffffffu;
 // Entries a pass carries as a kernel parameter: a small block for one segment and small
@@ -144,82 +150,126 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// ---- pass 1's row readers ----------------------------------------------------------
-// A row (one head's K or V of one slot) is read in 16-byte chunks when rows are 16-byte
-// aligned (slot_stride % 16 == 0, so every row of the page is): one load a chunk instead
-// of one a element. Other rows (odd head dims) go element by element through elem().
+// ---- pass 1's staging and row readers --------------------------------------------
+// A warp streams its pages' K and V rows of head h through shared memory, a tile of S
+// slots at a time, two stages deep: cp.async brings tile t + 1 while tile t is computed,
+// so a warp keeps a whole tile in flight without holding it in registers (a kernel that
+// loads into registers runs out of them before it has enough bytes in flight).
+// Rows must be 16-byte aligned for that (slot_stride % 16 == 0: every row of the page
+// is); pages of other rows (odd head dims) are read from global memory element by
+// element (elem()). K rows are stored swizzled (chunk c of row r at c ^ (r mod P)) so
+// that lanes reading different rows' chunk c hit different banks; V rows are read a row
+// at a time by the whole warp and stay as they are.
+constexpr uint32_t kStageBytes = 2048;  // a tile's K rows (and again its V rows) at most
 
-// q . K[row] over this lane's part of the row: chunks part, part + R, ... (or elements,
-// unaligned), added to s[g] for the GP query heads of qs (scaled, zero past hd).
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's most recent copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Slots a tile of a page of layout L takes: its tokens rounded up to a power of two, at
+// most 32 (a lane's slot) and at most what a stage holds.
+__device__ __forceinline__ uint32_t tile_slots(const PageLayout& L) {
+  uint32_t S = 32;
+  while (S > 1 && (S / 2 >= L.page_tokens || S * L.slot_stride > kStageBytes)) S /= 2;
+  return S;
+}
+// The swizzle span of rows of `chunks` 16-byte chunks: a power of two, at most 8.
+__device__ __forceinline__ uint32_t swizzle_span(uint32_t chunks) {
+  return chunks >= 8 ? 8u : chunks >= 4 ? 4u : chunks >= 2 ? 2u : 1u;
+}
+__device__ __forceinline__ uint32_t swizzled(uint32_t c, uint32_t r, uint32_t span) {
+  return c < span ? c ^ (r & (span - 1)) : c;
+}
+
+// q . K over this lane's chunks part, part + R, ... of a staged K row (row r of its tile,
+// swizzled), added to s[g] for the GP query heads of qs (scaled, zero past hd).
+// qp: the row's quantisation words (int classes), in global memory.
 template <kvgc_dtype D, int GP, int HD_MAX>
-__device__ __forceinline__ void dot_row(const uint8_t* kv, const PageLayout& L, uint32_t cls, uint32_t h,
-                                        uint32_t slot, uint32_t part, uint32_t R,
-                                        const float (*qs)[HD_MAX], float s[GP]) {
-  const uint8_t* row = kv + L.k_off + h * L.head_stride + slot * L.slot_stride;
-  const uint16_t* qp =
-      cls == KVGC_CLASS_FP16 ? nullptr
-                             : reinterpret_cast<const uint16_t*>(kv + L.kq_off) + L.qparam_index(h, slot);
-  auto fma_elem = [&](uint32_t d, float x) {
+__device__ __forceinline__ void dot_staged(const uint8_t* row, uint32_t r, uint32_t chunks, uint32_t span,
+                                           uint32_t cls, const uint16_t* qp, uint32_t part, uint32_t R,
+                                           const float (*qs)[HD_MAX], float s[GP]) {
+  // Elements d .. d + 3 (d a multiple of 4): one 16-byte read of each query's q.
+  auto fma4 = [&](uint32_t d, float x0, float x1, float x2, float x3) {
 #pragma unroll
-    for (int g = 0; g < GP; ++g) s[g] = fmaf(qs[g][d], x, s[g]);
+    for (int g = 0; g < GP; ++g) {
+      const float4 q = *reinterpret_cast<const float4*>(&qs[g][d]);
+      s[g] = fmaf(q.x, x0, fmaf(q.y, x1, fmaf(q.z, x2, fmaf(q.w, x3, s[g]))));
+    }
   };
-  if (L.slot_stride % 16 != 0) {
-    for (uint32_t d = part; d < L.head_dim; d += R) fma_elem(d, elem<D>(kv, L, cls, h, slot, false, d));
-    return;
-  }
-  const uint32_t chunks = uint32_t(L.slot_stride / 16);
   const float int8_scale = cls == KVGC_CLASS_INT8 ? ldq<D>(qp, 0) : 0.f;
-  auto dot_chunk = [&](const uint4& w, uint32_t c) {
+  for (uint32_t c = part; c < chunks; c += R) {
+    const uint4 w = reinterpret_cast<const uint4*>(row)[swizzled(c, r, span)];
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
     if (cls == KVGC_CLASS_FP16) {
       if constexpr (D == KVGC_DTYPE_F32) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) fma_elem(4 * c + k, __uint_as_float(words[k]));
+        fma4(4 * c, __uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w));
       } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) fma_elem(8 * c + k, from_bits<D>(words[k / 2] >> (16 * (k % 2))));
+        for (int k = 0; k < 2; ++k)
+          fma4(8 * c + 4 * k, from_bits<D>(words[2 * k]), from_bits<D>(words[2 * k] >> 16),
+               from_bits<D>(words[2 * k + 1]), from_bits<D>(words[2 * k + 1] >> 16));
       }
     } else if (cls == KVGC_CLASS_INT8) {
+      auto x = [&](int k) { return float(int8_t(words[k / 4] >> (8 * (k % 4)))) * int8_scale; };
 #pragma unroll
-      for (int k = 0; k < 16; ++k)
-        fma_elem(16 * c + k, float(int8_t(words[k / 4] >> (8 * (k % 4)))) * int8_scale);
+      for (int k = 0; k < 16; k += 4) fma4(16 * c + k, x(k), x(k + 1), x(k + 2), x(k + 3));
     } else if (cls == KVGC_CLASS_INT4) {  // aligned rows: head_dim % 32 == 0, a chunk is a group
       const float sc = ldq<D>(qp, 2 * c), z = ldq<D>(qp, 2 * c + 1);
+      auto x = [&](int k) { return float((words[k / 8] >> (4 * (k % 8))) & 15u) * sc + z; };
 #pragma unroll
-      for (int k = 0; k < 32; ++k) fma_elem(32 * c + k, float((words[k / 8] >> (4 * (k % 8))) & 15u) * sc + z);
+      for (int k = 0; k < 32; k += 4) fma4(32 * c + k, x(k), x(k + 1), x(k + 2), x(k + 3));
     } else {  // INT2: a chunk is two groups of 32
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const float sc = ldq<D>(qp, 2 * (2 * c + half)), z = ldq<D>(qp, 2 * (2 * c + half) + 1);
-#pragma unroll
-        for (int k = 0; k < 32; ++k) {
+        auto x = [&](int k) {
           const uint32_t e = 32 * half + k;
-          fma_elem(64 * c + e, float((words[e / 16] >> (2 * (e % 16))) & 3u) * sc + z);
-        }
+          return float((words[e / 16] >> (2 * (e % 16))) & 3u) * sc + z;
+        };
+#pragma unroll
+        for (int k = 0; k < 32; k += 4) fma4(64 * c + 32 * half + k, x(k), x(k + 1), x(k + 2), x(k + 3));
       }
     }
-  };
-  // kUnroll chunks loaded before any is used: loads in flight, not one at a time.
-  constexpr uint32_t kUnroll = 4;
-  for (uint32_t c0 = part; c0 < chunks; c0 += kUnroll * R) {
-    uint4 w[kUnroll];
-#pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u)
-      if (c0 + u * R < chunks) w[u] = reinterpret_cast<const uint4*>(row)[c0 + u * R];
-#pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u)
-      if (c0 + u * R < chunks) dot_chunk(w[u], c0 + u * R);
   }
 }
 
-// V[row][d0 .. d0 + DPL) as f32 (elements past hd read 0). One load for fp16-class rows and
-// for int8/int4 rows when the lane's dims are all in the row and aligned.
+// The same from global memory, element by element (rows not 16-byte aligned).
+template <kvgc_dtype D, int GP, int HD_MAX>
+__device__ __forceinline__ void dot_global(const uint8_t* kv, const PageLayout& L, uint32_t cls, uint32_t h,
+                                           uint32_t slot, uint32_t part, uint32_t R,
+                                           const float (*qs)[HD_MAX], float s[GP]) {
+  for (uint32_t d = part; d < L.head_dim; d += R) {
+    const float x = elem<D>(kv, L, cls, h, slot, false, d);
+#pragma unroll
+    for (int g = 0; g < GP; ++g) s[g] = fmaf(qs[g][d], x, s[g]);
+  }
+}
+
+// V[row][d0 .. d0 + DPL) as f32 (elements past hd read 0), from a staged V row (one
+// vector load for fp16-class rows, and for int8/int4 rows whose lane dims are whole), or
+// (row == null: rows not 16-byte aligned) from global memory through elem().
 template <kvgc_dtype D, int DPL>
-__device__ __forceinline__ void load_v(const uint8_t* kv, const PageLayout& L, uint32_t cls, uint32_t h,
-                                       uint32_t slot, uint32_t d0, float v[DPL]) {
+__device__ __forceinline__ void load_v(const uint8_t* row, const uint8_t* kv, const PageLayout& L, uint32_t cls,
+                                       uint32_t h, uint32_t slot, uint32_t d0, float v[DPL]) {
   const uint32_t hd = L.head_dim;
-  const bool whole = d0 + DPL <= hd && L.slot_stride % 16 == 0;
-  const uint8_t* row = kv + L.v_off + h * L.head_stride + slot * L.slot_stride;
+  const bool whole = row && d0 + DPL <= hd;
   if (whole && cls == KVGC_CLASS_FP16) {
     constexpr int kElt = D == KVGC_DTYPE_F32 ? 4 : 2, kBytes = DPL * kElt;
     constexpr int kWords = kBytes / 4;
@@ -239,11 +289,8 @@ __device__ __forceinline__ void load_v(const uint8_t* kv, const PageLayout& L, u
     }
 #pragma unroll
     for (int k = 0; k < DPL; ++k) {
-      if constexpr (D == KVGC_DTYPE_F32) {
-        v[k] = __uint_as_float(words[k]);
-      } else {
-        v[k] = from_bits<D>(words[k / 2] >> (16 * (k % 2)));
-      }
+      if constexpr (D == KVGC_DTYPE_F32) v[k] = __uint_as_float(words[k]);
+      else v[k] = from_bits<D>(words[k / 2] >> (16 * (k % 2)));
     }
     return;
   }
@@ -275,9 +322,9 @@ __device__ __forceinline__ void load_v(const uint8_t* kv, const PageLayout& L, u
 
 // Pass 1. DPL = dims per lane, GP = query heads a block computes (the group's chunk,
 // rounded up to 1, 2, 4 or 8); blockIdx.x = item, .y = KV head x query-head chunk.
-// Per sub-tile of S slots (S = the page's tokens rounded up to a power of two, at most
-// 32), R = 32 / S lanes share a slot: each dots its part of the K row (R > 1 for pages of
-// fewer than 32 tokens, so that no lane idles), then the parts are summed by shuffles.
+// Each warp takes every kWarps-th page of the item, a tile of S slots at a time
+// (tile_slots); R = 32 / S lanes share a slot: each dots its part of the K row (R > 1 for
+// small tiles, so that no lane idles), then the parts are summed by shuffles.
 template <kvgc_dtype D, int DPL, int GP, uint32_t N>
 __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant__ Params<N> prm) {
   const Common& p = prm.c;
@@ -287,8 +334,8 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   const uint32_t part = e.splits > 1 ? e.part0 + (qi - e.qa) * e.splits + split : kNoPart;
   const uint32_t unit = e.unit0 + (qi - e.qa);
   const uint64_t log_off = e.log_off0 + uint64_t(qi - e.qa) * p.q_heads * e.n_live;
-  const uint32_t chunks = (p.group + kGMax - 1) / kGMax;
-  const uint32_t h = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * kGMax;
+  const uint32_t chunks_y = (p.group + kGMax - 1) / kGMax;
+  const uint32_t h = blockIdx.y / chunks_y, g0 = (blockIdx.y % chunks_y) * kGMax;
   const uint32_t G = min(GP, int(p.group - g0));
   const uint32_t qrow = e.q_row + qi;
   const int64_t qpos = e.q_pos0 + qi;
@@ -296,10 +343,14 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, hd = p.hd;
   constexpr int kHdMax = DPL * 32;
 
-  __shared__ float qs[GP][kHdMax];           // the queries, scaled
-  __shared__ float probs[kWarps][32][GP];    // per warp: a sub-tile's probabilities
+  alignas(16) __shared__ float qs[GP][kHdMax];         // the queries, scaled
+  alignas(16) __shared__ float probs[kWarps][32][GP];  // per warp: a tile's probabilities
   __shared__ float red_m[kWarps][GP], red_l[kWarps][GP];
-  __shared__ float red_acc[kWarps][GP][kHdMax];
+  // Per warp: two stages of (K, V) tiles; after the page loop, the warp's accumulators.
+  constexpr uint32_t kWarpStage = 4 * kStageBytes;
+  static_assert(GP * kHdMax * sizeof(float) <= kWarpStage, "accumulators overlay the warp's stages");
+  __shared__ uint4 stage_mem[kWarps][kWarpStage / 16];
+  uint8_t* const my_stages = reinterpret_cast<uint8_t*>(stage_mem[warp]);
 
   for (uint32_t i = threadIdx.x; i < GP * kHdMax; i += blockDim.x) {
     const uint32_t g = i / kHdMax, d = i % kHdMax;
@@ -309,6 +360,26 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
   }
   __syncthreads();
 
+  // Enqueues tile (pi, base)'s K and V rows of head h into stage `stage` (nothing for
+  // pages of unaligned rows: they are read in place).
+  auto issue = [&](uint32_t pi, uint32_t base, uint32_t stage) {
+    const SegPage sp = p.pages[pi];
+    const PageLayout& L = p.L[sp.cls];
+    if (L.slot_stride % 16) return;
+    const uint32_t n = min(tile_slots(L), L.page_tokens - base);
+    const uint32_t chunks = uint32_t(L.slot_stride / 16), span = swizzle_span(chunks);
+    const uint8_t* kv = payload_of(sp);
+    const uint8_t* k = kv + L.k_off + h * L.head_stride + base * L.slot_stride;
+    const uint8_t* v = kv + L.v_off + h * L.head_stride + base * L.slot_stride;
+    uint8_t* sk = my_stages + stage * 2 * kStageBytes;
+    uint8_t* sv = sk + kStageBytes;
+    for (uint32_t i = lane; i < n * chunks; i += 32) {
+      const uint32_t r = i / chunks, c = i % chunks;
+      copy16_async(sk + (r * chunks + swizzled(c, r, span)) * 16, k + size_t(i) * 16);
+      copy16_async(sv + size_t(i) * 16, v + size_t(i) * 16);
+    }
+  };
+
   float m[GP], l[GP], acc[GP][DPL];
 #pragma unroll
   for (int g = 0; g < GP; ++g) {
@@ -317,86 +388,107 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
 #pragma unroll
     for (int k = 0; k < DPL; ++k) acc[g][k] = 0.f;
   }
-  for (uint32_t pi = p0 + warp; pi < p1; pi += kWarps) {
+  uint32_t pi = p0 + warp, base = 0, stage = 0;  // the tile being computed, its stage
+  if (pi < p1) issue(pi, 0, 0);
+  async_commit();
+  while (pi < p1) {
     const SegPage sp = p.pages[pi];
     const PageLayout& L = p.L[sp.cls];
+    const uint32_t S = tile_slots(L), R = 32 / S, mine = lane % S, share = lane / S;
+    // The next tile goes in flight before this one is computed.
+    uint32_t next_pi = pi, next_base = base + S;
+    if (next_base >= L.page_tokens) next_pi = pi + kWarps, next_base = 0;
+    if (next_pi < p1) issue(next_pi, next_base, stage ^ 1);
+    async_commit();
+    async_wait<1>();
+    __syncwarp();  // every lane's copies of this tile have landed
+
     const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
     const int32_t* pos = reinterpret_cast<const int32_t*>(sp.page + L.pos_off);
     const uint8_t* kv = payload_of(sp);  // K/V: a shared page's are not at its header
-    uint32_t S = 32;
-    while (S / 2 >= L.page_tokens && S > 1) S /= 2;
-    const uint32_t R = 32 / S, mine = lane % S, share = lane / S;
-    for (uint32_t base = 0; base < L.page_tokens; base += S) {
-      // Logits: lanes mine, mine + S, ... share slot base + mine.
-      const uint32_t slot = base + mine;
-      const bool is_live = slot < L.page_tokens && (live[slot / 32] >> (slot % 32) & 1u);
-      const bool visible = is_live && int64_t(pos[slot]) <= qpos;
-      float s[GP];
+    const bool staged = L.slot_stride % 16 == 0;
+    const uint32_t chunks = uint32_t(L.slot_stride / 16), span = swizzle_span(chunks);
+    const uint8_t* sk = my_stages + stage * 2 * kStageBytes;
+    const uint8_t* sv = sk + kStageBytes;
+    // Logits: lanes mine, mine + S, ... share slot base + mine.
+    const uint32_t slot = base + mine;
+    const bool is_live = slot < L.page_tokens && (live[slot / 32] >> (slot % 32) & 1u);
+    const bool visible = is_live && int64_t(pos[slot]) <= qpos;
+    float s[GP];
 #pragma unroll
-      for (int g = 0; g < GP; ++g) s[g] = 0.f;
-      if (visible) dot_row<D, GP, kHdMax>(kv, L, sp.cls, h, slot, share, R, qs, s);
-      for (uint32_t o = S; o < 32; o <<= 1)
-#pragma unroll
-        for (int g = 0; g < GP; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
-      const bool owner = share == 0;  // the lane that writes the slot's logit and probability
-      uint32_t row_index = 0;  // the slot's read-order row within its sequence
-      if (is_live && owner && scored) {
-        row_index = uint32_t(sp.out_row) + __popc(live[slot / 32] & ((1u << (slot % 32)) - 1u));
-        for (uint32_t w = 0; w < slot / 32; ++w) row_index += __popc(live[w]);
+    for (int g = 0; g < GP; ++g) s[g] = 0.f;
+    if (visible) {
+      if (staged) {
+        const uint16_t* qp = sp.cls == KVGC_CLASS_FP16
+                                 ? nullptr
+                                 : reinterpret_cast<const uint16_t*>(kv + L.kq_off) + L.qparam_index(h, slot);
+        dot_staged<D, GP, kHdMax>(sk + mine * L.slot_stride, mine, chunks, span, sp.cls, qp, share, R, qs, s);
+      } else {
+        dot_global<D, GP, kHdMax>(kv, L, sp.cls, h, slot, share, R, qs, s);
       }
-      // Online softmax over this sub-tile (every lane of a slot holds the same logit).
-#pragma unroll
-      for (int g = 0; g < GP; ++g) {
-        if (g >= int(G)) break;
-        const float x = visible ? s[g] : -INFINITY;
-        if (is_live && owner && scored)
-          p.logits[log_off + size_t(h * p.group + g0 + g) * e.n_live + row_index] = x;
-        const float tile_m = warp_max(x);
-        const float new_m = fmaxf(m[g], tile_m);
-        const float e = (visible && new_m > -INFINITY) ? expf(x - new_m) : 0.f;
-        const float corr = (m[g] > -INFINITY) ? expf(m[g] - new_m) : 0.f;
-        l[g] = l[g] * corr + warp_sum(owner ? e : 0.f);
-        m[g] = new_m;
-#pragma unroll
-        for (int k = 0; k < DPL; ++k) acc[g][k] *= corr;
-        if (owner) probs[warp][mine][g] = e;
-      }
-      __syncwarp();
-      // Values: lane owns dims lane * DPL ..; every live slot of the sub-tile.
-      // kVUnroll rows loaded before any is used; a dead slot's (any bytes) is not.
-      constexpr uint32_t kVUnroll = 4;
-      const uint32_t n = min(S, L.page_tokens - base);
-      for (uint32_t j0 = 0; j0 < n; j0 += kVUnroll) {
-        float v[kVUnroll][DPL];
-        bool use[kVUnroll];
-#pragma unroll
-        for (uint32_t u = 0; u < kVUnroll; ++u) {
-          const uint32_t sl = base + j0 + u;
-          use[u] = j0 + u < n && (live[sl / 32] >> (sl % 32) & 1u);
-          if (use[u]) load_v<D, DPL>(kv, L, sp.cls, h, sl, lane * DPL, v[u]);
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < kVUnroll; ++u) {
-          if (!use[u]) continue;
-#pragma unroll
-          for (int g = 0; g < GP; ++g) {
-            const float pr = probs[warp][j0 + u][g];
-#pragma unroll
-            for (int k = 0; k < DPL; ++k) acc[g][k] += pr * v[u][k];
-          }
-        }
-      }
-      __syncwarp();
     }
+    for (uint32_t o = S; o < 32; o <<= 1)
+#pragma unroll
+      for (int g = 0; g < GP; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+    const bool owner = share == 0;  // the lane that writes the slot's logit and probability
+    uint32_t row_index = 0;         // the slot's read-order row within its sequence
+    if (is_live && owner && scored) {
+      row_index = uint32_t(sp.out_row) + __popc(live[slot / 32] & ((1u << (slot % 32)) - 1u));
+      for (uint32_t w = 0; w < slot / 32; ++w) row_index += __popc(live[w]);
+    }
+    // Online softmax over this tile (every lane of a slot holds the same logit).
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+      if (g >= int(G)) break;
+      const float x = visible ? s[g] : -INFINITY;
+      if (is_live && owner && scored) p.logits[log_off + size_t(h * p.group + g0 + g) * e.n_live + row_index] = x;
+      const float tile_m = warp_max(x);
+      const float new_m = fmaxf(m[g], tile_m);
+      const float ex = (visible && new_m > -INFINITY) ? expf(x - new_m) : 0.f;
+      const float corr = (m[g] > -INFINITY) ? expf(m[g] - new_m) : 0.f;
+      l[g] = l[g] * corr + warp_sum(owner ? ex : 0.f);
+      m[g] = new_m;
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) acc[g][k] *= corr;
+      if (owner) probs[warp][mine][g] = ex;
+    }
+    __syncwarp();
+    // Values: lane owns dims lane * DPL ..; every live slot of the tile.
+    const uint32_t n = min(S, L.page_tokens - base);
+    const uint32_t tile_live = live[base / 32] >> (base % 32);  // a tile never straddles a word
+    for (uint32_t j = 0; j < n; ++j) {
+      if (!(tile_live >> j & 1u)) continue;
+      float v[DPL], pr[GP];
+      load_v<D, DPL>(staged ? sv + j * L.slot_stride : nullptr, kv, L, sp.cls, h, base + j, lane * DPL, v);
+      if constexpr (GP % 4 == 0) {
+#pragma unroll
+        for (int g = 0; g < GP; g += 4) {
+          const float4 q = *reinterpret_cast<const float4*>(&probs[warp][j][g]);
+          pr[g] = q.x, pr[g + 1] = q.y, pr[g + 2] = q.z, pr[g + 3] = q.w;
+        }
+      } else {
+#pragma unroll
+        for (int g = 0; g < GP; ++g) pr[g] = probs[warp][j][g];
+      }
+#pragma unroll
+      for (int g = 0; g < GP; ++g)
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) acc[g][k] += pr[g] * v[k];
+    }
+    __syncwarp();  // the stage is free for the tile after next
+    pi = next_pi, base = next_base, stage ^= 1;
   }
+  async_wait<0>();
+  __syncwarp();
   // Merge the warps of the block, then write the block's partial, or (the query's only
-  // split) its output and (m, l).
+  // split) its output and (m, l). Each warp's accumulators overlay its own stages.
+  float(*const red_acc_w)[kHdMax] = reinterpret_cast<float(*)[kHdMax]>(my_stages);
   if (lane == 0)
     for (int g = 0; g < GP; ++g) red_m[warp][g] = m[g], red_l[warp][g] = l[g];
 #pragma unroll
   for (int g = 0; g < GP; ++g)
 #pragma unroll
-    for (int k = 0; k < DPL; ++k) red_acc[warp][g][lane * DPL + k] = acc[g][k];
+    for (int k = 0; k < DPL; ++k) red_acc_w[g][lane * DPL + k] = acc[g][k];
   __syncthreads();
   const bool direct = part == kNoPart;
   for (uint32_t i = threadIdx.x; i < G * (hd + 2); i += blockDim.x) {
@@ -407,7 +499,8 @@ __global__ void __launch_bounds__(kThreads) partial_kernel(const __grid_constant
     float val = 0.f, Ls = 0.f;
     for (int w = 0; w < kWarps; ++w) {
       const float f = red_m[w][g] > -INFINITY ? expf(red_m[w][g] - M) : 0.f;
-      val += f * (c == hd ? red_l[w][g] : c < hd ? red_acc[w][g][c] : 0.f);
+      const float(*acc_w)[kHdMax] = reinterpret_cast<const float(*)[kHdMax]>(stage_mem[w]);
+      val += f * (c == hd ? red_l[w][g] : c < hd ? acc_w[g][c] : 0.f);
       Ls += f * red_l[w][g];
     }
     if (c == hd + 1) val = M;
@@ -518,12 +611,15 @@ struct Plan {
 // query in one split does not fit the scratch).
 cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g, uint32_t blocks_per_item,
                       uint32_t n_sm, uint64_t avail_floats, Plan* plan) {
-  // The split budget: pages per split such that the whole batch makes about 4 blocks
-  // per SM, and at most kMaxParts partials (so that a decode batch fits in one pass).
+  // The split budget: pages per split (chunk), at most kMaxParts partials (so that a
+  // decode batch fits in one pass). Pass 1 runs in waves of kBlocksPerSm blocks an SM, so
+  // a pass takes about (its waves) x (its longest split): for targets of 1 to 4 waves of
+  // items, the chunk with the least such cost wins (the fewest splits on a tie).
   uint64_t work = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) work += uint64_t(seqs[i].n_q) * seqs[i].n_pages;
-  const uint64_t target = std::max<uint64_t>(1, 4ull * n_sm / std::max<uint32_t>(1, blocks_per_item));
-  uint64_t chunk = std::max<uint64_t>(kWarps, (work + target - 1) / target);
+  const uint64_t wave_blocks = uint64_t(kBlocksPerSm) * n_sm;
+  const uint64_t wave_items = std::max<uint64_t>(1, wave_blocks / std::max<uint32_t>(1, blocks_per_item));
+  uint64_t chunk = kWarps;
   auto splits_of = [&](const AttendSeq& s) -> uint32_t {
     const uint64_t by_chunk = (s.n_pages + chunk - 1) / chunk;
     const uint64_t cap = std::max<uint64_t>(1, std::min<uint64_t>(kMaxParts, s.n_pages / kWarps));
@@ -531,15 +627,34 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
     const uint32_t pps = (s.n_pages + want - 1) / want;  // even splits
     return pps ? (s.n_pages + pps - 1) / pps : 1;
   };
-  for (;;) {  // widen the splits until the batch's partials fit kMaxParts (O(B) a round)
-    uint64_t parts = 0;
-    for (uint32_t i = 0; i < n_seqs && parts <= kMaxParts; ++i) {
-      const uint32_t s = splits_of(seqs[i]);
-      if (s > 1) parts += uint64_t(s) * seqs[i].n_q;
+  auto chunk_for = [&](uint64_t target) {  // widened until the partials fit (O(B) a round)
+    chunk = std::max<uint64_t>(kWarps, (work + target - 1) / target);
+    for (;;) {
+      uint64_t parts = 0;
+      for (uint32_t i = 0; i < n_seqs && parts <= kMaxParts; ++i) {
+        const uint32_t s = splits_of(seqs[i]);
+        if (s > 1) parts += uint64_t(s) * seqs[i].n_q;
+      }
+      if (parts <= kMaxParts) return chunk;
+      chunk *= 2;
     }
-    if (parts <= kMaxParts) break;
-    chunk *= 2;
+  };
+  auto cost_of = [&](uint64_t c) {
+    chunk = c;
+    uint64_t items = 0, longest = 0;
+    for (uint32_t i = 0; i < n_seqs; ++i) {
+      const uint32_t s = splits_of(seqs[i]);
+      items += uint64_t(s) * seqs[i].n_q;
+      if (seqs[i].n_q) longest = std::max<uint64_t>(longest, (seqs[i].n_pages + s - 1) / s);
+    }
+    return (items * blocks_per_item + wave_blocks - 1) / wave_blocks * longest;
+  };
+  uint64_t best = kWarps, best_cost = UINT64_MAX;
+  for (uint64_t waves = 1; waves <= 4; ++waves) {
+    const uint64_t c = chunk_for(waves * wave_items), t = cost_of(c);
+    if (t < best_cost) best = c, best_cost = t;
   }
+  chunk = best;
   Pass cur{};
   auto flush = [&] {
     if (cur.n_entries == 0) return;

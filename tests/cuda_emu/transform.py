@@ -1,6 +1,6 @@
 """Rewrites a .cu file for the host emulation (tests/cuda_emu):
 name<T><<<grid, block, smem, stream>>>(args) becomes emu::launch(grid, block, [&] { ... }),
-and every `__shared__ T a[..], b;` gets `emu::shared_poison(a); emu::shared_poison(b);`
+and every `__shared__ T a[..], b;` (also `alignas(N) __shared__ ...`) gets `emu::shared_poison(a); emu::shared_poison(b);`
 after it (same line), which fills the variable with 0xff bytes (NaN for floats) once per
 block: a read of shared memory that no thread of the block wrote shows up.
 usage: transform.py IN.cu OUT.cpp"""
@@ -24,7 +24,7 @@ def rep(m):
     parts = top_split(cfg)
     return 'emu::launch(dim3(%s), dim3(%s), [&] { %s(%s); });' % (parts[0], parts[1], name, args)
 out, n = pat.subn(rep, src)
-shared = re.compile(r'(?m)^[ \t]*__shared__\s+([^;]+);')  # declarations, not comments
+shared = re.compile(r'(?m)^[ \t]*(?:alignas\(\w+\)\s+)?__shared__\s+([^;]+);')  # declarations, not comments
 def poison(m):  # a declarator's name: its last identifier before any [ or =
     names = [re.findall(r'\w+', re.split(r'[\[=]', d)[0])[-1] for d in top_split(m.group(1))]
     return m.group(0) + ''.join(' emu::shared_poison(%s);' % x for x in names)

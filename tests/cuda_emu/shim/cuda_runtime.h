@@ -55,6 +55,7 @@ struct dim3 {
 };
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;

@@ -305,10 +305,12 @@ int main(int argc, char** argv) {
               tokens, batch, att16, att4, (unsigned long long)st4.live_tokens,
               (unsigned long long)st4.tokens_demoted);
   std::printf("checks: compaction live counts and attention outputs %s\n", intact ? "intact" : "CORRUPT");
-  std::printf("RESULT compact_vs_memcpy=%.3f compact_kernels_vs_memcpy=%.3f compact_enqueue_ms=%.3f int4_vs_fp16_attend=%.3f step_blocked_deferred_vs_immediate=%.3f "
+  std::printf("RESULT compact_vs_memcpy=%.3f compact_kernels_vs_memcpy=%.3f compact_enqueue_ms=%.3f "
+              "int4_vs_fp16_attend=%.3f step_blocked_deferred_vs_immediate=%.3f "
               "step_h2o_us=%.1f step_gen_us=%.1f step_h2o_blocked_us=%.1f step_h2o_immediate_blocked_us=%.1f "
               "compact_GBps=%.0f memcpy_GBps=%.0f attend_fp16_ms=%.3f attend_int4_ms=%.3f tokens_demoted=%llu intact=%d\n",
-              compact_gbs / copy_gbs, compact_gpu_gbs / copy_gbs, compact_enqueue_ms, att4 / att16, h2o_late.host_us / h2o_now.host_us, h2o_late.total_us,
+              compact_gbs / copy_gbs, compact_gpu_gbs / copy_gbs, compact_enqueue_ms, att4 / att16,
+              h2o_late.host_us / h2o_now.host_us, h2o_late.total_us,
               gen_late.total_us, h2o_late.host_us, h2o_now.host_us, compact_gbs, copy_gbs, att16, att4,
               (unsigned long long)st4.tokens_demoted, int(intact));
   kvgc_heap_destroy(fp16);

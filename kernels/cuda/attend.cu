@@ -100,11 +100,16 @@ __device__ __forceinline__ const Entry& entry_of(const Params<N>& p, uint32_t x,
   return p.e[lo];
 }
 
+// A 16-bit element (f16 or bf16: D; f32 is not 16-bit) from its bits.
+template <kvgc_dtype D>
+__device__ __forceinline__ float from_bits(uint32_t b) {
+  if constexpr (D == KVGC_DTYPE_F16) return __half2float(__ushort_as_half(uint16_t(b)));
+  else return __uint_as_float((b & 0xffffu) << 16);
+}
 template <kvgc_dtype D>
 __device__ __forceinline__ float ld(const uint8_t* p, uint32_t i) {
-  if constexpr (D == KVGC_DTYPE_F16) return __half2float(reinterpret_cast<const __half*>(p)[i]);
-  else if constexpr (D == KVGC_DTYPE_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  else return reinterpret_cast<const float*>(p)[i];
+  if constexpr (D == KVGC_DTYPE_F32) return reinterpret_cast<const float*>(p)[i];
+  else return from_bits<D>(reinterpret_cast<const uint16_t*>(p)[i]);
 }
 template <kvgc_dtype D>
 __device__ __forceinline__ void st(uint8_t* p, uint32_t i, float x) {
@@ -112,17 +117,10 @@ __device__ __forceinline__ void st(uint8_t* p, uint32_t i, float x) {
   else if constexpr (D == KVGC_DTYPE_BF16) reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
   else reinterpret_cast<float*>(p)[i] = x;
 }
-// A 16-bit element (f16 or bf16) from its bits.
-template <kvgc_dtype D>
-__device__ __forceinline__ float from_bits(uint32_t b) {
-  if constexpr (D == KVGC_DTYPE_F16) return __half2float(__ushort_as_half(uint16_t(b)));
-  else return __uint_as_float((b & 0xffffu) << 16);
-}
 // int4 scale/zero pairs are f16 for f16 models, bf16 otherwise (qparam_dtype).
 template <kvgc_dtype D>
 __device__ __forceinline__ float ldq(const uint16_t* p, uint32_t i) {
-  if constexpr (D == KVGC_DTYPE_F16) return __half2float(reinterpret_cast<const __half*>(p)[i]);
-  else return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+  return from_bits<D == KVGC_DTYPE_F16 ? KVGC_DTYPE_F16 : KVGC_DTYPE_BF16>(p[i]);
 }
 
 // Element d of one head's K (v = false) or V row of `slot`, as f32 (int8 and int4
@@ -619,8 +617,7 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
   for (uint32_t i = 0; i < n_seqs; ++i) work += uint64_t(seqs[i].n_q) * seqs[i].n_pages;
   const uint64_t wave_blocks = uint64_t(kBlocksPerSm) * n_sm;
   const uint64_t wave_items = std::max<uint64_t>(1, wave_blocks / std::max<uint32_t>(1, blocks_per_item));
-  uint64_t chunk = kWarps;
-  auto splits_of = [&](const AttendSeq& s) -> uint32_t {
+  auto splits_of = [](const AttendSeq& s, uint64_t chunk) -> uint32_t {
     const uint64_t by_chunk = (s.n_pages + chunk - 1) / chunk;
     const uint64_t cap = std::max<uint64_t>(1, std::min<uint64_t>(kMaxParts, s.n_pages / kWarps));
     const uint32_t want = uint32_t(std::clamp<uint64_t>(by_chunk, 1, cap));
@@ -628,33 +625,29 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
     return pps ? (s.n_pages + pps - 1) / pps : 1;
   };
   auto chunk_for = [&](uint64_t target) {  // widened until the partials fit (O(B) a round)
-    chunk = std::max<uint64_t>(kWarps, (work + target - 1) / target);
-    for (;;) {
+    for (uint64_t chunk = std::max<uint64_t>(kWarps, (work + target - 1) / target);; chunk *= 2) {
       uint64_t parts = 0;
       for (uint32_t i = 0; i < n_seqs && parts <= kMaxParts; ++i) {
-        const uint32_t s = splits_of(seqs[i]);
+        const uint32_t s = splits_of(seqs[i], chunk);
         if (s > 1) parts += uint64_t(s) * seqs[i].n_q;
       }
       if (parts <= kMaxParts) return chunk;
-      chunk *= 2;
     }
   };
-  auto cost_of = [&](uint64_t c) {
-    chunk = c;
+  auto cost_of = [&](uint64_t chunk) {
     uint64_t items = 0, longest = 0;
     for (uint32_t i = 0; i < n_seqs; ++i) {
-      const uint32_t s = splits_of(seqs[i]);
+      const uint32_t s = splits_of(seqs[i], chunk);
       items += uint64_t(s) * seqs[i].n_q;
       if (seqs[i].n_q) longest = std::max<uint64_t>(longest, (seqs[i].n_pages + s - 1) / s);
     }
     return (items * blocks_per_item + wave_blocks - 1) / wave_blocks * longest;
   };
-  uint64_t best = kWarps, best_cost = UINT64_MAX;
+  uint64_t chunk = kWarps, best_cost = UINT64_MAX;
   for (uint64_t waves = 1; waves <= 4; ++waves) {
     const uint64_t c = chunk_for(waves * wave_items), t = cost_of(c);
-    if (t < best_cost) best = c, best_cost = t;
+    if (t < best_cost) chunk = c, best_cost = t;
   }
-  chunk = best;
   Pass cur{};
   auto flush = [&] {
     if (cur.n_entries == 0) return;
@@ -684,7 +677,7 @@ cudaError_t make_plan(const AttendSeq* seqs, uint32_t n_seqs, const Geometry& g,
       if (g.scores && s.recent_decay != 1.0f && s.n_pages) open_entry(s, 0, 1, true);
       continue;
     }
-    uint32_t base_splits = splits_of(s);
+    uint32_t base_splits = splits_of(s, chunk);
     bool in_entry = false;
     for (uint32_t qi = 0; qi < s.n_q; ++qi) {
       // kvgc_batch_plan_ex: queries before score_from attend without scores.

@@ -24,7 +24,7 @@ core_sources() {
        runtime/model.cpp runtime/heap.cpp runtime/batch.cpp runtime/check.cpp runtime/cpu_backend.cpp \
        runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
        kernels/cuda/gc.cu kernels/cuda/gc_select.cu kernels/cuda/gc_decide.cu \
-       runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/shared.cpp runtime/prefix.cpp runtime/evacuate.cpp gc/plan.cpp gc/ladder.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \
+       runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/shared.cpp runtime/prefix.cpp runtime/evacuate.cpp runtime/shrink.cpp gc/plan.cpp gc/ladder.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \
        kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp \
        kernels/cpu/attend_split.cpp kernels/cpu/thread_pool.cpp
 }

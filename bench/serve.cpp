@@ -86,7 +86,7 @@ void usage(FILE* out) {
       "                     for A (even requests) or B (odd); outputs of the drawn length.\n"
       "                     Passkey accuracy is reported for A and B apart (+share needs observe)\n"
       "  --private-min/max  tokens of each request's own part (default 128..512)\n"
-      "  --prefix-charge C  cache, view or prune: who pays for attached tokens in the\n"
+      "  --prefix-charge C  cache, view, prune or shrink: who pays for attached tokens in the\n"
       "                     bounded +share configurations (default: the heap's, cache)\n"
       "  --answers FILE     write each request's outcome, a tab-separated line per request\n"
       "                     and configuration: config, request, key (A, B or -), expected,\n"
@@ -176,8 +176,9 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (f == "--fraction") ok = parse_double(f, v, 0.0, 1.0, true, &a->fraction);
     else if (f == "--prefix-charge") {
       a->prefix_charge = v == "cache" ? KVGC_PREFIX_CHARGE_CACHE : v == "view" ? KVGC_PREFIX_CHARGE_VIEW
-                         : v == "prune" ? KVGC_PREFIX_CHARGE_PRUNE : -1;
-      ok = a->prefix_charge >= 0 || fail_flag(f, v, "cache, view or prune");
+                         : v == "prune" ? KVGC_PREFIX_CHARGE_PRUNE
+                         : v == "shrink" ? KVGC_PREFIX_CHARGE_SHRINK : -1;
+      ok = a->prefix_charge >= 0 || fail_flag(f, v, "cache, view, prune or shrink");
     }
     else if (f == "--threads") ok = parse_u32(f, v, 1, &a->threads) &&
                                     (a->threads <= 256 || fail_flag(f, v, "at most 256"));
@@ -424,7 +425,7 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
     uint64_t full = 0, raw = 0, kept = 0, chunk = 0;
     kvgc_kv_bytes(&kv, own, KVGC_CLASS_FP16, pt, &full);
     if (!bounded || (prefilling && a.observe)) return full;
-    kvgc_kv_bytes(&kv, eff.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE ? own : n, KVGC_CLASS_FP16, 0, &raw);
+    kvgc_kv_bytes(&kv, (eff.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE || eff.prefix_charge == KVGC_PREFIX_CHARGE_SHRINK) ? own : n, KVGC_CLASS_FP16, 0, &raw);
     const uint64_t protect =
         std::min<uint64_t>(own, eff.window + (eff.sinks > cached ? eff.sinks - cached : 0));
     kvgc_kv_bytes(&kv, protect, KVGC_CLASS_FP16, pt, &kept);

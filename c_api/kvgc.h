@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 12
+#define KVGC_VERSION_MINOR 13
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.12.0"
+#define KVGC_VERSION_STRING "0.13.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -169,11 +169,23 @@ typedef enum kvgc_harvest {
  * tokens it keeps as if it held them, and decides as one that appended the prompt itself
  * (where ranking keys do not tie); its reads of demoted shared tokens are more precise.
  * kvgc_seq_fork pins nothing new: the copy is charged exactly as its source, so it decides
- * as the copy it replaces. */
+ * as the copy it replaces.
+ * SHRINK (0.13): PRUNE, and the shared pages shrink with their holders. A shared page
+ * (FP16) whose every holder counts each of its live slots at the ladder's first rung
+ * below FP16 (INT8 with the default ladder; INT4 when it is the only rung) or cheaper,
+ * or has evicted them, is re-stored once at that rung: its bytes shrink (FP16 to INT8:
+ * about half) and its holders read it there. A page no holder holds any more (every
+ * holder evicted its slots, so only cached prefixes keep it) shrinks too, once a holder
+ * has judged it so. A later attach reads the shrunk page at its class. The decisions are
+ * PRUNE's, but a holder may read a shared token at the rung it is charged at rather than
+ * above it, and a new holder reads shrunk pages at their class from the start. Needs a
+ * ladder with a rung below FP16 (kvgc_demote not OFF); else it is PRUNE.
+ * kvgc_stats.pages_shrunk counts the pages re-stored. */
 typedef enum kvgc_prefix_charge {
   KVGC_PREFIX_CHARGE_CACHE = 0,
   KVGC_PREFIX_CHARGE_VIEW = 1,
-  KVGC_PREFIX_CHARGE_PRUNE = 2
+  KVGC_PREFIX_CHARGE_PRUNE = 2,
+  KVGC_PREFIX_CHARGE_SHRINK = 3 /* (added in 0.13) */
 } kvgc_prefix_charge;
 
 /* Token generations (tiers): sinks and the young window are never evicted. */
@@ -743,7 +755,7 @@ KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const
                                         void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 7
+#define KVGC_STATS_VERSION 8
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -827,15 +839,19 @@ typedef struct kvgc_stats {
      their pages into their class's other slabs (device copies; nothing else changes) */
   uint64_t pages_migrated;     /* pages moved so */
   uint64_t slabs_evacuated;    /* slabs emptied so and given back to the arena */
+  /* version 8 (0.13): KVGC_PREFIX_CHARGE_SHRINK */
+  uint64_t pages_shrunk;       /* shared pages re-stored at a cheaper class */
+  uint64_t bytes_shrunk;       /* arena bytes that gave back */
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of versions 1 to 6, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 to 7, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 #define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
 #define KVGC_STATS_V3_SIZE (offsetof(kvgc_stats, cls_header))
 #define KVGC_STATS_V4_SIZE (offsetof(kvgc_stats, cached_only_bytes))
 #define KVGC_STATS_V5_SIZE (offsetof(kvgc_stats, cls_int2))
 #define KVGC_STATS_V6_SIZE (offsetof(kvgc_stats, pages_migrated))
+#define KVGC_STATS_V7_SIZE (offsetof(kvgc_stats, pages_shrunk))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

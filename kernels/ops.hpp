@@ -155,6 +155,10 @@ struct SelectOp {
   // shared page's. It takes no destination slot. Off: it moves to a private slot.
   bool charge_shared = false;
   uint16_t* page_live;        // out, [n_pages]: live slots per page after the op (host)
+  // out, [n_pages], or null: per page, bit c set when a live slot counts at class c
+  // (counted_class) after the op; 0 for a page with no live slot. The heap learns from
+  // it which shared pages every holder counts below their precision (runtime/shrink.cpp).
+  uint8_t* page_classes = nullptr;
   SelectResult* result;       // out (host)
   // Device executors: the heap's scratch (keys, sort buffers, decisions), reserved at
   // creation for the longest segment the arena can hold (Backend::gc_scratch_bytes).
@@ -185,6 +189,23 @@ struct CompactOp {
   PageLayout layout;
   const CompactMove* moves;  // applied in order (host array)
   uint32_t n_moves;
+};
+
+// Re-stores a shared page at a cheaper class (runtime/shrink.cpp): K and V of slots
+// [0, used) of `src` (layout src_layout) into the same slots of `dst` (dst_layout),
+// through the model dtype, as a demotion stores a token; every other byte of dst is
+// zeroed (dst is a fresh page: scrubbing), header included (holders keep their own).
+struct RequantPage {
+  const uint8_t* src;
+  uint8_t* dst;
+  uint32_t used;
+};
+// Pages are independent (no page appears twice). Enqueued on the engine's stream; never
+// synchronises.
+struct RequantOp {
+  PageLayout src_layout, dst_layout;
+  const RequantPage* pages;  // host array
+  uint32_t n_pages;
 };
 
 }  // namespace kvgc

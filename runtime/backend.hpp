@@ -80,6 +80,7 @@ class Backend : public host::HostAllocated {
     return Status::Ok();
   }
   virtual Status compact(const CompactOp& op, void* stream) = 0;
+  virtual Status requant(const RequantOp& op, void* stream) = 0;
   virtual Status attend(const AttendOp& op, void* stream) = 0;
   // Device scratch the heap must reserve (carved from its arena) so that attention can
   // run over a segment of up to max_tokens live tokens; 0 when the executor needs none.

@@ -21,7 +21,8 @@ Status ManagedHeap::check() {
   const uint32_t pt = opts_.page_tokens;
   uint64_t pages_in_tables = 0;
   std::unordered_set<PageId> seen;
-  std::unordered_map<PageId, uint64_t> refs;  // shared page -> header pages and prefixes naming it
+  std::unordered_map<PageId, uint64_t> refs;  // shared page -> header pages and prefixes
+  std::unordered_map<PageId, uint64_t> cheap;  // shared page -> cheap headers (shrink.cpp) naming it
   std::unordered_map<PageId, uint64_t> prefix_refs;  // ... of which prefixes
   std::vector<uint8_t> header;
   for (const auto& [id, s] : seqs_) {
@@ -48,13 +49,14 @@ Status ManagedHeap::check() {
           if (is_header(p)) {  // a shared page's header: the shared page must be sound
             const auto b = backing_.find(p);
             if (b == backing_.end()) return bad(segname + " holds a header page that names no shared page");
-            const PageId q = b->second;
+            const PageId q = b->second.page;
             if (!pool_.allocated(q) || !shared_.count(q)) return bad(segname + " reads a shared page that is not held");
             if (pool_.class_of(q) != cls) return bad(segname + " reads a shared page of another class");
             if (pool_.desc(q).owner != kSharedOwner) return bad(segname + " reads a shared page that has an owner");
             if (pool_.desc(p).used > pool_.desc(q).used)
               return bad(segname + " uses more slots of a shared page than it holds");
             ++refs[q];
+            cheap[q] += b->second.cheap;
           } else if (pool_.class_of(p) != cls) {
             return bad(segname + " holds a page of another class");
           }
@@ -86,11 +88,17 @@ Status ManagedHeap::check() {
               return bad(segname + " has position " + std::to_string(pos[slot]) + " twice");
             const uint8_t g = gen_of(gen[slot]);
             ++tiers[g];
+            if (is_header(p) && backing_.find(p)->second.cheap && !pending &&
+                class_rank(counted_class(gen[slot], uint32_t(cls))) < class_rank(uint32_t(shrink_class_)))
+              return bad(segname + " has a header marked as counting no slot above " +
+                         class_name(uint32_t(shrink_class_)) + " with a live slot counted at " +
+                         class_name(counted_class(gen[slot], uint32_t(cls))));
             if (const uint32_t c = charged_of(gen[slot])) {  // KVGC_PREFIX_CHARGE=prune
               // (A private page too: a partly filled shared tail copied before an append
-              // keeps its header's charges.)
-              if (opts_.prefix_charge != KVGC_PREFIX_CHARGE_PRUNE || c >= KVGC_CLASS_COUNT ||
-                  class_rank(c) <= class_rank(uint32_t(cls)))
+              // keeps its header's charges. At its own class: a page shrunk to the class
+              // the slot was charged at, shrink.cpp.)
+              if (!charges_in_place() || c >= KVGC_CLASS_COUNT ||
+                  class_rank(c) < class_rank(uint32_t(cls)))
                 return bad(segname + " has a slot charged at " + class_name(c) +
                            " without a demotion in place to that class");
               ++shift[c];
@@ -181,6 +189,10 @@ Status ManagedHeap::check() {
       return bad("shared page " + std::to_string(q) + " counts " + std::to_string(sp.refs) +
                  " holders but " + std::to_string(r == refs.end() ? 0 : r->second) + " hold it");
     if (seen.count(q)) return bad("shared page " + std::to_string(q) + " is also in a page table");
+    if (cheap[q] != sp.cheap)
+      return bad("shared page " + std::to_string(q) + " counts " + std::to_string(sp.cheap) +
+                 " holders counting no slot above the shrink class, but " + std::to_string(cheap[q]) + " are marked");
+    if (sp.cheap && shrink_class_ < 0) return bad("a heap that never shrinks has a header marked for it");
     const auto pr = prefix_refs.find(q);
     if ((pr == prefix_refs.end() ? 0 : pr->second) != sp.prefix_refs)
       return bad("shared page " + std::to_string(q) + " counts " + std::to_string(sp.prefix_refs) +

@@ -86,6 +86,9 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
 Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   // Every layer's GC is prepared, then launched together (gc_flush): the segment-by-
   // segment decisions, in one select_batch.
+  // Shared pages every holder has demoted shrink first (shrink.cpp): nothing in flight
+  // names a page here. Only for a live sequence: bad input changes nothing.
+  if (seqs_.count(seq)) KVGC_TRY(shrink_shared(stream));
   gc_reserve(model_.n_layers);  // before anything changes: the queue never grows midway
   Status st;
   try {
@@ -212,7 +215,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   size_t want_slots[KVGC_CLASS_COUNT] = {};
   // Tokens that could move into a class: those of dearer classes, less (=prune) those a
   // shared page holds, which are demoted in place.
-  const bool in_place = opts_.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE;
+  const bool in_place = charges_in_place();
   uint64_t movable[KVGC_CLASS_COUNT];
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) movable[c] = in_place ? private_live(seg.table[c]) : v.live[c];
   uint64_t dearer = movable[KVGC_CLASS_FP16];
@@ -331,6 +334,7 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   op.age_intermediate = g.age_intermediate;
   op.charge_shared = in_place;
   op.page_live = pend.page_live();
+  op.page_classes = pend.page_classes();
   op.result = pend.result();
   op.scratch = scratch_;  // device executors (shared with attention: same stream)
   op.scratch_bytes = scratch_bytes_;

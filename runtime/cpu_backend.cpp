@@ -95,6 +95,10 @@ class CpuBackend final : public Backend {
     cpu::compact(op);
     return Status::Ok();
   }
+  Status requant(const RequantOp& op, void*) override {
+    cpu::requant(op);
+    return Status::Ok();
+  }
   Status attend(const AttendOp& op, void*) override {
     // The pool starts with the first attention that can use it (heap calls are
     // serialised by the heap's lock). bad_alloc here is the C API's KVGC_ENOMEM, with

@@ -185,6 +185,13 @@ class CudaBackend final : public Backend {
     KVGC_CUDA(e, "compaction kernel launch");
     return Status::Ok();
   }
+  Status requant(const RequantOp& op, void* stream) override {
+    DeviceGuard g(ordinal_);
+    const cudaError_t e = cuda::requant(op, as_stream(stream));
+    KVGC_TRY(requant_status(e));
+    KVGC_CUDA(e, "requant kernel launch");
+    return Status::Ok();
+  }
   Status attend(const AttendOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
     const cudaError_t e = cuda::attend(op, op.scratch, op.scratch_bytes, n_sm_, as_stream(stream));

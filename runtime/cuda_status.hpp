@@ -30,6 +30,13 @@ inline Status compact_status(cudaError_t e) {
   return Status::Ok();
 }
 
+inline Status requant_status(cudaError_t e) {
+  if (e == cudaErrorInvalidValue)
+    return fail(KVGC_EINVAL, "requant: malformed pages (a null page, a destination not 16-byte "
+                             "aligned, a used count past page_tokens, or layouts of different shapes)");
+  return Status::Ok();
+}
+
 inline Status attend_status(cudaError_t e, const AttendOp& op) {
   if (e == cudaErrorNotSupported)
     return fail(KVGC_EUNSUPPORTED, "kvgc_attend: head_dim " + std::to_string(op.layout[0].head_dim) +

@@ -112,9 +112,9 @@ Status ManagedHeap::evacuate_slab(uint32_t slab, void* stream) {
         if (from == p) return to;
       return kNoPage;
     };
-    for (auto& [header, shared] : backing_)
-      if (const PageId to = moved(shared); to != kNoPage) {
-        shared = to;
+    for (auto& [header, b] : backing_)
+      if (const PageId to = moved(b.page); to != kNoPage) {
+        b.page = to;
         touch(segment_of(pool_.desc(header).owner));
       }
     for (auto& [id, e] : prefixes_)

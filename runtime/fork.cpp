@@ -80,10 +80,11 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
           if (!st.ok()) break;
           const PageId h = ft.pages[i];
           PageId q;
-          st = add_header(dst, layer, backing_.find(h)->second, page_ptr(h),
+          st = add_header(dst, layer, backing_.find(h)->second.page, page_ptr(h),
                           CopyKind::DeviceToDevice, stream, &q);
           if (!st.ok()) break;
           tt.pages.push_back(q);
+          if (backing_.find(h)->second.cheap) mark_cheap(q);  // the same slots and charges
           pool_.desc(q).used = pool_.desc(h).used;
           pool_.desc(q).live = pool_.desc(h).live;
         }
@@ -101,6 +102,8 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
       std::memcpy(to.pinned_tier, from.pinned_tier, sizeof to.pinned_tier);
       std::memcpy(to.shift, from.shift, sizeof to.shift);  // the headers' gen bytes are copied
     }
+    dst.attached_pages = src->attached_pages;  // its prompt's pages where the source's are
+    dst.attached_cls = src->attached_cls;
   } catch (...) {
     (void)seq_destroy(id);
     throw;

@@ -16,10 +16,12 @@
 namespace kvgc {
 namespace {
 
-// One block per segment: [SelectResult][page_live x cap][SegPage x cap][AppendRun x cap].
+// One block per segment:
+// [SelectResult][page_live x cap][page_classes x cap][SegPage x cap][AppendRun x cap].
 constexpr size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 size_t live_off() { return round16(sizeof(SelectResult)); }
-size_t pages_off(size_t cap) { return live_off() + round16(cap * sizeof(uint16_t)); }
+size_t classes_off(size_t cap) { return live_off() + round16(cap * sizeof(uint16_t)); }
+size_t pages_off(size_t cap) { return classes_off(cap) + round16(cap); }
 size_t runs_off(size_t cap) { return pages_off(cap) + round16(cap * sizeof(SegPage)); }
 size_t block_bytes(size_t cap) { return runs_off(cap) + round16(cap * sizeof(AppendRun)); }
 
@@ -27,6 +29,7 @@ size_t block_bytes(size_t cap) { return runs_off(cap) + round16(cap * sizeof(App
 
 SelectResult* PendingGc::result() const { return reinterpret_cast<SelectResult*>(buf); }
 uint16_t* PendingGc::page_live() const { return reinterpret_cast<uint16_t*>(buf + live_off()); }
+uint8_t* PendingGc::page_classes() const { return buf + classes_off(capacity); }
 SegPage* PendingGc::pages() const { return reinterpret_cast<SegPage*>(buf + pages_off(capacity)); }
 AppendRun* PendingGc::runs() const { return reinterpret_cast<AppendRun*>(buf + runs_off(capacity)); }
 
@@ -82,10 +85,16 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
   // appended after the issue were not in the op and are exact already). The op's pages
   // are in read order: each class's first n_pages at issue.
   // The FP16 table's pinned pages (prefix.cpp) come first and were not in the op.
+  // Header pages also learn which classes their live slots count at (shrink.cpp).
+  const uint8_t* page_classes = p.page_classes();
   uint32_t at = 0;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {
     const uint32_t skip = c == KVGC_CLASS_FP16 ? seg.pinned_pages : 0;
-    for (uint32_t i = 0; i < p.n_pages[c]; ++i) pool_.desc(seg.table[c].pages[skip + i]).live = page_live[at++];
+    for (uint32_t i = 0; i < p.n_pages[c]; ++i, ++at) {
+      const PageId page = seg.table[c].pages[skip + i];
+      pool_.desc(page).live = page_live[at];
+      if (shrink_class_ >= 0 && is_header(page)) note_classes(page, page_classes[at]);
+    }
   }
   if (p.n_pages[0]) {
     PageDesc& tail = pool_.desc(f.pages[seg.pinned_pages + p.n_pages[0] - 1]);

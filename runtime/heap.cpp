@@ -84,6 +84,8 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   constexpr size_t kAutoSlabFp16Pages = 8, kSlabStep = 64u << 10, kFp16OnlySlab = 2u << 20;
   const size_t fp16_page = h->layout_[KVGC_CLASS_FP16].bytes;
   const bool demotes = opts.policy != KVGC_POLICY_FULL && h->ladder_.n > 1;
+  // KVGC_PREFIX_CHARGE=shrink: shared pages go to the ladder's first rung below FP16.
+  if (h->opts_.prefix_charge == KVGC_PREFIX_CHARGE_SHRINK && demotes) h->shrink_class_ = h->ladder_.cls[1];
   const size_t stepped = (kAutoSlabFp16Pages * fp16_page + kSlabStep - 1) / kSlabStep * kSlabStep;
   const size_t auto_slab = demotes ? stepped / fp16_page * fp16_page : kFp16OnlySlab;
   const size_t slab = std::max<size_t>(opts.slab_bytes ? opts.slab_bytes : auto_slab, fp16_page);
@@ -248,12 +250,18 @@ void ManagedHeap::drop_page(uint32_t tenant, PageId id) {
   PageId shared = kNoPage;
   if (cls == kHeaderClass) {  // a holder lets go of a shared page
     const auto it = backing_.find(id);
-    shared = it->second;
+    shared = it->second.page;
+    if (it->second.cheap) --shared_.find(shared)->second.cheap;
     backing_.erase(it);
   }
   pool_.free(id);
   ++counters_.pages_freed;
-  if (shared != kNoPage) unref_shared(shared);
+  if (shared != kNoPage) {
+    unref_shared(shared);
+    // The holder that kept it from shrinking may have been this one.
+    if (shrink_class_ >= 0)
+      if (auto it = shared_.find(shared); it != shared_.end() && shrinkable(it->first, it->second)) ++shrink_ready_;
+  }
 }
 
 uint64_t ManagedHeap::tenant_room(uint32_t tenant) const {
@@ -664,6 +672,8 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->cow_copies = counters_.cow_copies;
   o->pages_migrated = counters_.pages_migrated;
   o->slabs_evacuated = counters_.slabs_evacuated;
+  o->pages_shrunk = counters_.pages_shrunk;
+  o->bytes_shrunk = counters_.bytes_shrunk;
   return Status::Ok();
 }
 

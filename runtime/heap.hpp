@@ -40,7 +40,7 @@ struct PendingGc {
   // result_alloc() memory, one block: the device writes the SelectResult and page_live;
   // the op's page list and demotion runs are read from here too, so their copies to
   // the device never wait for pageable memory.
-  uint8_t* buf = nullptr;
+  uint8_t* buf = nullptr;  // (page_classes follow page_live: shrink.cpp reads them)
   size_t buf_bytes = 0;
   uint32_t capacity = 0;        // pages (and runs) the block holds
   void* event = nullptr;        // marks the op's completion (null on the CPU)
@@ -49,6 +49,7 @@ struct PendingGc {
 
   SelectResult* result() const;
   uint16_t* page_live() const;
+  uint8_t* page_classes() const;
   SegPage* pages() const;
   AppendRun* runs() const;  // every class's runs, class 0's first
   AppendRun* runs(int cls) const {
@@ -146,6 +147,12 @@ struct SequenceState {
   uint32_t tenant = 0;
   uint32_t slot = 0;               // index into ManagedHeap::seq_slots_; segment ids derive from it
   host::vector<Segment> layers;    // one segment per layer
+  // KVGC_PREFIX_CHARGE=shrink (shrink.cpp): the class of each page an attach took,
+  // [layer * attached_pages + j], when any was stored below FP16 (then its header is in
+  // that class's table, not the FP16 one). Empty otherwise. kvgc_prefix_keep reads it
+  // to find the prompt's page j; a sequence's own pages follow in its FP16 table.
+  uint32_t attached_pages = 0;
+  host::vector<uint8_t> attached_cls;
 };
 
 // A cached prefix (prefix.cpp): the shared pages of a finished prefill, kept for later
@@ -181,6 +188,7 @@ struct Counters {
   uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_tokens_attached = 0, prefix_evictions = 0;
   uint64_t pages_shared = 0, cow_copies = 0;
   uint64_t pages_migrated = 0, slabs_evacuated = 0;
+  uint64_t pages_shrunk = 0, bytes_shrunk = 0;
 };
 
 class ManagedHeap : public host::HostAllocated {
@@ -277,7 +285,7 @@ class ManagedHeap : public host::HostAllocated {
   }
   // The page holding p's K/V when p is a header page, else null (p holds its own).
   const uint8_t* kv_of(PageId p) const {
-    return is_header(p) ? page_ptr(backing_.find(p)->second) : nullptr;
+    return is_header(p) ? page_ptr(backing_.find(p)->second.page) : nullptr;
   }
   // Makes page `index` of the segment's class-`cls` table shared: its slot metadata moves
   // to a new header page that takes its place in the table. Copies no K/V byte.
@@ -329,6 +337,19 @@ class ManagedHeap : public host::HostAllocated {
   }
   bool tail_shared(const PageTable& t) const { return tail_of(t).shared(opts_.page_tokens); }
   void unref_shared(PageId shared);
+  // Shared pages stored below their class (shrink.cpp, KVGC_PREFIX_CHARGE=shrink).
+  // shrink_class_: the class they go to (the ladder's first rung below FP16), -1 when
+  // the heap does not shrink. note_classes records a GC's page_classes for the header
+  // pages among a segment's pages; shrink_shared re-stores every shared page all of whose
+  // holders count it at shrink_class_ or below, when nothing in flight names a page.
+  bool charges_in_place() const {
+    return opts_.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE || opts_.prefix_charge == KVGC_PREFIX_CHARGE_SHRINK;
+  }
+  struct SharedPage;
+  void note_classes(PageId header, uint8_t classes);
+  void mark_cheap(PageId header);
+  bool shrinkable(PageId shared, const SharedPage& sp) const;
+  Status shrink_shared(void* stream);
   // Bytes the tenant is charged: its tables' pages (private and header) and the shared
   // pages it created.
   uint64_t tenant_bytes_now(uint32_t tenant) const;
@@ -439,11 +460,23 @@ class ManagedHeap : public host::HostAllocated {
     uint32_t refs = 0;    // header pages naming it + cached prefixes holding it
     uint32_t tenant = 0;  // charged once, to the tenant whose sequence created it
     uint32_t prefix_refs = 0;  // of refs, cached prefixes (all of them: no sequence holds it)
+    // KVGC_PREFIX_CHARGE=shrink (shrink.cpp): headers naming it whose holder counts every
+    // live slot at the shrink class or below (Backing::cheap), and whether any holder
+    // ever did (a holder whose GC evicted all of the page's slots counts).
+    uint32_t cheap = 0;
+    bool judged = false;
     bool cached_only() const { return refs == prefix_refs; }  // evicting prefixes frees it
+    uint32_t holders() const { return refs - prefix_refs; }
   };
   host::unordered_map<PageId, SharedPage> shared_;  // shared page -> its holders
-  host::unordered_map<PageId, PageId> backing_;     // header page -> its shared page
+  struct Backing {
+    PageId page;         // the shared page a header page reads
+    bool cheap = false;  // its holder's last GC counted no live slot above the shrink class
+  };
+  host::unordered_map<PageId, Backing> backing_;    // header page -> its shared page
   size_t header_bytes_ = 0;                         // a header: the layout's bytes before K
+  int shrink_class_ = -1;
+  uint64_t shrink_ready_ = 0;  // pages found shrinkable since the last pass (a hint)
   host::unordered_map<kvgc_prefix, PrefixEntry> prefixes_;
   host::unordered_multimap<uint64_t, kvgc_prefix> prefix_index_;  // page hash -> prefixes
   kvgc_prefix next_prefix_ = 1;

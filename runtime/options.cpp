@@ -47,7 +47,8 @@ constexpr Choice kHarvests[] = {{"deferred", KVGC_HARVEST_DEFERRED},
                                 {"immediate", KVGC_HARVEST_IMMEDIATE}};
 constexpr Choice kPrefixCharges[] = {{"cache", KVGC_PREFIX_CHARGE_CACHE},
                                      {"view", KVGC_PREFIX_CHARGE_VIEW},
-                                     {"prune", KVGC_PREFIX_CHARGE_PRUNE}};
+                                     {"prune", KVGC_PREFIX_CHARGE_PRUNE},
+                                     {"shrink", KVGC_PREFIX_CHARGE_SHRINK}};
 constexpr Choice kLayerBudgets[] = {{"uniform", KVGC_LAYER_BUDGET_UNIFORM},
                                     {"pyramid", KVGC_LAYER_BUDGET_PYRAMID},
                                     {"entropy", KVGC_LAYER_BUDGET_ENTROPY}};
@@ -229,11 +230,12 @@ const Row kRows[] = {
        int v;
        return parse_choice(kHarvests, s, &v) && (o->harvest = kvgc_harvest(v), true);
      }},
-    {{"KVGC_PREFIX_CHARGE", "cache|view|prune", "cache",
+    {{"KVGC_PREFIX_CHARGE", "cache|view|prune|shrink", "cache",
       "who pays for tokens attached from the prefix cache: the cache (kept whole in every "
       "holder's view, charged once), each holder (pruned like its own tokens, demoted ones "
       "copied), or prune: each holder as view decides, a demoted shared token charged at "
-      "its rung but read from the shared page (no copy)"},
+      "its rung but read from the shared page (no copy); shrink: prune, and a shared page "
+      "every holder counts at the ladder's first rung below fp16 or cheaper is re-stored there"},
      [](const std::string& s, kvgc_heap_options* o) {
        int v;
        return parse_choice(kPrefixCharges, s, &v) && (o->prefix_charge = kvgc_prefix_charge(v), true);
@@ -341,8 +343,8 @@ Status options_validate(const kvgc_heap_options& o) {
   if (raw_enum(o.harvest) != KVGC_HARVEST_DEFERRED && raw_enum(o.harvest) != KVGC_HARVEST_IMMEDIATE)
     return bad("harvest", "must be KVGC_HARVEST_DEFERRED or _IMMEDIATE");
   if (raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_CACHE && raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_VIEW &&
-      raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_PRUNE)
-    return bad("prefix_charge", "must be KVGC_PREFIX_CHARGE_CACHE, _VIEW or _PRUNE");
+      raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_PRUNE && raw_enum(o.prefix_charge) != KVGC_PREFIX_CHARGE_SHRINK)
+    return bad("prefix_charge", "must be KVGC_PREFIX_CHARGE_CACHE, _VIEW, _PRUNE or _SHRINK");
   if (o.cpu_threads < 1 || o.cpu_threads > kMaxThreads)
     return bad("cpu_threads", "must be in 1..256 (KVGC_THREADS=auto counts the CPUs of the "
                               "affinity mask)");

@@ -98,14 +98,37 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
                                    " at layer " + std::to_string(l) + " nor a multiple of page_tokens (" +
                                    std::to_string(pt) + ") below it (keep a prompt, or its first "
                                    "whole pages, right after appending it)");
-    // Untouched by the GC: every token live, fp16, in append order, none ranked.
-    if (seg.table[KVGC_CLASS_FP16].live != seg.length || !seg.table[KVGC_CLASS_INT8].pages.empty() ||
-        !seg.table[KVGC_CLASS_INT4].pages.empty() || seg.tier[kGenIntermediate] || seg.tier[kGenLongTerm])
+    // Untouched by the GC: every token live, in append order, none ranked; fp16 but for
+    // the shrunk pages an attach took (shrink.cpp), which are in their classes' tables.
+    bool untouched = seg.live() == seg.length && !seg.tier[kGenIntermediate] && !seg.tier[kGenLongTerm];
+    for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
+      if (c != KVGC_CLASS_FP16) {
+        uint64_t attached = 0;
+        for (uint32_t j = 0; j < s->attached_pages; ++j) attached += s->attached_cls[size_t(l) * s->attached_pages + j] == c;
+        untouched &= seg.table[c].pages.size() == attached;
+      }
+    if (!untouched)
       return fail(KVGC_EINVAL, "kvgc_prefix_keep: a kvgc_step already ranked seq " + std::to_string(seq) +
                                    "'s tokens at layer " + std::to_string(l) +
                                    " (keep a prompt right after appending it, before its first step)");
   }
   const uint32_t n_pages = uint32_t((n + pt - 1) / pt);
+  // Page i of layer l's prompt: its class and its index in that class's table. Pages an
+  // attach took come first, each in its class's table; the sequence's own follow in its
+  // FP16 table.
+  host::vector<std::pair<uint8_t, uint32_t>> where(size_t(L) * n_pages);
+  for (uint32_t l = 0; l < L; ++l) {
+    uint32_t next[KVGC_CLASS_COUNT] = {};
+    for (uint32_t i = 0; i < n_pages; ++i) {
+      const uint8_t c = i < s->attached_pages ? s->attached_cls[size_t(l) * s->attached_pages + i]
+                                              : uint8_t(KVGC_CLASS_FP16);
+      where[size_t(l) * n_pages + i] = {c, next[c]++};
+    }
+  }
+  auto page_at = [&](uint32_t l, uint32_t i) -> PageId& {
+    const auto [c, k] = where[size_t(l) * n_pages + i];
+    return s->layers[l].table[c].pages[k];
+  };
   host::vector<uint64_t> hashes(n_pages);
   uint64_t prev = chain_seed(s->tenant, salt);
   for (uint32_t i = 0; i < n_pages; ++i)
@@ -125,17 +148,22 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
     }
   }
   uint64_t need = 0, twins = 0;  // header pages: one per kept page still held privately
-  for (const Segment& seg : s->layers)
+  // A twin's page serves where it is still FP16 (a shrunk one holds other bytes).
+  auto twin_page = [&](uint32_t l, uint32_t i) {
+    const PageId p = twin[i] ? twin[i]->pages[size_t(l) * twin[i]->n_pages + i] : kNoPage;
+    return p != kNoPage && pool_.class_of(p) == KVGC_CLASS_FP16 ? p : kNoPage;
+  };
+  for (uint32_t l = 0; l < L; ++l)
     for (uint32_t i = 0; i < n_pages; ++i) {
-      const bool own = !is_header(seg.table[KVGC_CLASS_FP16].pages[i]);
+      const bool own = !is_header(page_at(l, i));
       need += own;
-      twins += own && twin[i];
+      twins += own && twin_page(l, i) != kNoPage;
     }
   auto rebind_twins = [&]() -> Status {
     for (uint32_t l = 0; l < L; ++l)
       for (uint32_t i = 0; i < n_pages; ++i)
-        if (twin[i] && !is_header(s->layers[l].table[KVGC_CLASS_FP16].pages[i]))
-          KVGC_TRY(rebind_to_shared(*s, l, i, twin[i]->pages[size_t(l) * twin[i]->n_pages + i], stream));
+        if (const PageId p = twin_page(l, i); p != kNoPage && !is_header(page_at(l, i)))
+          KVGC_TRY(rebind_to_shared(*s, l, where[size_t(l) * n_pages + i].second, p, stream));
     return Status::Ok();
   };
   // The same ids, seen by the same sequences: that prefix serves, and the sequence reads
@@ -183,14 +211,13 @@ Status ManagedHeap::prefix_keep(kvgc_seq seq, const int32_t* ids, uint64_t n, ui
   prefixes_.reserve(prefixes_.size() + 1);
   prefix_index_.reserve(prefix_index_.size() + n_pages);
   KVGC_TRY(rebind_twins());
-  for (uint32_t l = 0; l < L; ++l) {
-    PageTable& t = s->layers[l].table[KVGC_CLASS_FP16];
+  for (uint32_t l = 0; l < L; ++l)
     for (uint32_t i = 0; i < n_pages; ++i) {
       // Pages made shared stay so if a later one fails: the same tokens, read the same way.
-      KVGC_TRY(share(*s, l, KVGC_CLASS_FP16, i, stream));
-      e.pages[size_t(l) * n_pages + i] = backing_.find(t.pages[i])->second;
+      const auto [c, k] = where[size_t(l) * n_pages + i];
+      KVGC_TRY(share(*s, l, c, k, stream));
+      e.pages[size_t(l) * n_pages + i] = backing_.find(page_at(l, i))->second.page;
     }
-  }
   const kvgc_prefix id = e.id;
   PrefixEntry& kept = prefixes_.emplace(id, std::move(e)).first->second;  // may throw: nothing counted yet
   try {
@@ -316,29 +343,48 @@ Status ManagedHeap::prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, 
       live[slot / 32] |= 1u << (slot % 32);
     }
   }
+  // Each header goes to the table of its page's class: a shrunk page (shrink.cpp) is
+  // read at its class from the start. The classes are recorded for kvgc_prefix_keep.
+  auto page_of = [&](uint32_t l, uint64_t j) {
+    const PrefixEntry& e = *match[j].e;
+    return e.pages[size_t(l) * e.n_pages + j];
+  };
+  bool shrunk = false;
+  for (uint32_t l = 0; l < L && !shrunk; ++l)
+    for (uint64_t j = 0; j < m && !shrunk; ++j) shrunk = pool_.class_of(page_of(l, j)) != KVGC_CLASS_FP16;
   try {
+    s->attached_pages = 0;
+    s->attached_cls.clear();
+    if (shrunk) s->attached_cls.resize(size_t(L) * m);
     for (uint32_t l = 0; l < L && st.ok(); ++l) {
-      PageTable& t = s->layers[l].table[KVGC_CLASS_FP16];
-      t.pages.reserve(m);
+      for (PageTable& t : s->layers[l].table) t.pages.reserve(m);
       for (uint64_t j = 0; j < m && st.ok(); ++j) {
-        PrefixEntry& e = *match[j].e;
+        const PageId shared = page_of(l, j);
+        const int cls = pool_.class_of(shared);
         PageId h;
-        st = add_header(*s, l, e.pages[size_t(l) * e.n_pages + j], tmpl + j * hbytes,
-                        CopyKind::HostToDevice, stream, &h);
+        st = add_header(*s, l, shared, tmpl + j * hbytes, CopyKind::HostToDevice, stream, &h);
         if (!st.ok()) break;
         pool_.desc(h).used = pool_.desc(h).live = uint16_t(match[j].used);
+        PageTable& t = s->layers[l].table[cls];
         t.pages.push_back(h);
+        t.used += match[j].used;
+        t.live += match[j].used;
+        if (shrunk) s->attached_cls[size_t(l) * m + j] = uint8_t(cls);
       }
     }
+    if (shrunk) s->attached_pages = uint32_t(m);
   } catch (...) {  // the sequence holds nothing again
     unbusy();
     for (Segment& seg : s->layers) free_pages(s->tenant, seg);
+    s->attached_cls.clear();
     throw;
   }
   if (st.ok() && backend_->kind() != KVGC_DEVICE_CPU) st = staging_.enqueued(*backend_, stream);
   unbusy();
   if (!st.ok()) {  // undo: the sequence holds nothing again
     for (Segment& seg : s->layers) free_pages(s->tenant, seg);
+    s->attached_pages = 0;
+    s->attached_cls.clear();
     return fail(st.code, "kvgc_prefix_attach: " + st.msg);
   }
   const uint64_t sinks = std::min<uint64_t>(opts_.sinks, tokens);
@@ -346,8 +392,6 @@ Status ManagedHeap::prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, 
   const bool pin = opts_.prefix_charge == KVGC_PREFIX_CHARGE_CACHE;
   const uint64_t pinned = pin ? uint64_t(k) * pt : 0, pinned_sinks = std::min<uint64_t>(opts_.sinks, pinned);
   for (Segment& seg : s->layers) {
-    PageTable& t = seg.table[KVGC_CLASS_FP16];
-    t.used = t.live = tokens;
     seg.length = tokens;
     seg.tier[kGenSink] = sinks;
     seg.tier[kGenYoung] = tokens - sinks;

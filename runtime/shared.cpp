@@ -38,7 +38,7 @@ Status ManagedHeap::add_header(const SequenceState& holder, uint32_t layer, Page
     return st;
   }
   try {
-    backing_.emplace(h, shared);  // a node: may throw even with the buckets reserved
+    backing_.emplace(h, Backing{shared});  // a node: may throw even with the buckets reserved
   } catch (...) {
     undo();
     throw;

@@ -34,6 +34,7 @@ class FakeDevice final : public Backend {
   Status observe(const ObserveOp&, void*) override { return Status::Ok(); }
   Status select(const SelectOp&, void*) override { return Status::Ok(); }
   Status compact(const CompactOp&, void*) override { return Status::Ok(); }
+  Status requant(const RequantOp&, void*) override { return Status::Ok(); }
   Status attend(const AttendOp&, void*) override { return Status::Ok(); }
   size_t attend_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override { return 0; }
   size_t gc_scratch_bytes(uint64_t, const kvgc_model_desc&, uint32_t) const override { return 0; }

@@ -62,6 +62,9 @@ const Workload kWorkloads[] = {
     // ... or each decides as VIEW and demotes shared tokens in place (PRUNE, 0.8).
     {"prefix-prune", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
      KVGC_PREFIX_CHARGE_PRUNE},
+    // ... and shared pages every holder demoted re-stored at int8 (SHRINK, 0.13).
+    {"prefix-shrink", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
+     KVGC_PREFIX_CHARGE_SHRINK},
 };
 
 // What a child reports through its pipe.

@@ -17,6 +17,8 @@
 #include <random>
 
 #include "../c_api/kvgc.hpp"
+#include "../kernels/cpu/quant.hpp"
+#include "../kernels/page_layout.hpp"
 #include "attend_reference.hpp"
 #include "gc_util.hpp"
 
@@ -851,6 +853,174 @@ TEST_CASE("prefix cache, charged as prune: holders decide as unshared, hold only
     REQUIRE(kvgc_tenant_usage(H.h, 2, &used_own, &limit) == KVGC_OK);
     MESSAGE("config " << config << ": holders " << used_shared << " B, unshared " << used_own << " B");
     CHECK(used_shared < used_own);
+    H.check();
+  }
+}
+
+TEST_CASE("prefix cache, charged as shrink: pages every holder demoted are re-stored at int8, read there, and attached and kept as such") {
+  // KVGC_PREFIX_CHARGE=shrink (runtime/shrink.cpp): prune's decisions (the same positions,
+  // charged classes, generations and scores as unshared sequences fed the same mass), and
+  // a shared page whose every holder counts each live slot at int8 or below is re-stored
+  // at int8: its holders then read exactly the int8 rendering of the prompt there (what an
+  // unshared sequence reads of a token it demoted to int8), the pages' tenant holds fewer
+  // bytes, and a later sequence attaches the shrunk pages, keeps a prompt past them, and
+  // forks, with the walker green throughout. Without a ladder nothing shrinks.
+  for (int config = 0; config < 2; ++config) {
+    CAPTURE(config);
+    kvgc_heap_options o = config == 0 ? gc_options(KVGC_POLICY_H2O, 60) : gc_options(KVGC_POLICY_GENERATIONAL, 0);
+    o.budget_bytes = 32 << 20;
+    o.demote = config == 0 ? KVGC_DEMOTE_OFF : KVGC_DEMOTE_LADDER;
+    if (config == 1) o.byte_budget_fraction = 0.3;
+    o.prefix_charge = KVGC_PREFIX_CHARGE_SHRINK;
+    Heap H(o, model(2, 2, 32));
+    const uint32_t P = 150, pt = o.page_tokens;
+    const auto ids = prompt_ids(P);
+    kvgc_seq keeper;
+    REQUIRE(kvgc_seq_create(H.h, 3, &keeper) == KVGC_OK);
+    append_prompt(H, keeper, 0, P);
+    keep(H, keeper, ids, /*salt=*/42);
+    REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+    uint64_t cache_bytes0 = 0, limit = 0;
+    REQUIRE(kvgc_tenant_usage(H.h, 3, &cache_bytes0, &limit) == KVGC_OK);
+    constexpr int N = 3;
+    kvgc_seq shared[N], own[N];
+    for (int i = 0; i < N; ++i) {
+      REQUIRE(kvgc_seq_create(H.h, 1, &shared[i]) == KVGC_OK);
+      REQUIRE(kvgc_seq_create(H.h, 2, &own[i]) == KVGC_OK);
+      CHECK(attach(H, shared[i], ids, 42) == P);
+      append_prompt(H, own[i], 0, P);
+    }
+    auto observe = [&](kvgc_seq s, uint32_t l, int round) {  // the same mass by position
+      const Image im = image(H, s, l);
+      std::vector<float> mass(im.pos.size());
+      for (size_t j = 0; j < mass.size(); ++j) {
+        uint64_t h = uint64_t(im.pos[j]) * 0x9e3779b97f4a7c15ull ^ (uint64_t(round) * 7919 + l);
+        h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 32;
+        mass[j] = float(double(h >> 40) / double(1 << 24)) * (im.pos[j] % 13 == 0 ? 4.0f : 1.0f);
+      }
+      REQUIRE(kvgc_observe(H.h, s, l, mass.data(), mass.size(), nullptr) == KVGC_OK);
+    };
+    int64_t len = P;
+    for (int round = 0; round < 30; ++round) {
+      const uint32_t n = round == 0 ? 20 : 1 + round % 3;
+      for (int i = 0; i < N; ++i) {
+        for (kvgc_seq s : {shared[i], own[i]})
+          for (uint32_t l = 0; l < 2; ++l) {
+            const auto k = gaussian(H.m, 77 + uint64_t(i), l, len, n, false), v = gaussian(H.m, 77 + uint64_t(i), l, len, n, true);
+            REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+            observe(s, l, round);
+          }
+        CHECK(H.step(shared[i]) == H.step(own[i]));
+      }
+      len += n;
+      if (round % 10 == 0) H.check();
+    }
+    const kvgc_stats st = H.stats();
+    MESSAGE("config " << config << ": " << st.pages_shrunk << " pages shrunk, " << st.bytes_shrunk << " B");
+    CHECK((st.pages_shrunk > 0) == (config == 1));
+    CHECK((st.bytes_shrunk > 0) == (config == 1));
+    // The int8 rendering of a prompt token (K or V, every head): fp16 re-stored, read back.
+    const kvgc::PageLayout L8 = kvgc::PageLayout::make(pt, H.m.n_kv_heads, H.m.head_dim, H.m.dtype, KVGC_CLASS_INT8);
+    const size_t tok = token_bytes(H.m), row = tok / H.m.n_kv_heads;
+    auto rendered = [&](const uint8_t* src) {
+      std::vector<uint8_t> page(L8.bytes), out(tok);
+      for (uint32_t h = 0; h < H.m.n_kv_heads; ++h) {
+        kvgc::cpu::store_row(L8, page.data(), h, 0, false, src + h * row);
+        kvgc::cpu::load_row(L8, page.data(), h, 0, false, out.data() + h * row);
+      }
+      return out;
+    };
+    // Reads of prompt tokens: the source where the page is still fp16, else its rendering.
+    auto check_prompt_reads = [&](const Image& a, uint32_t l, const Image* unshared) {
+      size_t at_int8 = 0;
+      const std::vector<size_t> ra = by_position(a);
+      const std::vector<size_t> rb = unshared ? by_position(*unshared) : std::vector<size_t>{};
+      const int64_t prompt_end = int64_t(P / pt * pt);  // whole shared pages
+      const auto src_k = gaussian(H.m, kPromptKey, l, 0, uint32_t(prompt_end), false);
+      const auto src_v = gaussian(H.m, kPromptKey, l, 0, uint32_t(prompt_end), true);
+      for (size_t j = 0; j < ra.size(); ++j) {
+        const int64_t p = a.pos[ra[j]];
+        if (p >= prompt_end) continue;
+        const uint8_t* k = a.k.data() + ra[j] * tok;
+        const uint8_t* v = a.v.data() + ra[j] * tok;
+        if (std::memcmp(k, src_k.data() + size_t(p) * tok, tok) == 0) {
+          CHECK(std::memcmp(v, src_v.data() + size_t(p) * tok, tok) == 0);
+          continue;
+        }
+        ++at_int8;
+        CHECK(a.cls[ra[j]] != KVGC_CLASS_FP16);  // only pages no holder counts at fp16 shrink
+        CHECK(std::memcmp(k, rendered(src_k.data() + size_t(p) * tok).data(), tok) == 0);
+        CHECK(std::memcmp(v, rendered(src_v.data() + size_t(p) * tok).data(), tok) == 0);
+        if (unshared && a.cls[ra[j]] == KVGC_CLASS_INT8)  // what the unshared copy demoted reads
+          CHECK(std::memcmp(k, unshared->k.data() + rb[j] * tok, tok) == 0);
+      }
+      return at_int8;
+    };
+    size_t read_at_int8 = 0;
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < 2; ++l) {
+        const Image a = image(H, shared[i], l), b = image(H, own[i], l);
+        const std::vector<size_t> ra = by_position(a), rb = by_position(b);
+        REQUIRE(ra.size() == rb.size());
+        for (size_t j = 0; j < ra.size(); ++j) {  // prune's decisions
+          CHECK(a.pos[ra[j]] == b.pos[rb[j]]);
+          CHECK(a.cls[ra[j]] == b.cls[rb[j]]);
+          CHECK(a.gen[ra[j]] == b.gen[rb[j]]);
+          CHECK(a.score[ra[j]] == b.score[rb[j]]);
+        }
+        read_at_int8 += check_prompt_reads(a, l, &b);
+      }
+    CHECK((read_at_int8 > 0) == (config == 1));
+    // Attention reads what kvgc_read reads.
+    std::mt19937 rng(uint32_t(config) + 11);
+    std::normal_distribution<float> gauss(0.f, 1.f);
+    const size_t eb = elem_bytes(H.m);
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < 2; ++l) {
+        std::vector<uint8_t> q(size_t(H.m.n_q_heads) * H.m.head_dim * eb);
+        for (size_t e = 0; e < q.size() / eb; ++e) kvgc::cpu::store(&q[e * eb], H.m.dtype, 2.0f * gauss(rng));
+        const Reference ref = reference(H.h, H.m, shared[i], l, q, 1, 1.0 / std::sqrt(double(H.m.head_dim)));
+        std::vector<uint8_t> out(q.size(), 0xA5);
+        REQUIRE(kvgc_attend(H.h, shared[i], l, q.data(), 1, out.data(), nullptr, nullptr) == KVGC_OK);
+        CHECK(rel_err(ref.out, to_float(out, H.m.dtype)) < output_bound(H.m.dtype));
+      }
+    // The shared pages' tenant holds fewer bytes once they shrink.
+    uint64_t cache_bytes = 0;
+    REQUIRE(kvgc_tenant_usage(H.h, 3, &cache_bytes, &limit) == KVGC_OK);
+    CHECK((cache_bytes < cache_bytes0) == (config == 1));
+    CHECK(cache_bytes0 - cache_bytes == st.bytes_shrunk);
+    H.check();
+
+    // A later sequence attaches the shrunk pages (each header in its page's class table),
+    // reads them at int8 from the start, appends, keeps a longer prompt past them, and a
+    // third attaches that whole; a fork of a holder reads as the holder.
+    kvgc_seq late, later, fork;
+    REQUIRE(kvgc_seq_create(H.h, 1, &late) == KVGC_OK);
+    CHECK(attach(H, late, ids, 42) == P);
+    H.check();
+    const uint32_t more = 5 * pt - P % pt;  // to a page boundary, then whole pages
+    append_prompt(H, late, P, more);
+    const auto ids2 = prompt_ids(P + more);
+    keep(H, late, ids2, 42);
+    H.check();
+    REQUIRE(kvgc_seq_create(H.h, 1, &later) == KVGC_OK);
+    CHECK(attach(H, later, ids2, 42) == P + more);
+    for (uint32_t l = 0; l < 2; ++l) {
+      const Image a = image(H, late, l), c = image(H, later, l);
+      CHECK(a.pos.size() == P + more);
+      CHECK((check_prompt_reads(a, l, nullptr) > 0) == (config == 1));
+      const std::vector<size_t> ra = by_position(a), rc = by_position(c);
+      for (size_t j = 0; j < rc.size(); ++j) {  // the same bytes at the same positions
+        CHECK(c.pos[rc[j]] == a.pos[ra[j]]);
+        CHECK(std::memcmp(c.k.data() + rc[j] * tok, a.k.data() + ra[j] * tok, tok) == 0);
+      }
+    }
+    REQUIRE(kvgc_seq_fork(H.h, shared[0], 1, &fork, nullptr) == KVGC_OK);
+    for (uint32_t l = 0; l < 2; ++l) CHECK(image(H, fork, l) == image(H, shared[0], l));
+    H.check();
+    for (kvgc_seq s : {late, later, fork}) REQUIRE(kvgc_seq_destroy(H.h, s) == KVGC_OK);
+    for (int i = 0; i < N; ++i) REQUIRE(kvgc_seq_destroy(H.h, shared[i]) == KVGC_OK);
     H.check();
   }
 }

@@ -336,17 +336,34 @@ void select(const SelectOp& op) {
   for (uint32_t p = 0; p < op.n_pages; ++p) {
     const SegPage& sp = op.pages[p];
     const PageLayout& L = op.layout[sp.cls];
-    uint32_t k = 0;
+    uint32_t k = 0, classes = 0;
     for_live(sp.page, L, [&](uint32_t s) {
       ++k;
       const uint8_t g = gen_at(sp.page, L, s);
       ++r.tier[gen_of(g)];
       if (charged_of(g)) ++r.shift[charged_of(g)], --r.shift[sp.cls];
+      classes |= 1u << counted_class(g, sp.cls);
     });
     op.page_live[p] = uint16_t(k);
+    if (op.page_classes) op.page_classes[p] = uint8_t(classes);
     r.live[sp.cls] += k;
   }
   *op.result = r;
+}
+
+void requant(const RequantOp& op) {
+  const PageLayout &Ls = op.src_layout, &Ld = op.dst_layout;
+  host::vector<uint8_t> row(size_t(Ls.head_dim) * dtype_bytes(Ls.dtype));
+  for (uint32_t p = 0; p < op.n_pages; ++p) {
+    const RequantPage& rp = op.pages[p];
+    std::memset(rp.dst, 0, Ld.bytes);
+    for (uint32_t s = 0; s < rp.used; ++s)
+      for (uint32_t h = 0; h < Ls.n_kv_heads; ++h)
+        for (bool v : {false, true}) {
+          load_row(Ls, rp.src, h, s, v, row.data());
+          store_row(Ld, rp.dst, h, s, v, row.data());
+        }
+  }
 }
 
 void compact(const CompactOp& op) {

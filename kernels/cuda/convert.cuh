@@ -182,4 +182,45 @@ __device__ inline float row_element(const uint8_t* page, const PageLayout& L, ui
   return load(row + d * elem_bytes(L.dtype), L.dtype);
 }
 
+// quant.cpp's load_row then store_row, block-wide: (head h, slot s)'s K (v = false) or V
+// row of a page of layout Ls (`src`: where its K/V are) re-stored into (head h, slot d)
+// of `dst` (layout Ld, same model dtype) through the model dtype. INT8: the row's scale,
+// then each element; INT4 and INT2: a thread per group; FP16: each element stored (an
+// FP16 source's bits copied as they are, as the CPU's memcpy). Every thread of the block
+// calls it (uniform arguments); `row` (head_dim floats) and `scale` are the caller's
+// shared memory, free again when it returns (it ends with a barrier). Writes only the
+// row's codes / elements and its quantisation words.
+__device__ inline void restore_row(const uint8_t* src, const PageLayout& Ls, uint32_t s, uint8_t* dst,
+                                   const PageLayout& Ld, uint32_t d, uint32_t h, bool v, float* row,
+                                   uint16_t* scale) {
+  const uint32_t hd = Ls.head_dim;
+  uint8_t* out = dst + (v ? Ld.v_off : Ld.k_off) + h * Ld.head_stride + d * Ld.slot_stride;
+  if (Ld.cls == KVGC_CLASS_FP16) {
+    const uint32_t eb = elem_bytes(Ld.dtype);
+    if (Ls.cls == KVGC_CLASS_FP16) {
+      const uint8_t* in = src + (v ? Ls.v_off : Ls.k_off) + h * Ls.head_stride + s * Ls.slot_stride;
+      for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
+        for (uint32_t b = 0; b < eb; ++b) out[e * eb + b] = in[e * eb + b];
+    } else {
+      for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
+        store(out + e * eb, Ld.dtype, row_element(src, Ls, h, s, v, e));
+    }
+    __syncthreads();
+    return;
+  }
+  for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) row[e] = row_element(src, Ls, h, s, v, e);
+  __syncthreads();
+  uint16_t* qp = reinterpret_cast<uint16_t*>(dst + (v ? Ld.vq_off : Ld.kq_off)) + Ld.qparam_index(h, d);
+  if (Ld.cls == KVGC_CLASS_INT8) {
+    if (threadIdx.x == 0) *scale = *qp = int8_scale(row, Ld.dtype, hd);
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
+      reinterpret_cast<int8_t*>(out)[e] = int8_quantize(row[e], *scale, Ld.dtype);
+  } else {
+    for (uint32_t grp = threadIdx.x; grp < hd / Ld.group; grp += blockDim.x)
+      quantize_group(row, Ld.dtype, Ld.group, grp, out, qp, group_bits(Ld.cls));
+  }
+  __syncthreads();
+}
+
 }  // namespace kvgc::cuda::dev

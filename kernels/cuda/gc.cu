@@ -1,11 +1,13 @@
-// CUDA observe and compact (kernels/cpu/gc.cpp is the specification). Both travel as
-// kernel parameters, chunked like copy.cu's append and gather, and never synchronise.
+// CUDA observe, compact and requant (kernels/cpu/gc.cpp is the specification). All
+// travel as kernel parameters, chunked like copy.cu's append and gather, and never
+// synchronise.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
 
 #include "../../allocator/host_memory.hpp"
 #include "../score.hpp"
+#include "convert.cuh"
 #include "gc.cuh"
 
 namespace kvgc::cuda {
@@ -17,6 +19,7 @@ constexpr int kThreads = 256;
 constexpr uint32_t kObserveChunk = 768;   // 32 B a page: 24 KiB of parameters
 constexpr uint32_t kMoveChunk = 768;      // 32 B a move
 constexpr uint32_t kFixChunk = 1024;      // 16 B a page
+constexpr uint32_t kRequantChunk = 1024;  // 24 B a page
 constexpr uint32_t kSmall = 16;
 constexpr size_t kMaxParamBytes = 32764;  // sm_70+, CUDA 12.1+ (nvcc refuses more)
 
@@ -115,6 +118,39 @@ struct FixParams {
 static_assert(sizeof(ObserveParams<kObserveChunk>) <= kMaxParamBytes);
 static_assert(sizeof(MoveParams<kMoveChunk>) <= kMaxParamBytes);
 static_assert(sizeof(FixParams<kFixChunk>) <= kMaxParamBytes);
+
+// ---- requant ----------------------------------------------------------------------
+
+template <uint32_t N>
+struct RequantParams {
+  PageLayout Ls, Ld;
+  uint32_t n_pages;
+  RequantPage pages[N];
+};
+static_assert(sizeof(RequantParams<kRequantChunk>) <= kMaxParamBytes);
+
+// A block per page: dst zeroed whole, header included (scrubbing: a fresh page shows
+// nothing of its previous owner's). Before requant_kernel, which writes into it.
+template <uint32_t N>
+__global__ void requant_zero_kernel(const __grid_constant__ RequantParams<N> p) {
+  uint4* w = reinterpret_cast<uint4*>(p.pages[blockIdx.x].dst);
+  for (size_t i = threadIdx.x; i < p.Ld.bytes / 16; i += blockDim.x) w[i] = make_uint4(0, 0, 0, 0);
+}
+
+// A block per (page, slot): blockIdx.x the page, blockIdx.y the slot (those at or past
+// the page's `used` return). Each head's K and V rows re-stored through the model dtype
+// into the same slot of dst, as select's demotions do (dev::restore_row).
+template <uint32_t N>
+__global__ void requant_kernel(const __grid_constant__ RequantParams<N> p) {
+  const RequantPage& rp = p.pages[blockIdx.x];
+  const uint32_t s = blockIdx.y;
+  if (s >= rp.used) return;  // the whole block: no barrier is left waiting
+  __shared__ float row[kMaxHeadDim];
+  __shared__ uint16_t scale;
+  const uint32_t heads = p.Ls.n_kv_heads;
+  for (uint32_t t = 0; t < 2 * heads; ++t)
+    dev::restore_row(rp.src, p.Ls, s, rp.dst, p.Ld, s, t % heads, t >= heads, row, &scale);
+}
 
 // blockIdx.y = move; blocks along x share its rows. T: the copy unit of the K/V rows.
 template <class T, uint32_t N>
@@ -268,6 +304,27 @@ cudaError_t move_chunks(const CompactOp& op, const host::vector<uint32_t>& skip,
 }
 
 template <uint32_t N>
+cudaError_t requant_chunks(const RequantOp& op, cudaStream_t stream) {
+  RequantParams<N> p;
+  p.Ls = op.src_layout;
+  p.Ld = op.dst_layout;
+  for (uint32_t base = 0; base < op.n_pages; base += N) {
+    p.n_pages = std::min(N, op.n_pages - base);
+    uint32_t most = 0;  // the chunk's largest used count: the grid's slots
+    for (uint32_t i = 0; i < p.n_pages; ++i) {
+      p.pages[i] = op.pages[base + i];
+      most = std::max(most, p.pages[i].used);
+    }
+    requant_zero_kernel<N><<<p.n_pages, kThreads, 0, stream>>>(p);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (most == 0) continue;
+    requant_kernel<N><<<dim3(p.n_pages, most), 128, 0, stream>>>(p);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+template <uint32_t N>
 cudaError_t fix_chunks(const PageLayout& L, const host::vector<MaskFix>& fixes, cudaStream_t stream) {
   FixParams<N> fp;
   fp.L = L;
@@ -291,6 +348,21 @@ cudaError_t observe(const ObserveOp& op, cudaStream_t stream) {
   }
   return op.n_pages <= kSmall ? observe_chunks<kSmall>(op, stream)
                               : observe_chunks<kObserveChunk>(op, stream);
+}
+
+cudaError_t requant(const RequantOp& op, cudaStream_t stream) {
+  if (op.n_pages == 0) return cudaSuccess;
+  const PageLayout &Ls = op.src_layout, &Ld = op.dst_layout;
+  if (Ls.page_tokens != Ld.page_tokens || Ls.n_kv_heads != Ld.n_kv_heads || Ls.head_dim != Ld.head_dim ||
+      Ls.dtype != Ld.dtype || Ls.head_dim == 0 || Ls.head_dim > kMaxHeadDim || Ld.bytes % 16 != 0)
+    return cudaErrorInvalidValue;
+  for (uint32_t i = 0; i < op.n_pages; ++i) {
+    const RequantPage& rp = op.pages[i];
+    if (!rp.src || !rp.dst || reinterpret_cast<uintptr_t>(rp.dst) % 16 != 0 || rp.used > Ls.page_tokens)
+      return cudaErrorInvalidValue;
+  }
+  return op.n_pages <= kSmall ? requant_chunks<kSmall>(op, stream)
+                              : requant_chunks<kRequantChunk>(op, stream);
 }
 
 cudaError_t compact(const CompactOp& op, cudaStream_t stream) {

@@ -1,14 +1,14 @@
 // CUDA executor for the GC's data-plane ops (kernels/cpu/gc.cpp is the specification,
-// reproduced bit for bit): gc.cu holds observe and compact, gc_select.cu and
+// reproduced bit for bit): gc.cu holds observe, compact and requant, gc_select.cu and
 // gc_decide.cu the decision op. Thin host wrappers that return the first cudaError_t
 // for the backend to turn into KVGC_EDEVICE. Host arrays in the ops (pages, runs,
 // moves) may be reused as soon as a wrapper returns.
 //
 // Streams:
-//   - observe and compact are enqueued on `stream` and never synchronise: pages and
-//     moves travel as kernel parameters (no host-to-device copy, no scratch).
-//   - select enqueues its kernels; its page-level results (page_live and the
-//     SelectResult: a few bytes per page) reach the op's host pointers through the
+//   - observe, compact and requant are enqueued on `stream` and never synchronise: pages
+//     and moves travel as kernel parameters (no host-to-device copy, no scratch).
+//   - select enqueues its kernels; its page-level results (page_live, page_classes and
+//     the SelectResult: a few bytes per page) reach the op's host pointers through the
 //     kernels themselves (results_mapped: the runtime's pinned result blocks) or
 //     cudaMemcpyAsync; they are complete once an event recorded after the op has passed
 //     (runtime/harvest.cpp).
@@ -32,6 +32,15 @@ cudaError_t observe(const ObserveOp& op, cudaStream_t stream);
 // planner never does that): such an op, a null page or a count above page_tokens is
 // cudaErrorInvalidValue before anything is enqueued.
 cudaError_t compact(const CompactOp& op, cudaStream_t stream);
+
+// Re-stores K and V of slots [0, used) of each src page into the same slots of its dst
+// (dst_layout: any class, through the model dtype, bit for bit as cpu::requant and as
+// select's demotions store a token) after zeroing every dst page whole. Chunks of pages
+// travel as kernel parameters (two launches a chunk: zero, then a block per page and
+// slot). Layouts that disagree on anything but the class (or a head_dim past
+// kMaxHeadDim), a null page, a dst not 16-byte aligned or a used count past page_tokens
+// is cudaErrorInvalidValue before anything is enqueued.
+cudaError_t requant(const RequantOp& op, cudaStream_t stream);
 
 // Host memory select_batch stages its uploads in (every segment's parameters, pages and
 // runs: one host-to-device copy per launch set). Pinned (the backend's: the copy never

@@ -18,8 +18,9 @@
 //      demotions' charged classes, and sets generations and ages.
 //   7. demote: a block per demotion re-stores K and V (through the model dtype) into its
 //      slot one or more rungs down, and moves the metadata and the live bit.
-//   8. count: per page, live slots, tiers and charge shifts; then page_live and the
-//      result are copied into the op's host memory.
+//   8. count: per page, live slots, tiers, charge shifts and (when asked) the classes its
+//      live slots count at; then page_live, page_classes and the result are copied into
+//      the op's host memory (or written there: results_mapped).
 // Nothing here waits: the runtime reads the results after an event (runtime/harvest.cpp).
 #include <cub/device/device_radix_sort.cuh>
 #ifndef KVGC_CUDA_EMU  // the emulation's shim has both sorts in device_radix_sort.cuh
@@ -188,9 +189,10 @@ __global__ void apply_kernel(const Batch b) {
 }
 
 // A block per possible demotion (those past the decided count return): each K and V row
-// of every head staged in shared memory as the model dtype holds it (the CPU's load_row),
-// then quantised into the destination class (int8: the row's scale, then a thread per
-// element; int4: a thread per group), metadata copied, the live bits moved.
+// of every head re-stored by dev::restore_row (staged in shared memory as the model dtype
+// holds it, the CPU's load_row, then quantised into the destination class: int8 the
+// row's scale, then a thread per element; int4 and int2 a thread per group; gc.cu's
+// requant shares it), metadata copied, the live bits moved.
 // Over the batch's flat demotion space (each segment's at most its reserved slots).
 __global__ void demote_kernel(const Batch b) {
   uint32_t lo = 0, hi = b.n_segs - 1;  // the segment whose range holds this block
@@ -210,27 +212,10 @@ __global__ void demote_kernel(const Batch b) {
   const PageLayout& Ld = p.L[dm.cls];
   uint8_t* dst = p.runs[p.slot_run[dm.flat]].page;
   const uint32_t d = p.slot_in[dm.flat];
-  const uint32_t hd = Ls.head_dim;
   __shared__ float row[kMaxHeadDim];
   __shared__ uint16_t scale;
-  for (uint32_t t = 0; t < 2 * Ls.n_kv_heads; ++t) {
-    const bool v = t >= Ls.n_kv_heads;
-    const uint32_t h = t % Ls.n_kv_heads;
-    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) row[e] = dev::row_element(src_kv, Ls, h, s, v, e);
-    __syncthreads();
-    uint8_t* out = dst + (v ? Ld.v_off : Ld.k_off) + h * Ld.head_stride + d * Ld.slot_stride;
-    uint16_t* qp = reinterpret_cast<uint16_t*>(dst + (v ? Ld.vq_off : Ld.kq_off)) + Ld.qparam_index(h, d);
-    if (Ld.cls == KVGC_CLASS_INT8) {
-      if (threadIdx.x == 0) scale = *qp = dev::int8_scale(row, Ld.dtype, hd);
-      __syncthreads();
-      for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
-        reinterpret_cast<int8_t*>(out)[e] = dev::int8_quantize(row[e], scale, Ld.dtype);
-    } else {
-      for (uint32_t grp = threadIdx.x; grp < hd / Ld.group; grp += blockDim.x)
-        dev::quantize_group(row, Ld.dtype, Ld.group, grp, out, qp, group_bits(Ld.cls));
-    }
-    __syncthreads();
-  }
+  for (uint32_t t = 0; t < 2 * Ls.n_kv_heads; ++t)
+    dev::restore_row(src_kv, Ls, s, dst, Ld, d, t % Ls.n_kv_heads, t >= Ls.n_kv_heads, row, &scale);
   if (threadIdx.x == 0) {
     reinterpret_cast<int32_t*>(dst + Ld.pos_off)[d] = reinterpret_cast<const int32_t*>(src + Ls.pos_off)[s];
     reinterpret_cast<float*>(dst + Ld.score_off)[d] = reinterpret_cast<const float*>(src + Ls.score_off)[s];
@@ -242,7 +227,8 @@ __global__ void demote_kernel(const Batch b) {
   }
 }
 
-// Per page: live slots (page_live), the tiers and classes of the live tokens, and the
+// Per page: live slots (page_live), the classes its live tokens count at (page_classes,
+// when asked for: bit counted_class), the tiers and classes of the live tokens, and the
 // net shift of the charged ones (+1 their charged class, -1 the page's).
 __global__ void count_kernel(const Batch b) {
   const Params& p = b.ps[b.page_seg[blockIdx.x]];
@@ -250,19 +236,22 @@ __global__ void count_kernel(const Batch b) {
   const SegPage sp = p.pages[page];
   const PageLayout& L = p.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
-  __shared__ unsigned int tier[4], charged[4];
+  __shared__ unsigned int tier[4], charged[4], classes;
   if (threadIdx.x < 4) tier[threadIdx.x] = charged[threadIdx.x] = 0;
+  if (threadIdx.x == 0) classes = 0;
   __syncthreads();
   for (uint32_t s = threadIdx.x; s < p.pt; s += blockDim.x)
     if (live[s / 32] >> (s % 32) & 1u) {
       const uint8_t g = sp.page[L.gen_off + s];
       atomicAdd(&tier[gen_of(g)], 1u);
       if (charged_of(g)) atomicAdd(&charged[charged_of(g)], 1u);
+      atomicOr(&classes, 1u << counted_class(g, sp.cls));
     }
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned int n = tier[0] + tier[1] + tier[2] + tier[3];
     p.page_live[page] = uint16_t(n);
+    if (p.page_classes) p.page_classes[page] = uint8_t(classes);
     if (n) atomicAdd(u64(&p.st->r.live[sp.cls]), n);
     for (int t = 0; t < 4; ++t)
       if (tier[t]) atomicAdd(u64(&p.st->r.tier[t]), tier[t]);
@@ -291,7 +280,7 @@ struct Totals {
 };
 struct Layout {
   size_t params, page_seg, run_seg, dem_end, seg_begin, seg_end, pages, runs, upload_end;
-  size_t state, page_live, keys0, keys1, vals0, vals1, fate, weight, at, from, counted, dem,
+  size_t state, page_live, page_classes, keys0, keys1, vals0, vals1, fate, weight, at, from, counted, dem,
       slot_run, slot_in, cub, end;
 };
 Layout carve(const Totals& t, size_t cub_bytes) {
@@ -313,6 +302,7 @@ Layout carve(const Totals& t, size_t cub_bytes) {
   c.upload_end = off;
   c.state = take(t.segs * sizeof(State));
   c.page_live = take(t.pages * sizeof(uint16_t));
+  c.page_classes = take(t.pages);
   c.keys0 = take(t.slots * 8);
   c.keys1 = take(t.slots * 8);
   c.vals0 = take(t.slots * 4);
@@ -456,6 +446,9 @@ cudaError_t launch_set(const SelectOp* ops, const OpSize* sizes, uint32_t n, con
     // Mapped results are written where the runtime reads them; others land in the
     // scratch and are copied back below.
     p.page_live = op.results_mapped ? op.page_live : reinterpret_cast<uint16_t*>(base + c.page_live) + page_at;
+    p.page_classes = !op.page_classes    ? nullptr
+                     : op.results_mapped ? op.page_classes
+                                         : base + c.page_classes + page_at;
     p.result_out = op.results_mapped ? op.result : nullptr;
     copies |= !op.results_mapped;
     ps[s] = p;
@@ -532,6 +525,9 @@ cudaError_t launch_set(const SelectOp* ops, const OpSize* sizes, uint32_t n, con
       if (!op.results_mapped) {
         KVGC_STEP(cudaMemcpyAsync(op.page_live, base + c.page_live + at * sizeof(uint16_t),
                                   op.n_pages * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream));
+        if (op.page_classes)
+          KVGC_STEP(cudaMemcpyAsync(op.page_classes, base + c.page_classes + at, op.n_pages,
+                                    cudaMemcpyDeviceToHost, stream));
         KVGC_STEP(cudaMemcpyAsync(op.result, &(reinterpret_cast<State*>(base + c.state) + s)->r,
                                   sizeof(SelectResult), cudaMemcpyDeviceToHost, stream));
       }

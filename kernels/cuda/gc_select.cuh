@@ -64,6 +64,7 @@ struct Params {
   uint32_t* slot_run;     // flat reserved slot -> run index
   uint16_t* slot_in;      // flat reserved slot -> slot in that run's page
   uint16_t* page_live;
+  uint8_t* page_classes;  // SelectOp::page_classes (or its scratch copy); null: not asked
   State* st;
   // A batch (select_batch): the segment's place in the flat index spaces of the batch's
   // pages, runs, slots and demotions; its sort's other buffers (the sorted arrays are

@@ -64,6 +64,8 @@ class PrefixCharge(enum.IntEnum):
     VIEW = 1   # each holder, as if it had appended them: its budgets count them, its GC prunes
     PRUNE = 2  # 0.8: VIEW's decisions, but a demoted shared token is only charged at its
                # rung and still read from the shared page: each holder holds its own tokens
+    SHRINK = 3  # 0.13: PRUNE, and a shared page every holder counts at the ladder's first
+                # rung below FP16 or cheaper is re-stored there (its bytes shrink)
 
 
 class Generation(enum.IntEnum):

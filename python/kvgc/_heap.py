@@ -61,7 +61,7 @@ def _empty_like(a, shape):
 
 
 class Stats:
-    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 7): every field as an attribute.
+    """A snapshot of kvgc_stats (KVGC_STATS_VERSION 8): every field as an attribute.
 
     The ones most users want: ``live_tokens``, ``used_bytes`` (bytes of pages in use, every
     class and the header pages), ``arena_bytes``, ``tokens_evicted``, ``tokens_demoted``,
@@ -81,7 +81,9 @@ class Stats:
     evicting unpinned prefixes gives back, free for an engine's admission); version 6
     (0.10): ``classes["int2"]`` and ``tokens_demoted_to[3]``; version 7 (0.12):
     ``pages_migrated`` and ``slabs_evacuated`` (pages moved out of sparse slabs of one
-    storage class, and the slabs so emptied, when the arena was short of another's pages).
+    storage class, and the slabs so emptied, when the arena was short of another's pages);
+    version 8 (0.13): ``pages_shrunk`` and ``bytes_shrunk`` (shared pages re-stored at a
+    cheaper class under ``prefix_charge="shrink"``, and the arena bytes that gave back).
     """
 
     def __init__(self, fields):
@@ -123,7 +125,9 @@ class Heap(_kvgc.Heap):
                          (its budgets count them and its GC prunes them like its own), or
                          "prune": view's decisions, but a shared token the ladder demotes
                          is only charged at its rung and read from the shared page, so a
-                         holder holds only its own tokens
+                         holder holds only its own tokens; or "shrink": prune, and a
+                         shared page every holder counts at int8 or below (the ladder's
+                         first rung under fp16) is re-stored at int8
         cpu_threads      int or "auto" (KVGC_THREADS)
         verbose          bool: print the effective configuration to stderr
         first_layer, total_layers   a pipeline rank's range of the model's layers

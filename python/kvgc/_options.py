@@ -22,7 +22,7 @@ _CHOICES = {
                      "entropy": LayerBudget.ENTROPY},
     "harvest": {"deferred": Harvest.DEFERRED, "immediate": Harvest.IMMEDIATE},
     "prefix_charge": {"cache": PrefixCharge.CACHE, "view": PrefixCharge.VIEW,
-                      "prune": PrefixCharge.PRUNE},
+                      "prune": PrefixCharge.PRUNE, "shrink": PrefixCharge.SHRINK},
 }
 _ENUMS = {"device": Device, "policy": Policy, "demote": Demote, "layer_budget": LayerBudget,
           "harvest": Harvest, "prefix_charge": PrefixCharge}

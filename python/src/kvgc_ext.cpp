@@ -892,6 +892,7 @@ nb::dict Heap::stats() {
   KVGC_STAT(prefix_tokens_attached); KVGC_STAT(prefix_evictions); KVGC_STAT(pages_shared);
   KVGC_STAT(cow_copies);
   KVGC_STAT(cached_only_bytes); KVGC_STAT(pages_migrated); KVGC_STAT(slabs_evacuated);
+  KVGC_STAT(pages_shrunk); KVGC_STAT(bytes_shrunk);
 #undef KVGC_STAT
   return d;
 }

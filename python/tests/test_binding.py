@@ -520,15 +520,15 @@ def keeper_with_prompt(heap, n=30, tenant=0, seed=1):
 
 
 def test_prefix_stats_fields_and_constants():
-    assert kvgc.STATS_VERSION == 7 and kvgc.PAGE_LAYOUT_VERSION == 2
+    assert kvgc.STATS_VERSION == 8 and kvgc.PAGE_LAYOUT_VERSION == 2
     assert kvgc._kvgc.PREFIX_PIN == 1
     with prefix_heap() as heap:
         s = heap.stats()
-        assert s.version == 7
+        assert s.version == 8
         for f in ("shared_pages", "shared_bytes", "shared_refs", "prefixes", "prefixes_pinned",
                   "prefix_lookups", "prefix_hits", "prefix_tokens_attached",
                   "prefix_evictions", "pages_shared", "cow_copies", "cached_only_bytes",
-                  "pages_migrated", "slabs_evacuated"):
+                  "pages_migrated", "slabs_evacuated", "pages_shrunk", "bytes_shrunk"):
             assert getattr(s, f) == 0, f
         assert set(s.cls_header) == set(s.classes["fp16"]) and s.cls_header["page_bytes"] > 0
         assert s.cls_header["page_bytes"] < s.classes["fp16"]["page_bytes"]

@@ -1,9 +1,9 @@
 // The emulated CUDA backend (tests/cuda_emu/run.sh): the CUDA executor's kernels,
 // rewritten into host code, over host memory that the shim's cudaMalloc tracks (so
 // pointer checks still tell device from host). Every op, attention included, runs the
-// CUDA kernels (kernels/cuda/*.cu, transformed): copy, observe/select/compact, and the
-// split-K attention (partial, combine, mass) with its warp shuffles emulated by the
-// shim's fibers. Errors map to statuses as in runtime/cuda_backend.cpp.
+// CUDA kernels (kernels/cuda/*.cu, transformed): copy, observe/select/compact/requant,
+// and the split-K attention (partial, combine, mass) with its warp shuffles emulated by
+// the shim's fibers. Errors map to statuses as in runtime/cuda_backend.cpp.
 //
 // Attention varies what a GPU would fix, so that the tests reach more of the kernel:
 // successive calls cycle the SM count the split heuristic sees (132 as on an H200, 1:
@@ -69,6 +69,12 @@ class EmuBackend final : public Backend {
     const cudaError_t e = cuda::compact(op, cudaStream_t(s));
     KVGC_TRY(compact_status(e));
     if (e) return cuda_fail(e, "compact");
+    return Status::Ok();
+  }
+  Status requant(const RequantOp& op, void* s) override {
+    const cudaError_t e = cuda::requant(op, cudaStream_t(s));
+    KVGC_TRY(requant_status(e));
+    if (e) return cuda_fail(e, "requant");
     return Status::Ok();
   }
   Status attend(const AttendOp& op, void* s) override {

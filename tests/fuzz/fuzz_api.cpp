@@ -142,10 +142,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t noise_harvest = in.byte();  // one byte for all three: the corpus keeps its layout
   o.score_noise = noise_harvest % 4 == 0 ? 0.1 : 0.0;
   o.harvest = noise_harvest & 4 ? KVGC_HARVEST_IMMEDIATE : KVGC_HARVEST_DEFERRED;
-  // Charged to the sequences: as VIEW, or (its bit 3, 0.8) PRUNE's demotion in place.
-  o.prefix_charge = !(demote & 0x80)       ? KVGC_PREFIX_CHARGE_CACHE
-                    : noise_harvest & 8 ? KVGC_PREFIX_CHARGE_PRUNE
-                                        : KVGC_PREFIX_CHARGE_VIEW;
+  // Charged to the sequences: as VIEW, or (its bit 3, 0.8) PRUNE's demotion in place, and
+  // with bit 5 (0.13) SHRINK's re-stored shared pages.
+  o.prefix_charge = !(demote & 0x80)     ? KVGC_PREFIX_CHARGE_CACHE
+                    : !(noise_harvest & 8) ? KVGC_PREFIX_CHARGE_VIEW
+                    : noise_harvest & 0x20 ? KVGC_PREFIX_CHARGE_SHRINK
+                                           : KVGC_PREFIX_CHARGE_PRUNE;
   o.cpu_threads = 1 + (noise_harvest >> 3) % 3;  // split-K attention (bits 3-4: same layout)
   kvgc_heap* h = nullptr;
   if (kvgc_heap_create(&m, &o, &h) != KVGC_OK) return 0;

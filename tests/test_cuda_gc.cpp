@@ -1,7 +1,7 @@
 // CUDA backend vs the CPU specification, the GC: observe, select (tenure, ranking,
-// eviction, int4 demotion, promotion, charge_shared's in-place demotions), compaction and
-// the dequantising read, through the API (twin heaps under every policy) and op by op on
-// random page images (select alone and in batches).
+// eviction, int4 demotion, promotion, charge_shared's in-place demotions, page_classes),
+// compaction, requant and the dequantising read, through the API (twin heaps under every
+// policy) and op by op on random page images (select alone and in batches).
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -715,6 +715,225 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
   cudaStreamDestroy(stream);
 }
 
+TEST_CASE("the prefix cache charged as shrink on a CUDA heap equals a CPU heap (shared pages re-stored at int8 alike; attach and fork read them alike)") {
+  // KVGC_PREFIX_CHARGE_SHRINK through kvgc.h (runtime/shrink.cpp), the scenario of
+  // test_prefix.cpp's "charged as shrink" on twin heaps: a keeper's 150-token prompt (18
+  // whole pages and a tail) kept, three sequences attach it, then rounds of appends of
+  // their own, masses by position (kvgc_observe: the same bits on both heaps) and steps,
+  // under the ladder and a byte budget. Shared pages whose every holder counts its slots
+  // at int8 or below are re-stored at int8 (the CUDA requant, its select's page_classes
+  // deciding which), once per heap at a step's start, so the heaps must agree after every
+  // round: statuses, stats (pages_shrunk and bytes_shrunk too), every row (positions,
+  // scores, generations, K/V bytewise) and every class. Some prompt tokens then read
+  // their int8 rendering. A later sequence attaches the shrunk pages and reads alike on
+  // both heaps (and what the holders read at the same positions); a fork of a holder
+  // reads as the holder. Under deferred harvest (the default) and immediate.
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  const kvgc_model_desc m = model(2, 2, 32, KVGC_DTYPE_F16);
+  constexpr uint32_t pt = 8, P = 150, whole = P / pt * pt;  // 144 tokens in whole shared pages
+  constexpr uint64_t kPrompt = 1000, kSalt = 42;
+  constexpr int N = 3;
+  const size_t tb = token_bytes(m);
+  auto classes = [&](kvgc_heap* h, kvgc_seq s, uint32_t layer, bool device) {
+    uint64_t n = 0;
+    REQUIRE(kvgc_read_classes(h, s, layer, nullptr, 0, &n, device ? stream : nullptr) == KVGC_OK);
+    std::vector<uint8_t> cls(n + 1, 0xCC);
+    DeviceBuffer d(n + 1);
+    REQUIRE(cudaMemset(d.p, 0xCC, n + 1) == cudaSuccess);
+    REQUIRE(kvgc_read_classes(h, s, layer, device ? d.get() : cls.data(), n + 1, &n, device ? stream : nullptr) == KVGC_OK);
+    if (device) REQUIRE(cudaMemcpy(cls.data(), d.p, n + 1, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cls[n] == 0xCC);
+    cls.resize(n);
+    return cls;
+  };
+  std::vector<int32_t> ids(P);
+  for (uint32_t j = 0; j < P; ++j) ids[j] = int32_t(7 + j);
+  for (kvgc_harvest harvest : {KVGC_HARVEST_DEFERRED, KVGC_HARVEST_IMMEDIATE}) {
+    CAPTURE(harvest);
+    kvgc_heap_options o = cpu_options(32 << 20, pt);
+    o.policy = KVGC_POLICY_GENERATIONAL;
+    o.demote = KVGC_DEMOTE_LADDER;
+    o.prefix_charge = KVGC_PREFIX_CHARGE_SHRINK;
+    o.byte_budget_fraction = 0.3;
+    o.sinks = 4;
+    o.window = 8;
+    o.harvest = harvest;
+    kvgc_heap* h[2] = {make_heap(m, KVGC_DEVICE_CPU, pt, 0, &o), make_heap(m, KVGC_DEVICE_CUDA, pt, 0, &o)};
+    auto sync = [&](int d) { return d ? stream : nullptr; };
+    auto append = [&](int d, kvgc_seq s, uint32_t l, uint64_t tag, int64_t at, uint32_t n) {
+      const auto k = gaussian(m, tag, l, at, n, false), v = gaussian(m, tag, l, at, n, true);
+      if (d == 0) {
+        REQUIRE(kvgc_append(h[0], s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+        return;
+      }
+      DeviceBuffer dk(k.size()), dv(v.size());
+      REQUIRE(cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(kvgc_append(h[1], s, l, dk.p, dv.p, n, stream) == KVGC_OK);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);  // before dk/dv go
+    };
+    auto rows = [&](int d, kvgc_seq s, uint32_t l) { return d == 0 ? read_cpu(h[0], s, l, m) : read_gpu(h[1], s, l, m, stream); };
+    // Each heap's masses from its own read order: the same mass for the same position.
+    auto observe = [&](int d, kvgc_seq s, uint32_t l, int round) {
+      const Rows r = rows(d, s, l);
+      std::vector<float> mass(r.n);
+      for (size_t j = 0; j < mass.size(); ++j) {
+        uint64_t x = uint64_t(r.pos[j]) * 0x9e3779b97f4a7c15ull ^ (uint64_t(round) * 7919 + l);
+        x = (x ^ (x >> 29)) * 0xbf58476d1ce4e5b9ull;
+        x ^= x >> 32;
+        mass[j] = float(double(x >> 40) / double(1 << 24)) * (r.pos[j] % 13 == 0 ? 4.0f : 1.0f);
+      }
+      if (d == 0) {
+        REQUIRE(kvgc_observe(h[0], s, l, mass.data(), mass.size(), nullptr) == KVGC_OK);
+        return;
+      }
+      DeviceBuffer dw(mass.size() * 4);
+      REQUIRE(cudaMemcpy(dw.p, mass.data(), mass.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(kvgc_observe(h[1], s, l, dw.get<float>(), mass.size(), stream) == KVGC_OK);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    };
+    // Sequence s[0] of the CPU heap against s[1] of the CUDA heap, every layer: rows in read
+    // order (K/V bytewise) and classes.
+    auto same = [&](const kvgc_seq* s) {
+      for (uint32_t l = 0; l < m.n_layers; ++l) {
+        CAPTURE(l);
+        const Rows c = rows(0, s[0], l), g = rows(1, s[1], l);
+        const std::string diff = compare_rows(c, g, m);
+        INFO(diff);
+        REQUIRE(diff.empty());
+        CHECK(c.k == g.k);  // bytewise, int8 and int4 renderings included
+        CHECK(c.v == g.v);
+        const std::vector<uint8_t> cc = classes(h[0], s[0], l, false), cg = classes(h[1], s[1], l, true);
+        REQUIRE(cc.size() == c.n);
+        REQUIRE(cg.size() == c.n);
+        const size_t at = size_t(std::mismatch(cc.begin(), cc.end(), cg.begin()).first - cc.begin());
+        INFO("classes differ first at row " << at);
+        REQUIRE(at == cc.size());
+      }
+    };
+    kvgc_seq keeper[2], shared[N][2];
+    for (int d = 0; d < 2; ++d) {
+      REQUIRE(kvgc_seq_create(h[d], 0, &keeper[d]) == KVGC_OK);
+      for (uint32_t l = 0; l < m.n_layers; ++l) append(d, keeper[d], l, kPrompt, 0, P);
+      REQUIRE(kvgc_prefix_keep(h[d], keeper[d], ids.data(), P, kSalt, 0, nullptr, sync(d)) == KVGC_OK);
+      REQUIRE(kvgc_seq_destroy(h[d], keeper[d]) == KVGC_OK);
+      for (int i = 0; i < N; ++i) {
+        uint64_t n = 0;
+        REQUIRE(kvgc_seq_create(h[d], 0, &shared[i][d]) == KVGC_OK);
+        REQUIRE(kvgc_prefix_attach(h[d], shared[i][d], ids.data(), P, kSalt, &n, sync(d)) == KVGC_OK);
+        CHECK(n == P);
+      }
+    }
+    int64_t len = P;
+    int first_shrunk = -1;  // the first round after which pages_shrunk was not 0
+    for (int round = 0; round < 20; ++round) {
+      CAPTURE(round);
+      const uint32_t n = round == 0 ? 20 : 1 + round % 3;
+      for (int i = 0; i < N; ++i) {
+        CAPTURE(i);
+        kvgc_status st[2];
+        for (int d = 0; d < 2; ++d) {
+          for (uint32_t l = 0; l < m.n_layers; ++l) append(d, shared[i][d], l, 77 + uint64_t(i), len, n);
+          for (uint32_t l = 0; l < m.n_layers; ++l) observe(d, shared[i][d], l, round);
+          st[d] = kvgc_step(h[d], shared[i][d], sync(d));
+        }
+        INFO("cpu: " << kvgc_status_str(st[0]) << ", cuda: " << kvgc_status_str(st[1]) << " " << kvgc_errmsg(h[1]));
+        REQUIRE((st[0] == KVGC_OK || st[0] == KVGC_EBUDGET));
+        REQUIRE(st[1] == st[0]);
+      }
+      len += n;
+      require_check(h[0]);
+      require_check(h[1]);
+      const kvgc_stats sc = get_stats(h[0]), sg = get_stats(h[1]);
+      const std::string stats = compare_stats(sc, sg);
+      INFO("stats (cpu vs cuda):" << stats);
+      REQUIRE(stats.empty());
+      REQUIRE(sc.pages_shrunk == sg.pages_shrunk);
+      REQUIRE(sc.bytes_shrunk == sg.bytes_shrunk);
+      if (sc.pages_shrunk > 0 && first_shrunk < 0) first_shrunk = round;
+      for (int i = 0; i < N; ++i) {
+        CAPTURE(i);
+        same(shared[i]);
+      }
+    }
+    const kvgc_stats sc = get_stats(h[0]), sg = get_stats(h[1]);
+    MESSAGE("harvest " << harvest << ": " << sg.pages_shrunk << " pages shrunk (" << sg.bytes_shrunk
+                       << " B; first after round " << first_shrunk << " of 0..19), cpu " << sc.pages_shrunk << ", "
+                       << sg.tokens_demoted << " tokens demoted, " << sg.tokens_evicted << " evicted");
+    CHECK(sc.pages_shrunk > 0);
+    CHECK(sg.pages_shrunk == sc.pages_shrunk);
+    CHECK(sg.bytes_shrunk == sc.bytes_shrunk);
+    // Holders read some prompt tokens (in whole pages) at their int8 rendering now, not the
+    // prompt's bytes; the same ones on both heaps (compared above), counted on the CUDA one.
+    auto prompt_rows_changed = [&](const Rows& r, uint32_t l) {
+      const auto k = gaussian(m, kPrompt, l, 0, whole, false);
+      uint64_t changed = 0;
+      for (uint64_t j = 0; j < r.n; ++j)
+        if (r.pos[j] < int32_t(whole))
+          changed += std::memcmp(&r.k[j * tb], &k[size_t(r.pos[j]) * tb], tb) != 0;
+      return changed;
+    };
+    uint64_t changed = 0;
+    for (int i = 0; i < N; ++i)
+      for (uint32_t l = 0; l < m.n_layers; ++l) changed += prompt_rows_changed(rows(1, shared[i][1], l), l);
+    MESSAGE("holders read " << changed << " prompt tokens at a shrunk page's rendering");
+    CHECK(changed > 0);
+
+    // A later sequence attaches the shrunk pages on both heaps: the same rows and classes,
+    // and at every whole-page prompt position a holder still holds, the holder's bytes.
+    kvgc_seq late[2], fork[2];
+    for (int d = 0; d < 2; ++d) {
+      uint64_t n = 0;
+      REQUIRE(kvgc_seq_create(h[d], 0, &late[d]) == KVGC_OK);
+      REQUIRE(kvgc_prefix_attach(h[d], late[d], ids.data(), P, kSalt, &n, sync(d)) == KVGC_OK);
+      CHECK(n == P);
+      require_check(h[d]);
+    }
+    same(late);
+    uint64_t late_changed = 0;
+    for (uint32_t l = 0; l < m.n_layers; ++l) {
+      const Rows a = rows(1, late[1], l);
+      CHECK(a.n == P);
+      late_changed += prompt_rows_changed(a, l);
+      std::vector<const uint8_t*> at(whole, nullptr);  // the late sequence's K row by position
+      for (uint64_t j = 0; j < a.n; ++j)
+        if (a.pos[j] < int32_t(whole)) at[size_t(a.pos[j])] = &a.k[j * tb];
+      for (int i = 0; i < N; ++i) {
+        const Rows b = rows(1, shared[i][1], l);
+        for (uint64_t j = 0; j < b.n; ++j)
+          if (b.pos[j] < int32_t(whole)) {
+            REQUIRE(at[size_t(b.pos[j])] != nullptr);
+            CHECK(std::memcmp(at[size_t(b.pos[j])], &b.k[j * tb], tb) == 0);
+          }
+      }
+    }
+    CHECK(late_changed > 0);
+    // A fork of a holder reads as the holder (rows, scores, generations, classes), on both.
+    for (int d = 0; d < 2; ++d) {
+      REQUIRE(kvgc_seq_fork(h[d], shared[0][d], 0, &fork[d], sync(d)) == KVGC_OK);
+      for (uint32_t l = 0; l < m.n_layers; ++l) {
+        CAPTURE(d);
+        CAPTURE(l);
+        const Rows a = rows(d, shared[0][d], l), b = rows(d, fork[d], l);
+        CHECK(compare_rows(a, b, m) == "");
+        CHECK(a.k == b.k);
+        CHECK(a.v == b.v);
+        CHECK(classes(h[d], shared[0][d], l, d == 1) == classes(h[d], fork[d], l, d == 1));
+      }
+      require_check(h[d]);
+    }
+    same(fork);
+    for (int d = 0; d < 2; ++d) {
+      for (kvgc_seq s : {late[d], fork[d]}) REQUIRE(kvgc_seq_destroy(h[d], s) == KVGC_OK);
+      for (int i = 0; i < N; ++i) REQUIRE(kvgc_seq_destroy(h[d], shared[i][d]) == KVGC_OK);
+      require_check(h[d]);
+      kvgc_heap_destroy(h[d]);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 namespace {
 
 // Page images for the op-level tests: pages_ of both classes in one host buffer (each
@@ -785,16 +1004,24 @@ void fill_page(Images& im, size_t i, int cls, uint32_t used, double density, int
 // CUDA op (gop) on the device copies, each with poisoned outputs. Some pages are shared
 // (SegPage::kv: their K/V on a page of their own, outside the op), some slots charged at
 // a cheaper ladder class (gen bits 6-7), and some ops charge_shared (demotions of shared
-// pages' tokens only charge them). Not movable: the ops point into it.
+// pages' tokens only charge them). The CUDA op asks for page_classes most of the time
+// (the CPU's always), and half the CUDA ops have their results written by the kernels
+// into pinned host memory (results_mapped, as the runtime's result blocks) rather than
+// copied back. Not movable: the ops point into it.
 struct RandomSelect {
   std::unique_ptr<Images> im;
   std::vector<kvgc::SegPage> hp, dp;
   std::vector<kvgc::AppendRun> hr[KVGC_CLASS_COUNT], dr[KVGC_CLASS_COUNT];
   kvgc::SelectOp op{}, gop{};
   std::vector<uint16_t> live_cpu, live_gpu;
+  std::vector<uint8_t> classes_cpu, classes_gpu;
   kvgc::SelectResult r_cpu, r_gpu;
   std::vector<std::pair<size_t, uint32_t>> charged;  // (page, slot): live and charged before
   uint32_t pt = 0;
+  bool mapped = false;
+  uint8_t* pinned = nullptr;  // mapped: gop's page_live, page_classes and result, poisoned
+  size_t classes_at = 0, result_at = 0;
+  static constexpr uint8_t kClassesPoison = 0xDD;
 
   RandomSelect(const kvgc_model_desc& m, uint32_t page_tokens, std::mt19937& rng) : pt(page_tokens) {
     // The ladder first: a heap holds pages of its ladder's classes only. Pages per class
@@ -914,6 +1141,8 @@ struct RandomSelect {
     gop = op;
     live_cpu.assign(n_pages, 0xFFFF);
     live_gpu.assign(n_pages, 0xEEEE);
+    classes_cpu.assign(n_pages, 0xCC);
+    classes_gpu.assign(n_pages, kClassesPoison);
     std::memset(static_cast<void*>(&r_gpu), 0xAB, sizeof r_gpu);  // poison
     op.pages = hp.data();
     gop.pages = dp.data();
@@ -922,16 +1151,42 @@ struct RandomSelect {
       gop.demote_dst[k] = dr[k].data();
     }
     op.page_live = live_cpu.data();
+    op.page_classes = classes_cpu.data();
     op.result = &r_cpu;
-    gop.page_live = live_gpu.data();
-    gop.result = &r_gpu;
+    const bool classes = rng() % 8 != 0;  // else null: the CUDA op must not write them
+    mapped = rng() % 2;
+    if (mapped) {
+      classes_at = kvgc::align_up(n_pages * sizeof(uint16_t), 16);
+      result_at = kvgc::align_up(classes_at + n_pages, 16);
+      REQUIRE(cudaMallocHost(&pinned, result_at + sizeof(kvgc::SelectResult)) == cudaSuccess);
+      std::memset(pinned, 0xEE, classes_at);
+      std::memset(pinned + classes_at, kClassesPoison, n_pages);
+      std::memset(pinned + result_at, 0xAB, sizeof(kvgc::SelectResult));
+      gop.page_live = reinterpret_cast<uint16_t*>(pinned);
+      gop.page_classes = classes ? pinned + classes_at : nullptr;
+      gop.result = reinterpret_cast<kvgc::SelectResult*>(pinned + result_at);
+      gop.results_mapped = true;
+    } else {
+      gop.page_live = live_gpu.data();
+      gop.page_classes = classes ? classes_gpu.data() : nullptr;
+      gop.result = &r_gpu;
+    }
+  }
+  ~RandomSelect() {
+    if (pinned) cudaFreeHost(pinned);
   }
   RandomSelect(const RandomSelect&) = delete;
   RandomSelect& operator=(const RandomSelect&) = delete;
 
   // The CUDA op's results and page bytes (every page: the K/V pages of shared ones too)
-  // equal the CPU op's; after both ran.
+  // equal the CPU op's; after both ran (and the stream was synchronised).
   void check() {
+    if (mapped) {  // where the kernels wrote them
+      std::memcpy(live_gpu.data(), pinned, live_gpu.size() * sizeof(uint16_t));
+      std::memcpy(classes_gpu.data(), pinned + classes_at, classes_gpu.size());
+      std::memcpy(static_cast<void*>(&r_gpu), pinned + result_at, sizeof r_gpu);
+    }
+    CAPTURE(mapped);
     CAPTURE(op.budget_bytes);
     CAPTURE(int(op.n_ladder));
     CAPTURE(op.reclaim);
@@ -951,6 +1206,12 @@ struct RandomSelect {
     for (int c = 0; c < KVGC_CLASS_COUNT; ++c) CHECK(r_gpu.shift[c] == r_cpu.shift[c]);
     CHECK(std::memcmp(&r_gpu, &r_cpu, sizeof r_cpu) == 0);  // every field, none missed
     CHECK(live_gpu == live_cpu);
+    for (size_t p = 0; p < live_cpu.size(); ++p)  // the specification's own consistency
+      CHECK((live_cpu[p] == 0) == (classes_cpu[p] == 0));
+    if (gop.page_classes)
+      CHECK(classes_gpu == classes_cpu);
+    else  // not asked for: not written
+      CHECK(std::count(classes_gpu.begin(), classes_gpu.end(), kClassesPoison) == ptrdiff_t(classes_gpu.size()));
     const std::string diff = im->compare();
     INFO(diff);
     REQUIRE(diff.empty());
@@ -976,7 +1237,23 @@ struct RandomSelect {
 struct SelectTotals {
   kvgc::SelectResult r;
   uint64_t in_place = 0, charged_evicted = 0, shifted = 0;
+  // page_classes (CUDA ops that asked): pages with no live slot, pages counting below
+  // their class (a charged slot survived), shared such pages; asked with results mapped
+  // and copied; not asked.
+  uint64_t classes_empty = 0, classes_below = 0, classes_shared_below = 0;
+  uint64_t asked_mapped = 0, asked_copied = 0, not_asked = 0;
   void add(RandomSelect& s) {
+    if (s.gop.page_classes) {
+      ++(s.mapped ? asked_mapped : asked_copied);
+      for (size_t p = 0; p < s.classes_cpu.size(); ++p) {
+        classes_empty += s.classes_cpu[p] == 0;
+        const bool below = (s.classes_cpu[p] & ~(1u << s.hp[p].cls)) != 0;
+        classes_below += below;
+        classes_shared_below += below && s.hp[p].kv;
+      }
+    } else {
+      ++not_asked;
+    }
     r.tenured += s.r_cpu.tenured;
     r.evicted += s.r_cpu.evicted;
     r.demoted += s.r_cpu.demoted;
@@ -999,6 +1276,12 @@ struct SelectTotals {
     CHECK(in_place > 0);  // charge_shared's demotions in place
     CHECK(charged_evicted > 0);
     CHECK(shifted > 0);
+    CHECK(classes_empty > 0);  // page_classes: every case met
+    CHECK(classes_below > 0);
+    CHECK(classes_shared_below > 0);
+    CHECK(asked_mapped > 0);
+    CHECK(asked_copied > 0);
+    CHECK(not_asked > 0);
   }
 };
 
@@ -1127,6 +1410,147 @@ TEST_CASE("compact on CUDA equals the CPU op on random page images (every class,
     REQUIRE(diff.empty());
   }
   cudaStreamDestroy(stream);
+}
+
+namespace {
+
+// One random requant op over its own page images: n src pages of class `from` (random
+// bytes; fp16 ones hold real model-dtype K/V with specials), then n dst pages poisoned
+// with 0xAB; each page's used count full, partial or 0. The CPU's op on the host images,
+// the CUDA op on the device copies; every byte of every page (src untouched, dst whole,
+// the bytes of a dst stride past its class's page too) must agree.
+std::string random_requant(const kvgc_model_desc& m, uint32_t pt, int from, int to, uint32_t n,
+                           std::mt19937& rng, cudaStream_t stream, uint32_t used_counts[3]) {
+  Images im(m, pt, 2 * size_t(n));
+  std::vector<kvgc::RequantPage> hp(n), dp(n);
+  const kvgc::PageLayout& Ls = im.L[from];
+  const size_t eb = elem_bytes(m);
+  for (uint32_t i = 0; i < n; ++i) {
+    fill_page(im, i, from, pt, 1.0, int32_t(i * pt), m, rng);
+    // fp16 pages: a few NaNs with payloads (quiet and signalling, both signs), which an
+    // fp16 destination keeps bit for bit (the CPU copies the row) and quantisation ignores.
+    for (uint32_t k = 0; from == KVGC_CLASS_FP16 && k < 4; ++k) {
+      const size_t at = (rng() % 2 ? Ls.v_off : Ls.k_off) + rng() % Ls.n_kv_heads * Ls.head_stride +
+                        rng() % pt * Ls.slot_stride + rng() % Ls.head_dim * eb;
+      const uint32_t sign = rng() % 2, bits = uint32_t(rng());
+      if (m.dtype == KVGC_DTYPE_F32) {
+        const uint32_t x = sign << 31 | 0x7f800000u | (1 + bits % 0x7fffffu);
+        std::memcpy(im.h(i) + at, &x, 4);
+      } else {
+        const uint16_t x = m.dtype == KVGC_DTYPE_F16 ? uint16_t(sign << 15 | 0x7c00u | (1 + bits % 0x3ffu))
+                                                     : uint16_t(sign << 15 | 0x7f80u | (1 + bits % 0x7fu));
+        std::memcpy(im.h(i) + at, &x, 2);
+      }
+    }
+    std::memset(im.h(n + i), 0xAB, im.stride);
+    const uint32_t kind = rng() % 3;
+    const uint32_t used = kind == 0 ? pt : kind == 1 ? 1 + rng() % pt : 0;
+    ++used_counts[used == pt ? 0 : used ? 1 : 2];
+    hp[i] = {im.h(i), im.h(n + i), used};
+    dp[i] = {im.d(i), im.d(n + i), used};
+  }
+  im.upload();
+  kvgc::cpu::requant({im.L[from], im.L[to], hp.data(), n});
+  REQUIRE(kvgc::cuda::requant({im.L[from], im.L[to], dp.data(), n}, stream) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  return im.compare();
+}
+
+}  // namespace
+
+TEST_CASE("requant on CUDA equals the CPU op on random page images (fp16, int8, int4 to every cheaper class; full, partial and empty pages; several launch chunks)") {
+  const uint32_t seed = kvgc_test::fresh_seed("test_cuda requant");
+  std::mt19937 rng(seed);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  // head_dim 48 and 6: one int4/int2 group of the whole row (6: int4 rows of 3 bytes,
+  // int2 rows of 2 with a padded last byte).
+  const kvgc_model_desc models[] = {model(1, 2, 64, KVGC_DTYPE_F16), model(1, 2, 128, KVGC_DTYPE_BF16),
+                                    model(1, 3, 48, KVGC_DTYPE_F32), model(1, 3, 6, KVGC_DTYPE_F16),
+                                    model(1, 1, 32, KVGC_DTYPE_BF16)};
+  uint32_t used_counts[3] = {};  // pages full, partial, empty
+  uint32_t pairs[KVGC_CLASS_COUNT][KVGC_CLASS_COUNT] = {};
+  for (int iter = 0; iter < 96; ++iter) {
+    CAPTURE(iter);
+    const kvgc_model_desc& m = models[iter % 5];
+    const uint32_t pt = std::array<uint32_t, 3>{16, 37, 8}[rng() % 3];
+    // Sources: fp16, int8, int4; destinations: the source's class or any cheaper one
+    // (fp16 -> fp16 copies bits; a quantised source is never re-stored as fp16).
+    const int from = std::array<int, 3>{KVGC_CLASS_FP16, KVGC_CLASS_INT8, KVGC_CLASS_INT4}[iter / 5 % 3];
+    int to = 0;
+    do to = int(rng() % KVGC_CLASS_COUNT);
+    while (kvgc::class_rank(uint32_t(to)) < kvgc::class_rank(uint32_t(from)));
+    const uint32_t n = rng() % 4 == 0 ? 17 + rng() % 24 : 1 + rng() % 16;  // both parameter blocks
+    CAPTURE(m.head_dim);
+    CAPTURE(pt);
+    CAPTURE(from);
+    CAPTURE(to);
+    CAPTURE(n);
+    const std::string diff = random_requant(m, pt, from, to, n, rng, stream, used_counts);
+    INFO(diff);
+    REQUIRE(diff.empty());
+    ++pairs[from][to];
+  }
+  for (int from : {KVGC_CLASS_FP16, KVGC_CLASS_INT8})
+    for (int to : {KVGC_CLASS_INT8, KVGC_CLASS_INT4, KVGC_CLASS_INT2}) {
+      CAPTURE(from);
+      CAPTURE(to);
+      CHECK(pairs[from][to] > 0);
+    }
+  CHECK(pairs[KVGC_CLASS_FP16][KVGC_CLASS_FP16] > 0);
+  CHECK(used_counts[0] > 0);
+  CHECK(used_counts[1] > 0);
+  CHECK(used_counts[2] > 0);
+  // More pages than one launch's parameters hold (1024): several chunks, each zeroed and
+  // re-stored in its own pair of launches.
+  for (int to : {KVGC_CLASS_INT4, KVGC_CLASS_INT2}) {
+    const uint32_t n = 1025 + rng() % 600;
+    const std::string diff =
+        random_requant(model(1, 1, 32, KVGC_DTYPE_F16), 8, KVGC_CLASS_FP16, to, n, rng, stream, used_counts);
+    INFO(diff);
+    REQUIRE(diff.empty());
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("requant on CUDA: malformed ops are refused before anything is enqueued; the backends agree with the CPU") {
+  const kvgc_model_desc m = model(1, 2, 64);
+  Images im(m, 16, 4);
+  const kvgc::PageLayout &L16 = im.L[KVGC_CLASS_FP16], &L4 = im.L[KVGC_CLASS_INT4];
+  const kvgc::PageLayout L4b = kvgc::PageLayout::make(8, 2, 64, KVGC_DTYPE_F16, KVGC_CLASS_INT4);
+  std::mt19937 rng(kvgc_test::fresh_seed("test_cuda requant refusals"));
+  fill_page(im, 0, KVGC_CLASS_FP16, 16, 1.0, 0, m, rng);
+  fill_page(im, 1, KVGC_CLASS_FP16, 16, 1.0, 16, m, rng);
+  std::memset(im.h(2), 0xAB, 2 * im.stride);
+  im.upload();
+  auto requant = [&](const kvgc::PageLayout& Ld, std::vector<kvgc::RequantPage> pages) {
+    return kvgc::cuda::requant({L16, Ld, pages.data(), uint32_t(pages.size())}, nullptr);
+  };
+  CHECK(requant(L4, {}) == cudaSuccess);
+  CHECK(requant(L4, {{nullptr, im.d(2), 1}}) == cudaErrorInvalidValue);
+  CHECK(requant(L4, {{im.d(0), nullptr, 1}}) == cudaErrorInvalidValue);
+  CHECK(requant(L4, {{im.d(0), im.d(2), 17}}) == cudaErrorInvalidValue);
+  CHECK(requant(L4, {{im.d(0), im.d(2) + 8, 1}}) == cudaErrorInvalidValue);  // dst misaligned
+  CHECK(requant(L4b, {{im.d(0), im.d(2), 1}}) == cudaErrorInvalidValue);     // page_tokens differ
+  CHECK(requant(L4, {{im.d(0), im.d(2), 16}, {im.d(1), im.d(3), 17}}) == cudaErrorInvalidValue);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(im.compare().empty());  // nothing was written
+
+  // Through the backend: the refusal as KVGC_EINVAL, then a real op equal to the CPU's.
+  std::unique_ptr<kvgc::Backend> backend;
+  REQUIRE(kvgc::make_cuda_backend(0, &backend).ok());
+  const kvgc::RequantPage bad{im.d(0), im.d(2), 17};
+  const kvgc::Status st = backend->requant({L16, L4, &bad, 1}, nullptr);
+  CHECK(st.code == KVGC_EINVAL);
+  CHECK(st.msg.find("requant") != std::string::npos);
+  const kvgc::RequantPage hp[] = {{im.h(0), im.h(2), 16}, {im.h(1), im.h(3), 5}};
+  const kvgc::RequantPage dp[] = {{im.d(0), im.d(2), 16}, {im.d(1), im.d(3), 5}};
+  kvgc::cpu::requant({L16, L4, hp, 2});
+  REQUIRE(backend->requant({L16, L4, dp, 2}, nullptr).ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::string diff = im.compare();
+  INFO(diff);
+  CHECK(diff.empty());
 }
 
 TEST_CASE("observe and compact on CUDA: bad input fails cleanly as on the CPU; the device stays usable") {

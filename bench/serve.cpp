@@ -378,6 +378,7 @@ struct Row {
   double held_sum = 0, used_max = 0;  // bytes per running sequence (summed), peak bytes used
   double own_sum = 0;                 // the same less shared pages (each held once)
   uint64_t slabs_evacuated = 0, pages_migrated = 0;  // the heap's, over the run
+  uint64_t pages_shrunk = 0, bytes_shrunk = 0;       // (KVGC_PREFIX_CHARGE=shrink)
   uint64_t held_samples = 0;
   double footprint_sum = 0;           // admission's estimate for each request's prompt
   int kind_correct[2] = {0, 0}, kind_total[2] = {0, 0};  // --shared-prefix: A, B
@@ -470,6 +471,8 @@ bool run_config(const std::string& config, const Args& a, const engine::Model& m
     if (kvgc_get_stats(eng.heap(), &hs) == KVGC_OK) {
       row->slabs_evacuated = hs.slabs_evacuated;
       row->pages_migrated = hs.pages_migrated;
+      row->pages_shrunk = hs.pages_shrunk;
+      row->bytes_shrunk = hs.bytes_shrunk;
     }
   }
   const engine::ServeStats& st = server.stats();
@@ -587,13 +590,15 @@ int main(int argc, char** argv) {
     // keeps the configurations it finished.
     std::fprintf(stderr,
                  "  %s done in %.1f s: max_seq %u, mean_seq %.2f, load_seq %.2f, passkey %d/%d, preempt %llu, "
-                 "MiB/seq %.2f, peak MiB %.1f, gen_tok/s %.1f, slabs evacuated %llu (%llu pages)\n",
+                 "MiB/seq %.2f, peak MiB %.1f, gen_tok/s %.1f, slabs evacuated %llu (%llu pages), "
+                 "shared pages shrunk %llu (%.1f MiB)\n",
                  name.c_str(), row.seconds, row.max_running, row.mean_running, row.loaded_running,
                  row.passkey_correct,
                  row.passkey_total, (unsigned long long)row.preemptions,
                  row.held_samples ? row.held_sum / double(row.held_samples) / (1 << 20) : 0.0,
                  row.used_max / (1 << 20), row.tokens_per_s,
-                 (unsigned long long)row.slabs_evacuated, (unsigned long long)row.pages_migrated);
+                 (unsigned long long)row.slabs_evacuated, (unsigned long long)row.pages_migrated,
+                 (unsigned long long)row.pages_shrunk, double(row.bytes_shrunk) / (1 << 20));
     rows.push_back(row);
   }
   std::printf("\n%-12s %8s %9s %9s %9s %10s %9s %9s %8s %8s %9s %9s %9s %8s\n", "config",

@@ -1024,3 +1024,75 @@ TEST_CASE("prefix cache, charged as shrink: pages every holder demoted are re-st
     H.check();
   }
 }
+
+TEST_CASE("prefix cache, charged as shrink: a batched decode loop shrinks shared pages at its plans") {
+  // The shrink pass also runs at kvgc_batch_plan (after the previous plan is spent): a
+  // decode loop that only plans, appends, attends (scores from real attention) and steps
+  // re-stores the pages its holders demoted, the exported pages name the shrunk copies,
+  // and the walker holds after every step.
+  kvgc_heap_options o = gc_options(KVGC_POLICY_GENERATIONAL, 0);
+  o.budget_bytes = 32 << 20;
+  o.byte_budget_fraction = 0.3;
+  o.demote = KVGC_DEMOTE_LADDER;
+  o.prefix_charge = KVGC_PREFIX_CHARGE_SHRINK;
+  Heap H(o, model(2, 2, 32));
+  const uint32_t P = 150;
+  const auto ids = prompt_ids(P);
+  kvgc_seq keeper;
+  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
+  append_prompt(H, keeper, 0, P);
+  keep(H, keeper, ids);
+  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+  constexpr uint32_t N = 3;
+  kvgc_seq s[N];
+  for (auto& x : s) {
+    REQUIRE(kvgc_seq_create(H.h, 0, &x) == KVGC_OK);
+    CHECK(attach(H, x, ids) == P);
+  }
+  kvgc_batch* b = nullptr;
+  REQUIRE(kvgc_batch_create(H.h, &b) == KVGC_OK);
+  kvgc_model_desc qm = H.m;
+  qm.n_kv_heads = H.m.n_q_heads;
+  int64_t len = P;
+  for (int round = 0; round < 40; ++round) {
+    const uint32_t n = round == 0 ? 16 : 1;
+    const uint32_t n_new[N] = {n, n, n};
+    REQUIRE(kvgc_batch_plan(b, s, n_new, N, nullptr, nullptr) == KVGC_OK);
+    // The holders see the same tokens and queries (each row repeated per sequence), so
+    // they agree on what to demote: the pages they all demoted shrink.
+    auto per_seq = [&](const std::vector<uint8_t>& x) {
+      std::vector<uint8_t> all;
+      for (uint32_t i = 0; i < N; ++i) all.insert(all.end(), x.begin(), x.end());
+      return all;
+    };
+    for (uint32_t l = 0; l < 2; ++l) {
+      const auto k = per_seq(gaussian(H.m, 500 + uint64_t(round), l, len, n, false));
+      const auto v = per_seq(gaussian(H.m, 500 + uint64_t(round), l, len, n, true));
+      REQUIRE(kvgc_batch_append(b, l, k.data(), v.data(), nullptr) == KVGC_OK);
+      const auto q = per_seq(gaussian(qm, 900 + uint64_t(round), l, len, n, false));
+      std::vector<uint8_t> out(q.size());
+      REQUIRE(kvgc_batch_attend(b, l, q.data(), out.data(), nullptr, nullptr) == KVGC_OK);
+    }
+    REQUIRE(kvgc_batch_step(b, nullptr) == KVGC_OK);
+    len += n;
+    H.check();
+  }
+  const kvgc_stats st = H.stats();
+  MESSAGE(st.pages_shrunk << " pages shrunk by the batched loop; " << st.tokens_demoted << " demoted, " << st.tokens_evicted << " evicted, " << st.gcs << " gcs");
+  CHECK(st.pages_shrunk > 0);
+  // The next plan's export names each holder's pages where they are now: some K/V pages
+  // are shrunk shared ones (INT8), read through a header of the holder's own.
+  const uint32_t one[N] = {1, 1, 1};
+  REQUIRE(kvgc_batch_plan(b, s, one, N, nullptr, nullptr) == KVGC_OK);
+  const auto k = gaussian(H.m, 7, 0, len, N, false), v = gaussian(H.m, 7, 0, len, N, true);
+  REQUIRE(kvgc_batch_append(b, 0, k.data(), v.data(), nullptr) == KVGC_OK);
+  kvgc_batch_view view;
+  view.struct_size = sizeof view;
+  REQUIRE(kvgc_batch_export(b, 0, &view) == KVGC_OK);
+  uint32_t shrunk_pages = 0;
+  for (uint32_t p = 0; p < view.n_pages; ++p)
+    shrunk_pages += view.kv_offset[p] != view.page_offset[p] && view.page_class[p] == KVGC_CLASS_INT8;
+  CHECK(shrunk_pages > 0);
+  kvgc_batch_destroy(b);
+  H.check();
+}

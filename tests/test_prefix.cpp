@@ -58,6 +58,16 @@ uint64_t attach(Heap& H, kvgc_seq s, const std::vector<int32_t>& ids, uint64_t s
   return n;
 }
 
+// A prompt appended by a sequence of `tenant`, kept, and the keeper let go: only the
+// cache holds its pages.
+void keep_prompt(Heap& H, uint32_t tenant, const std::vector<int32_t>& ids, uint64_t salt = 0) {
+  kvgc_seq keeper;
+  REQUIRE(kvgc_seq_create(H.h, tenant, &keeper) == KVGC_OK);
+  append_prompt(H, keeper, 0, uint32_t(ids.size()));
+  keep(H, keeper, ids, salt);
+  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+}
+
 using Image = Heap::Image;
 Image image(Heap& H, kvgc_seq s, uint32_t layer) { return H.image(s, layer); }
 
@@ -77,6 +87,80 @@ std::vector<uint8_t> attend(Heap& H, kvgc_seq s, uint32_t layer, uint64_t qkey, 
   std::vector<uint8_t> out(q.size(), 0xEE);
   REQUIRE(kvgc_attend(H.h, s, layer, q.data(), n_q, out.data(), nullptr, nullptr) == KVGC_OK);
   return out;
+}
+
+
+// The same attention mass for the same position in any sequence, whatever its rows'
+// order (kvgc_observe): sequences fed this decide alike whatever their attention reads.
+void observe_by_position(Heap& H, kvgc_seq s, uint32_t l, int round) {
+  const Image im = image(H, s, l);
+  std::vector<float> mass(im.pos.size());
+  for (size_t j = 0; j < mass.size(); ++j) {
+    uint64_t h = uint64_t(im.pos[j]) * 0x9e3779b97f4a7c15ull ^ (uint64_t(round) * 7919 + l);
+    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    mass[j] = float(double(h >> 40) / double(1 << 24)) * (im.pos[j] % 13 == 0 ? 4.0f : 1.0f);
+  }
+  REQUIRE(kvgc_observe(H.h, s, l, mass.data(), mass.size(), nullptr) == KVGC_OK);
+}
+
+// One random query's attention on every layer of s against a float64 reference over what
+// kvgc_read returns.
+void check_attention_reads(Heap& H, kvgc_seq s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  const size_t eb = elem_bytes(H.m);
+  for (uint32_t l = 0; l < H.m.n_layers; ++l) {
+    std::vector<uint8_t> q(size_t(H.m.n_q_heads) * H.m.head_dim * eb);
+    for (size_t e = 0; e < q.size() / eb; ++e) kvgc::cpu::store(&q[e * eb], H.m.dtype, 2.0f * gauss(rng));
+    const Reference ref = reference(H.h, H.m, s, l, q, 1, 1.0 / std::sqrt(double(H.m.head_dim)));
+    std::vector<uint8_t> out(q.size(), 0xA5);  // poisoned
+    REQUIRE(kvgc_attend(H.h, s, l, q.data(), 1, out.data(), nullptr, nullptr) == KVGC_OK);
+    CHECK(rel_err(ref.out, to_float(out, H.m.dtype)) < output_bound(H.m.dtype));
+  }
+}
+
+
+// The prune and shrink scenario: a P-token prompt kept by tenant 3 (salt 42) and let go;
+// N holders (tenant 1) attach it and N unshared copies (tenant 2) append it; then
+// `rounds` rounds of tokens of their own (20, then 1 to 3), each fed the same mass by
+// position, and a step of each, whose statuses must agree.
+struct Holders {
+  static constexpr int N = 3;
+  kvgc_seq shared[N], own[N];
+  int64_t len = 0;
+  uint64_t cache_bytes = 0;  // tenant 3's bytes once the prompt is kept: the shared pages
+};
+Holders run_holders(Heap& H, uint32_t P, int rounds) {
+  Holders x;
+  const auto ids = prompt_ids(P);
+  keep_prompt(H, 3, ids, /*salt=*/42);
+  uint64_t limit = 0;
+  REQUIRE(kvgc_tenant_usage(H.h, 3, &x.cache_bytes, &limit) == KVGC_OK);
+  for (int i = 0; i < Holders::N; ++i) {
+    REQUIRE(kvgc_seq_create(H.h, 1, &x.shared[i]) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(H.h, 2, &x.own[i]) == KVGC_OK);
+    CHECK(attach(H, x.shared[i], ids, 42) == P);
+    append_prompt(H, x.own[i], 0, P);
+  }
+  x.len = P;
+  for (int round = 0; round < rounds; ++round) {
+    const uint32_t n = round == 0 ? 20 : 1 + round % 3;  // a private prompt part, then decode
+    for (int i = 0; i < Holders::N; ++i) {
+      const uint64_t key = 77 + uint64_t(i);
+      for (kvgc_seq s : {x.shared[i], x.own[i]})
+        for (uint32_t l = 0; l < H.m.n_layers; ++l) {
+          const auto k = gaussian(H.m, key, l, x.len, n, false), v = gaussian(H.m, key, l, x.len, n, true);
+          REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
+          observe_by_position(H, s, l, round);
+        }
+      const kvgc_status a = H.step(x.shared[i]), b = H.step(x.own[i]);
+      CHECK(a == b);
+    }
+    x.len += n;
+    if (round % 10 == 0) H.check();
+  }
+  return x;
 }
 
 }  // namespace
@@ -515,11 +599,7 @@ TEST_CASE("prefix cache, charged to the cache: attached pages stay whole and out
     Heap H(o, model(2, 2, 32));
     const uint32_t P = 203;  // 25 whole pages and 3 tokens
     const auto ids = prompt_ids(P);
-    kvgc_seq keeper;
-    REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
-    append_prompt(H, keeper, 0, P);
-    keep(H, keeper, ids);
-    REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+    keep_prompt(H, 0, ids);
     constexpr int N = 4;
     kvgc_seq s[N];
     for (int i = 0; i < N; ++i) {
@@ -762,49 +842,10 @@ TEST_CASE("prefix cache, charged as prune: holders decide as unshared, hold only
     o.prefix_charge = KVGC_PREFIX_CHARGE_PRUNE;
     Heap H(o, model(2, 2, 32));
     const uint32_t P = 150;
-    const auto ids = prompt_ids(P);
-    kvgc_seq keeper;
-    REQUIRE(kvgc_seq_create(H.h, 3, &keeper) == KVGC_OK);
-    append_prompt(H, keeper, 0, P);
-    keep(H, keeper, ids, /*salt=*/42);
-    REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
-    constexpr int N = 3;
-    kvgc_seq shared[N], own[N];
-    for (int i = 0; i < N; ++i) {
-      REQUIRE(kvgc_seq_create(H.h, 1, &shared[i]) == KVGC_OK);
-      REQUIRE(kvgc_seq_create(H.h, 2, &own[i]) == KVGC_OK);
-      CHECK(attach(H, shared[i], ids, 42) == P);
-      append_prompt(H, own[i], 0, P);
-    }
-    // The same mass for the same position in both, whatever the rows' order.
-    auto observe = [&](kvgc_seq s, uint32_t l, int round) {
-      const Image im = image(H, s, l);
-      std::vector<float> mass(im.pos.size());
-      for (size_t j = 0; j < mass.size(); ++j) {
-        uint64_t h = uint64_t(im.pos[j]) * 0x9e3779b97f4a7c15ull ^ (uint64_t(round) * 7919 + l);
-        h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
-        h ^= h >> 32;
-        mass[j] = float(double(h >> 40) / double(1 << 24)) * (im.pos[j] % 13 == 0 ? 4.0f : 1.0f);
-      }
-      REQUIRE(kvgc_observe(H.h, s, l, mass.data(), mass.size(), nullptr) == KVGC_OK);
-    };
-    int64_t len = P;
-    for (int round = 0; round < 40; ++round) {
-      const uint32_t n = round == 0 ? 20 : 1 + round % 3;  // a private prompt part, then decode
-      for (int i = 0; i < N; ++i) {
-        const uint64_t key = 77 + uint64_t(i);
-        for (kvgc_seq s : {shared[i], own[i]})
-          for (uint32_t l = 0; l < 2; ++l) {
-            const auto k = gaussian(H.m, key, l, len, n, false), v = gaussian(H.m, key, l, len, n, true);
-            REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
-            observe(s, l, round);
-          }
-        const kvgc_status a = H.step(shared[i]), b = H.step(own[i]);
-        CHECK(a == b);
-      }
-      len += n;
-      if (round % 10 == 0) H.check();
-    }
+    const Holders hs = run_holders(H, P, 40);
+    constexpr int N = Holders::N;
+    const kvgc_seq *shared = hs.shared, *own = hs.own;
+    const int64_t len = hs.len;
     const size_t tok = token_bytes(H.m);
     size_t charged_prompt = 0;  // prompt tokens the holders' ladders demoted in place
     for (int i = 0; i < N; ++i)
@@ -834,18 +875,7 @@ TEST_CASE("prefix cache, charged as prune: holders decide as unshared, hold only
     CHECK((config == 0) == (charged_prompt == 0));
     // Attention reads what kvgc_read reads: every live token once, a demoted shared one at
     // its page's precision, a demoted private one dequantised.
-    std::mt19937 rng(uint32_t(config) + 5);
-    std::normal_distribution<float> gauss(0.f, 1.f);
-    const size_t eb = elem_bytes(H.m);
-    for (int i = 0; i < N; ++i)
-      for (uint32_t l = 0; l < 2; ++l) {
-        std::vector<uint8_t> q(size_t(H.m.n_q_heads) * H.m.head_dim * eb);
-        for (size_t e = 0; e < q.size() / eb; ++e) kvgc::cpu::store(&q[e * eb], H.m.dtype, 2.0f * gauss(rng));
-        const Reference ref = reference(H.h, H.m, shared[i], l, q, 1, 1.0 / std::sqrt(double(H.m.head_dim)));
-        std::vector<uint8_t> out(q.size(), 0xA5);  // poisoned
-        REQUIRE(kvgc_attend(H.h, shared[i], l, q.data(), 1, out.data(), nullptr, nullptr) == KVGC_OK);
-        CHECK(rel_err(ref.out, to_float(out, H.m.dtype)) < output_bound(H.m.dtype));
-      }
+    for (int i = 0; i < N; ++i) check_attention_reads(H, shared[i], uint32_t(config) + 5);
     // The holders' tenant: header pages and their own tokens; the unshared tenant holds
     // its prompt too, at its rungs.
     uint64_t used_shared = 0, used_own = 0, limit = 0;
@@ -875,47 +905,11 @@ TEST_CASE("prefix cache, charged as shrink: pages every holder demoted are re-st
     Heap H(o, model(2, 2, 32));
     const uint32_t P = 150, pt = o.page_tokens;
     const auto ids = prompt_ids(P);
-    kvgc_seq keeper;
-    REQUIRE(kvgc_seq_create(H.h, 3, &keeper) == KVGC_OK);
-    append_prompt(H, keeper, 0, P);
-    keep(H, keeper, ids, /*salt=*/42);
-    REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
-    uint64_t cache_bytes0 = 0, limit = 0;
-    REQUIRE(kvgc_tenant_usage(H.h, 3, &cache_bytes0, &limit) == KVGC_OK);
-    constexpr int N = 3;
-    kvgc_seq shared[N], own[N];
-    for (int i = 0; i < N; ++i) {
-      REQUIRE(kvgc_seq_create(H.h, 1, &shared[i]) == KVGC_OK);
-      REQUIRE(kvgc_seq_create(H.h, 2, &own[i]) == KVGC_OK);
-      CHECK(attach(H, shared[i], ids, 42) == P);
-      append_prompt(H, own[i], 0, P);
-    }
-    auto observe = [&](kvgc_seq s, uint32_t l, int round) {  // the same mass by position
-      const Image im = image(H, s, l);
-      std::vector<float> mass(im.pos.size());
-      for (size_t j = 0; j < mass.size(); ++j) {
-        uint64_t h = uint64_t(im.pos[j]) * 0x9e3779b97f4a7c15ull ^ (uint64_t(round) * 7919 + l);
-        h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
-        h ^= h >> 32;
-        mass[j] = float(double(h >> 40) / double(1 << 24)) * (im.pos[j] % 13 == 0 ? 4.0f : 1.0f);
-      }
-      REQUIRE(kvgc_observe(H.h, s, l, mass.data(), mass.size(), nullptr) == KVGC_OK);
-    };
-    int64_t len = P;
-    for (int round = 0; round < 30; ++round) {
-      const uint32_t n = round == 0 ? 20 : 1 + round % 3;
-      for (int i = 0; i < N; ++i) {
-        for (kvgc_seq s : {shared[i], own[i]})
-          for (uint32_t l = 0; l < 2; ++l) {
-            const auto k = gaussian(H.m, 77 + uint64_t(i), l, len, n, false), v = gaussian(H.m, 77 + uint64_t(i), l, len, n, true);
-            REQUIRE(kvgc_append(H.h, s, l, k.data(), v.data(), n, nullptr) == KVGC_OK);
-            observe(s, l, round);
-          }
-        CHECK(H.step(shared[i]) == H.step(own[i]));
-      }
-      len += n;
-      if (round % 10 == 0) H.check();
-    }
+    const Holders hs = run_holders(H, P, 30);
+    constexpr int N = Holders::N;
+    const kvgc_seq *shared = hs.shared, *own = hs.own;
+    const uint64_t cache_bytes0 = hs.cache_bytes;
+    uint64_t limit = 0;
     const kvgc_stats st = H.stats();
     MESSAGE("config " << config << ": " << st.pages_shrunk << " pages shrunk, " << st.bytes_shrunk << " B");
     CHECK((st.pages_shrunk > 0) == (config == 1));
@@ -973,18 +967,7 @@ TEST_CASE("prefix cache, charged as shrink: pages every holder demoted are re-st
       }
     CHECK((read_at_int8 > 0) == (config == 1));
     // Attention reads what kvgc_read reads.
-    std::mt19937 rng(uint32_t(config) + 11);
-    std::normal_distribution<float> gauss(0.f, 1.f);
-    const size_t eb = elem_bytes(H.m);
-    for (int i = 0; i < N; ++i)
-      for (uint32_t l = 0; l < 2; ++l) {
-        std::vector<uint8_t> q(size_t(H.m.n_q_heads) * H.m.head_dim * eb);
-        for (size_t e = 0; e < q.size() / eb; ++e) kvgc::cpu::store(&q[e * eb], H.m.dtype, 2.0f * gauss(rng));
-        const Reference ref = reference(H.h, H.m, shared[i], l, q, 1, 1.0 / std::sqrt(double(H.m.head_dim)));
-        std::vector<uint8_t> out(q.size(), 0xA5);
-        REQUIRE(kvgc_attend(H.h, shared[i], l, q.data(), 1, out.data(), nullptr, nullptr) == KVGC_OK);
-        CHECK(rel_err(ref.out, to_float(out, H.m.dtype)) < output_bound(H.m.dtype));
-      }
+    for (int i = 0; i < N; ++i) check_attention_reads(H, shared[i], uint32_t(config) + 11);
     // The shared pages' tenant holds fewer bytes once they shrink.
     uint64_t cache_bytes = 0;
     REQUIRE(kvgc_tenant_usage(H.h, 3, &cache_bytes, &limit) == KVGC_OK);
@@ -1038,11 +1021,7 @@ TEST_CASE("prefix cache, charged as shrink: a batched decode loop shrinks shared
   Heap H(o, model(2, 2, 32));
   const uint32_t P = 150;
   const auto ids = prompt_ids(P);
-  kvgc_seq keeper;
-  REQUIRE(kvgc_seq_create(H.h, 0, &keeper) == KVGC_OK);
-  append_prompt(H, keeper, 0, P);
-  keep(H, keeper, ids);
-  REQUIRE(kvgc_seq_destroy(H.h, keeper) == KVGC_OK);
+  keep_prompt(H, 0, ids);
   constexpr uint32_t N = 3;
   kvgc_seq s[N];
   for (auto& x : s) {

@@ -178,6 +178,8 @@ def test_every_option_reaches_the_heap():
         assert heap.options["prefix_charge"] == kvgc.PrefixCharge.CACHE  # the default
     with make_heap(prefix_charge="prune") as heap:  # 0.8
         assert heap.options["prefix_charge"] == kvgc.PrefixCharge.PRUNE
+    with make_heap(prefix_charge="shrink") as heap:  # 0.13
+        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.SHRINK
     heap = make_heap(byte_budget="10%", token_budget=100, budget=0.01,
                      layer_budget="entropy", layer_weights=[1.0, 3.0])
     o = heap.options
@@ -649,6 +651,36 @@ def test_prefix_charge_prune_demotes_shared_tokens_in_place():
         rk, _, pos = heap.read(seq, 0)
         np.testing.assert_array_equal(rk, k[pos])      # fp16 (here f32) bytes, not int4
         assert heap.stats().classes["int4"]["pages_used"] == 0  # no private copy
+        heap.check()
+
+
+def test_prefix_charge_shrink_restores_pages_every_holder_demoted():
+    # shrink (0.13): prune, and a shared page whose every holder counts its live slots at
+    # the ladder's first rung below fp16 (here int4, the only rung) is re-stored there at
+    # the next step: the holder then reads it at int4, and the pages' bytes shrink.
+    with prefix_heap(policy="h2o", token_budget=8, window=4, sinks=2, demote="int4",
+                     prefix_charge="shrink") as heap:
+        keeper, k, _, ids = keeper_with_prompt(heap, n=48)
+        heap.keep_prefix(keeper, ids)
+        heap.free_sequence(keeper)
+        seq = heap.new_sequence()
+        assert heap.attach_prefix(seq, ids) == 48
+        for layer in range(L):
+            heap.observe(seq, layer, np.linspace(0.1, 1.0, 48, dtype=np.float32))
+        heap.step(seq)                      # demotes in place: the holder judges the pages
+        assert heap.stats().pages_shrunk == 0
+        heap.step(seq)                      # the pass before it re-stores them
+        s = heap.stats()
+        assert s.pages_shrunk > 0 and s.bytes_shrunk > 0
+        assert s.classes["int4"]["pages_used"] > 0  # the shrunk shared pages
+        rk, _, pos = heap.read(seq, 0)
+        cls = heap.read_classes(seq, 0)
+        shrunk = cls == kvgc.StorageClass.INT4
+        assert shrunk.any()
+        # fp16 (here f32) tokens read exactly; int4 ones within int4's error, not exactly.
+        np.testing.assert_array_equal(rk[~shrunk], k[pos[~shrunk]])
+        err = np.linalg.norm(rk[shrunk] - k[pos[shrunk]]) / np.linalg.norm(k[pos[shrunk]])
+        assert 0 < err < 0.15
         heap.check()
 
 

@@ -227,7 +227,9 @@ class Heap(_kvgc.Heap):
         Who pays for the attached tokens is the heap's prefix_charge option: "cache" (the
         default) keeps the attached whole pages whole in seq's view, never pruned by its
         GC nor counted by its budgets; "view" prunes them as seq's own tokens; "prune"
-        decides as "view" with no private copy of a demoted shared token. Attaching
+        decides as "view" with no private copy of a demoted shared token; "shrink" is
+        "prune", and pages every holder demoted are stored (and attached) at the
+        ladder's first rung below fp16. Attaching
         makes the prefix the most recently used. OutOfMemory / BudgetExceeded (seq's
         tenant pays its header pages) change nothing.
         """

@@ -1,5 +1,6 @@
-// CUDA backend: one cudaMalloc for the arena (never managed memory), every op enqueued
-// on the engine's stream, every CUDA error turned into KVGC_EDEVICE with its message.
+// CUDA backend: one cudaMalloc for the arena (never managed memory; besides it only
+// compaction's staging ring, a MiB or so: gc.cuh), every op enqueued on the engine's
+// stream, every CUDA error turned into KVGC_EDEVICE with its message.
 // Compiled only when kvgc is built with CUDA; see no_cuda_backend.cpp otherwise.
 #include <cuda_runtime.h>
 
@@ -46,6 +47,10 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int ordinal, std::string name, int n_sm)
       : ordinal_(ordinal), name_(std::move(name)), n_sm_(n_sm) {}
+  ~CudaBackend() override {
+    DeviceGuard g(ordinal_);
+    compact_stage_.release();
+  }
   kvgc_device kind() const override { return KVGC_DEVICE_CUDA; }
   std::string describe() const override { return name_; }
 
@@ -178,9 +183,13 @@ class CudaBackend final : public Backend {
     KVGC_CUDA(e, "GC select launch");
     return Status::Ok();
   }
+  // One copy of the move list (staged in the backend's pinned ring) and one launch.
   Status compact(const CompactOp& op, void* stream) override {
     DeviceGuard g(ordinal_);
-    const cudaError_t e = cuda::compact(op, as_stream(stream));
+    const cudaError_t e = cuda::compact(op, compact_stage_, as_stream(stream));
+    if (e == cudaErrorMemoryAllocation)
+      return fail(KVGC_ENOMEM, "compaction: no room for its staging ring (" + std::to_string(op.n_moves) +
+                                   " moves): out of device or pinned host memory");
     KVGC_TRY(compact_status(e));
     KVGC_CUDA(e, "compaction kernel launch");
     return Status::Ok();
@@ -214,6 +223,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   int n_sm_;
   cuda::SelectStaging stage_{true};
+  cuda::CompactStaging compact_stage_;  // compaction's uploads: pinned host and device rings
 };
 
 }  // namespace

@@ -1,9 +1,10 @@
-// CUDA observe, compact and requant (kernels/cpu/gc.cpp is the specification). All
-// travel as kernel parameters, chunked like copy.cu's append and gather, and never
-// synchronise.
+// CUDA observe, compact and requant (kernels/cpu/gc.cpp is the specification). Observe
+// and requant travel as kernel parameters, chunked like copy.cu's append and gather;
+// compact's moves go to the device in one copy from a staging ring (pinned) and run in
+// one launch. None synchronises.
 #include <algorithm>
+#include <bit>
 #include <cstdint>
-#include <functional>
 
 #include "../../allocator/host_memory.hpp"
 #include "../score.hpp"
@@ -17,8 +18,6 @@ namespace {
 // few moves) use small blocks, as copy.cu's decode append does.
 constexpr int kThreads = 256;
 constexpr uint32_t kObserveChunk = 768;   // 32 B a page: 24 KiB of parameters
-constexpr uint32_t kMoveChunk = 768;      // 32 B a move
-constexpr uint32_t kFixChunk = 1024;      // 16 B a page
 constexpr uint32_t kRequantChunk = 1024;  // 24 B a page
 constexpr uint32_t kSmall = 16;
 constexpr size_t kMaxParamBytes = 32764;  // sm_70+, CUDA 12.1+ (nvcc refuses more)
@@ -81,43 +80,39 @@ __global__ void observe_dev_kernel(const __grid_constant__ ObserveDevParams p) {
   observe_page(p.c, p.pages[blockIdx.x], blockIdx.x);
 }
 
+static_assert(sizeof(ObserveParams<kObserveChunk>) <= kMaxParamBytes);
+
 // ---- compact ----------------------------------------------------------------------
 
-// One move with its place in the op: the holes of dst that earlier moves into the same
-// page filled (dst_skip) and the live slots of src that earlier moves took (src_skip).
-// Every move reads the masks as they were before the op (no kernel of the op changes a
-// mask until mask_kernel), so moves run in parallel and still pair exactly as the CPU's
-// sequential loop: move m takes dst's holes ranked [dst_skip, dst_skip + count) in slot
-// order and src's live slots ranked [src_skip, src_skip + count) from the top.
+// The op as the kernel reads it (one upload): its moves, then a table of the pages they
+// touch. Each move has its place in the op: the holes of dst that earlier moves into the
+// same page fill (dst_skip) and the live slots of src that earlier moves take
+// (src_skip). Every block reads the masks as they were before the op (no mask changes
+// until every block that reads it has), so moves run in parallel and still pair exactly
+// as the CPU's sequential loop: move m takes dst's holes ranked [dst_skip, dst_skip +
+// count) in slot order and src's live slots ranked [src_skip, src_skip + count) from the
+// top.
 struct MoveDesc {
-  uint8_t* dst;
-  uint8_t* src;
+  uint32_t dst, src;  // indices into the page table
   uint32_t count, dst_skip, src_skip;
 };
 
-template <uint32_t N>
-struct MoveParams {
-  PageLayout L;
-  uint32_t n_moves;
-  MoveDesc moves[N];
-};
-
-// The final mask of a page the op touches: `fill` more holes set from the lowest (a
-// destination) or `take` live slots cleared from the highest (a source).
-struct MaskFix {
+// A page the op touches: `total` slots the op fills (a destination: holes set from the
+// lowest) or takes (a source: live slots cleared from the highest). `arrived` (0 in the
+// upload) sums the counts of the moves whose blocks have read its mask, once per block:
+// the block that brings it to total x blocks a move writes the final mask.
+struct PageFix {
   uint8_t* page;
-  uint32_t fill, take;
+  uint16_t total, src;
+  uint32_t arrived;
 };
+static_assert(sizeof(MoveDesc) == 20 && sizeof(PageFix) == 16);
 
-template <uint32_t N>
-struct FixParams {
+struct CompactParams {
   PageLayout L;
-  uint32_t n;
-  MaskFix fixes[N];
+  const MoveDesc* moves;
+  PageFix* pages;
 };
-static_assert(sizeof(ObserveParams<kObserveChunk>) <= kMaxParamBytes);
-static_assert(sizeof(MoveParams<kMoveChunk>) <= kMaxParamBytes);
-static_assert(sizeof(FixParams<kFixChunk>) <= kMaxParamBytes);
 
 // ---- requant ----------------------------------------------------------------------
 
@@ -152,10 +147,63 @@ __global__ void requant_kernel(const __grid_constant__ RequantParams<N> p) {
     dev::restore_row(rp.src, p.Ls, s, rp.dst, p.Ld, s, t % heads, t >= heads, row, &scale);
 }
 
-// blockIdx.y = move; blocks along x share its rows. T: the copy unit of the K/V rows.
-template <class T, uint32_t N>
-__global__ void move_kernel(const __grid_constant__ MoveParams<N> p) {
-  const MoveDesc& mv = p.moves[blockIdx.y];
+// Orders this thread's earlier reads and writes before its later ones for every other
+// block (the emulation runs blocks one after another: nothing to order).
+__device__ __forceinline__ void fence() {
+#ifndef KVGC_CUDA_EMU
+  __threadfence();
+#endif
+}
+
+// The final mask of a page the op fills `fill` holes of, from the lowest.
+__device__ inline void fill_holes(uint32_t* live, uint32_t pt, uint32_t fill) {
+  for (uint32_t w = 0; w < PageLayout::live_words(pt) && fill; ++w) {
+    const uint32_t valid = (w + 1) * 32 <= pt ? ~0u : (1u << (pt % 32)) - 1u;
+    uint32_t holes = ~live[w] & valid, word = live[w];
+    for (; holes && fill; --fill) {
+      word |= holes & (~holes + 1u);  // lowest hole
+      holes &= holes - 1u;
+    }
+    live[w] = word;
+  }
+}
+
+// The final mask of a page the op takes `take` live slots of, from the highest.
+__device__ inline void take_live(uint32_t* live, uint32_t pt, uint32_t take) {
+  for (uint32_t w = PageLayout::live_words(pt); w-- > 0 && take;) {
+    uint32_t word = live[w];
+    for (; word && take; --take) word &= ~(0x80000000u >> __clz(word));  // highest live
+    live[w] = word;
+  }
+}
+
+// Calls f(r, i, u) for this thread's share of the elements (r, i, u) of a move: r over
+// `regions`, i over `count` pairs, u over `units`, element e = (r * count + i) * units +
+// u, threads of the move's blocks taking e, e + stride, ... The digits step without a
+// division (the stride's digits are worked out once).
+template <class F>
+__device__ __forceinline__ void for_elements(uint32_t regions, uint32_t count, uint32_t units, F&& f) {
+  const uint32_t first = blockIdx.y * blockDim.x + threadIdx.x, stride = gridDim.y * blockDim.x;
+  uint32_t u = first % units, rest = first / units, i = rest % count, r = rest / count;
+  const uint32_t su = stride % units, srest = stride / units, si = srest % count, sr = srest / count;
+  while (r < regions) {
+    f(r, i, u);
+    u += su;
+    if (u >= units) u -= units, ++i;
+    i += si;
+    if (i >= count) i -= count, ++r;
+    r += sr;
+  }
+}
+
+// blockIdx.x = move; the blocks along y share its rows. T: the copy unit of the K/V rows.
+template <class T>
+__global__ void compact_kernel(const __grid_constant__ CompactParams p) {
+  const MoveDesc mv = p.moves[blockIdx.x];
+  PageFix* const df = p.pages + mv.dst;
+  PageFix* const sf = p.pages + mv.src;
+  uint8_t* const dst = df->page;
+  const uint8_t* const src = sf->page;
   const PageLayout& L = p.L;
   // Pair i: dst slot to[i], src slot from[i]. A pair the masks cannot supply (host
   // counts out of step with the device: a broken invariant) keeps kNoSlot and is
@@ -164,8 +212,8 @@ __global__ void move_kernel(const __grid_constant__ MoveParams<N> p) {
   __shared__ uint16_t to[kMaxPageTokens], from[kMaxPageTokens];
   for (uint32_t i = threadIdx.x; i < mv.count; i += blockDim.x) to[i] = from[i] = kNoSlot;
   __syncthreads();
-  const uint32_t* dl = reinterpret_cast<const uint32_t*>(mv.dst + L.live_off);
-  const uint32_t* sl = reinterpret_cast<const uint32_t*>(mv.src + L.live_off);
+  const uint32_t* dl = reinterpret_cast<const uint32_t*>(dst + L.live_off);
+  const uint32_t* sl = reinterpret_cast<const uint32_t*>(src + L.live_off);
   const uint32_t src_live = live_below(sl, L.page_tokens - 1) + live_bit(sl, L.page_tokens - 1);
   for (uint32_t s = threadIdx.x; s < L.page_tokens; s += blockDim.x) {
     if (!live_bit(dl, s)) {
@@ -177,71 +225,45 @@ __global__ void move_kernel(const __grid_constant__ MoveParams<N> p) {
       if (r >= mv.src_skip && r < mv.src_skip + mv.count) from[r - mv.src_skip] = uint16_t(s);
     }
   }
-  __syncthreads();
-  // K and V rows, head-major: each head's rows of a page are one region.
-  const uint32_t units = uint32_t(L.slot_stride / sizeof(T));
-  const uint32_t total = 2 * L.n_kv_heads * mv.count * units;
-  for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
-    const uint32_t u = e % units;
-    uint32_t rest = e / units;
-    const uint32_t i = rest % mv.count;
-    rest /= mv.count;
-    const uint32_t h = rest % L.n_kv_heads;
-    const size_t off = rest / L.n_kv_heads ? L.v_off : L.k_off;
-    const size_t base = off + h * L.head_stride;
-    if (to[i] == kNoSlot || from[i] == kNoSlot) continue;
-    reinterpret_cast<T*>(mv.dst + base + to[i] * L.slot_stride)[u] =
-        reinterpret_cast<const T*>(mv.src + base + from[i] * L.slot_stride)[u];
+  __syncthreads();  // every thread's mask reads are done
+  if (threadIdx.x == 0) {
+    // Counted in after this block's reads: the block that completes a page's count is
+    // the last to read its mask, and writes the final one.
+    fence();
+    const uint32_t blocks = gridDim.y;
+    const bool last_dst = atomicAdd(&df->arrived, mv.count) + mv.count == uint32_t(df->total) * blocks;
+    const bool last_src = atomicAdd(&sf->arrived, mv.count) + mv.count == uint32_t(sf->total) * blocks;
+    if (last_dst || last_src) fence();
+    if (last_dst) fill_holes(reinterpret_cast<uint32_t*>(dst + L.live_off), L.page_tokens, df->total);
+    if (last_src)
+      take_live(reinterpret_cast<uint32_t*>(sf->page + L.live_off), L.page_tokens, sf->total);
   }
-  if (L.qwords) {  // quantisation words (int8 scale, int4 scale/zero pairs) of each row
-    const uint32_t qunits = L.qwords;
-    const uint32_t qtotal = 2 * L.n_kv_heads * mv.count * qunits;
-    for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < qtotal; e += gridDim.x * blockDim.x) {
-      const uint32_t u = e % qunits;
-      uint32_t rest = e / qunits;
-      const uint32_t i = rest % mv.count;
-      rest /= mv.count;
-      const uint32_t h = rest % L.n_kv_heads;
-      const size_t off = rest / L.n_kv_heads ? L.vq_off : L.kq_off;
-      if (to[i] == kNoSlot || from[i] == kNoSlot) continue;
-      reinterpret_cast<uint16_t*>(mv.dst + off)[L.qparam_index(h, to[i]) + u] =
-          reinterpret_cast<const uint16_t*>(mv.src + off)[L.qparam_index(h, from[i]) + u];
-    }
-  }
-  if (blockIdx.x == 0)
+  // K and V rows, head-major: region r (K of head r, then V of head r - heads) of a page
+  // holds each slot's row, `units` T units.
+  const uint32_t heads = L.n_kv_heads;
+  for_elements(2 * heads, mv.count, uint32_t(L.slot_stride / sizeof(T)), [&](uint32_t r, uint32_t i, uint32_t u) {
+    if (to[i] == kNoSlot || from[i] == kNoSlot) return;
+    const size_t base = r < heads ? L.k_off + r * L.head_stride : L.v_off + (r - heads) * L.head_stride;
+    reinterpret_cast<T*>(dst + base + to[i] * L.slot_stride)[u] =
+        reinterpret_cast<const T*>(src + base + from[i] * L.slot_stride)[u];
+  });
+  if (L.qwords)  // quantisation words (int8 scale, int4 scale/zero pairs) of each row
+    for_elements(2 * heads, mv.count, L.qwords, [&](uint32_t r, uint32_t i, uint32_t u) {
+      if (to[i] == kNoSlot || from[i] == kNoSlot) return;
+      const uint32_t h = r < heads ? r : r - heads;
+      const size_t off = r < heads ? L.kq_off : L.vq_off;
+      reinterpret_cast<uint16_t*>(dst + off)[L.qparam_index(h, to[i]) + u] =
+          reinterpret_cast<const uint16_t*>(src + off)[L.qparam_index(h, from[i]) + u];
+    });
+  if (blockIdx.y == 0)
     for (uint32_t i = threadIdx.x; i < mv.count; i += blockDim.x) {
       const uint32_t d = to[i], s = from[i];
       if (d == kNoSlot || s == kNoSlot) continue;
-      reinterpret_cast<int32_t*>(mv.dst + L.pos_off)[d] = reinterpret_cast<const int32_t*>(mv.src + L.pos_off)[s];
-      reinterpret_cast<float*>(mv.dst + L.score_off)[d] = reinterpret_cast<const float*>(mv.src + L.score_off)[s];
-      reinterpret_cast<float*>(mv.dst + L.recent_off)[d] = reinterpret_cast<const float*>(mv.src + L.recent_off)[s];
-      mv.dst[L.gen_off + d] = mv.src[L.gen_off + s];
+      reinterpret_cast<int32_t*>(dst + L.pos_off)[d] = reinterpret_cast<const int32_t*>(src + L.pos_off)[s];
+      reinterpret_cast<float*>(dst + L.score_off)[d] = reinterpret_cast<const float*>(src + L.score_off)[s];
+      reinterpret_cast<float*>(dst + L.recent_off)[d] = reinterpret_cast<const float*>(src + L.recent_off)[s];
+      dst[L.gen_off + d] = src[L.gen_off + s];
     }
-}
-
-// A thread per touched page: applies its final mask (after every move_kernel of the op).
-template <uint32_t N>
-__global__ void mask_kernel(const __grid_constant__ FixParams<N> p) {
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= p.n) return;
-  const MaskFix& f = p.fixes[i];
-  const uint32_t pt = p.L.page_tokens, words = PageLayout::live_words(pt);
-  uint32_t* live = reinterpret_cast<uint32_t*>(f.page + p.L.live_off);
-  uint32_t fill = f.fill, take = f.take;
-  for (uint32_t w = 0; w < words && fill; ++w) {
-    const uint32_t valid = (w + 1) * 32 <= pt ? ~0u : (1u << (pt % 32)) - 1u;
-    uint32_t holes = ~live[w] & valid, word = live[w];
-    for (; holes && fill; --fill) {
-      word |= holes & (~holes + 1u);  // lowest hole
-      holes &= holes - 1u;
-    }
-    live[w] = word;
-  }
-  for (uint32_t w = words; w-- > 0 && take;) {
-    uint32_t word = live[w];
-    for (; word && take; --take) word &= ~(0x80000000u >> __clz(word));  // highest live
-    live[w] = word;
-  }
 }
 
 // The widest unit (16, 8, 4, 2 or 1 bytes) a row length is a multiple of; page rows sit
@@ -279,31 +301,6 @@ cudaError_t observe_chunks(const ObserveOp& op, cudaStream_t stream) {
 }
 
 template <uint32_t N>
-cudaError_t move_chunks(const CompactOp& op, const host::vector<uint32_t>& skip, cudaStream_t stream) {
-  const PageLayout& L = op.layout;
-  MoveParams<N> mp;
-  mp.L = L;
-  for (uint32_t base = 0; base < op.n_moves; base += N) {
-    mp.n_moves = std::min(N, op.n_moves - base);
-    uint32_t max_count = 0;
-    for (uint32_t i = 0; i < mp.n_moves; ++i) {
-      const uint32_t m = base + i;
-      const CompactMove& mv = op.moves[m];
-      mp.moves[i] = {mv.dst, mv.src, mv.count, skip[2 * size_t(m)], skip[2 * size_t(m) + 1]};
-      max_count = std::max(max_count, mv.count);
-    }
-    // Blocks per move: about 4 16-byte units per thread, at most 64.
-    const uint64_t bytes = uint64_t(2) * L.n_kv_heads * max_count * L.slot_stride;
-    const dim3 grid(uint32_t(std::clamp<uint64_t>(bytes / (16 * 4 * kThreads), 1, 64)), mp.n_moves);
-    with_row_unit(L.slot_stride, [&](auto t) {
-      move_kernel<decltype(t), N><<<grid, kThreads, 0, stream>>>(mp);
-    });
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
-}
-
-template <uint32_t N>
 cudaError_t requant_chunks(const RequantOp& op, cudaStream_t stream) {
   RequantParams<N> p;
   p.Ls = op.src_layout;
@@ -319,19 +316,6 @@ cudaError_t requant_chunks(const RequantOp& op, cudaStream_t stream) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (most == 0) continue;
     requant_kernel<N><<<dim3(p.n_pages, most), 128, 0, stream>>>(p);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
-}
-
-template <uint32_t N>
-cudaError_t fix_chunks(const PageLayout& L, const host::vector<MaskFix>& fixes, cudaStream_t stream) {
-  FixParams<N> fp;
-  fp.L = L;
-  for (size_t base = 0; base < fixes.size(); base += N) {
-    fp.n = uint32_t(std::min<size_t>(N, fixes.size() - base));
-    for (uint32_t i = 0; i < fp.n; ++i) fp.fixes[i] = fixes[base + i];
-    mask_kernel<N><<<(fp.n + 127) / 128, 128, 0, stream>>>(fp);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -365,52 +349,164 @@ cudaError_t requant(const RequantOp& op, cudaStream_t stream) {
                               : requant_chunks<kRequantChunk>(op, stream);
 }
 
-cudaError_t compact(const CompactOp& op, cudaStream_t stream) {
-  if (op.n_moves == 0) return cudaSuccess;
+void CompactPageIndex::reset(size_t pages) {
+  size_t want = 16;
+  while (want < 2 * pages) want *= 2;
+  if (slots.size() < want) slots.assign(want, Slot{nullptr, 0, 0}), stamp = 0;
+  used = want;
+  shift = uint32_t(64 - std::countr_zero(want));
+  if (++stamp == 0) {  // wrapped: old stamps could match again
+    for (Slot& s : slots) s.stamp = 0;
+    stamp = 1;
+  }
+}
+
+CompactPageIndex::Slot& CompactPageIndex::find(const uint8_t* page) {
+  // Pages are 256-byte aligned: the bits above, Fibonacci-hashed; linear probing.
+  size_t h = size_t((uint64_t(reinterpret_cast<uintptr_t>(page)) >> 8) * 0x9E3779B97F4A7C15ull >> shift);
+  for (;; h = (h + 1) & (used - 1)) {
+    Slot& s = slots[h];
+    if (s.stamp != stamp || s.page == page) return s;
+  }
+}
+
+cudaError_t compact(const CompactOp& op, CompactStaging& stage, cudaStream_t stream) {
+  const uint32_t n = op.n_moves;
+  if (n == 0) return cudaSuccess;
   const PageLayout& L = op.layout;
-  for (uint32_t m = 0; m < op.n_moves; ++m) {
+  if (n > uint32_t(INT32_MAX) || L.page_tokens == 0 || L.page_tokens > kMaxPageTokens)
+    return cudaErrorInvalidValue;
+  // The upload: the moves, then the page table (at most two pages a move), written
+  // straight into the staging ring while the moves are checked; only the pages the op
+  // touches travel.
+  const size_t moves_bytes = align_up(size_t(n) * sizeof(MoveDesc), 16);
+  CompactPageIndex& index = stage.index;
+  index.reset(2 * size_t(n));  // before anything is enqueued (a bad_alloc changes nothing)
+  size_t at = 0;
+  if (cudaError_t e = stage.take(moves_bytes + 2 * size_t(n) * sizeof(PageFix), &at); e != cudaSuccess)
+    return e;
+  MoveDesc* const desc = reinterpret_cast<MoveDesc*>(stage.host + at);
+  PageFix* const fix = reinterpret_cast<PageFix*>(stage.host + at + moves_bytes);
+  uint32_t n_pages = 0, most = 0;
+  // The page's entry, made on first sight; false if it already has the other role.
+  auto entry = [&](uint8_t* page, bool src, uint32_t* i) {
+    CompactPageIndex::Slot& s = index.find(page);
+    if (s.stamp != index.stamp) {
+      s = {page, n_pages, index.stamp};
+      fix[n_pages] = PageFix{page, 0, uint16_t(src), 0};
+      *i = n_pages++;
+      return true;
+    }
+    *i = s.index;
+    return fix[s.index].src == uint16_t(src);
+  };
+  const uint8_t *last_dst = nullptr, *last_src = nullptr;  // the planner reuses a page in consecutive moves
+  uint32_t d = 0, sp = 0;
+  for (uint32_t m = 0; m < n; ++m) {
     const CompactMove& mv = op.moves[m];
     if (!mv.dst || !mv.src || mv.dst == mv.src || mv.count == 0 || mv.count > L.page_tokens)
       return cudaErrorInvalidValue;
+    if (mv.dst != last_dst && !entry(mv.dst, false, &d)) return cudaErrorInvalidValue;  // both roles
+    if (mv.src != last_src && !entry(mv.src, true, &sp)) return cudaErrorInvalidValue;
+    last_dst = mv.dst;
+    last_src = mv.src;
+    PageFix &fd = fix[d], &fs = fix[sp];
+    desc[m] = MoveDesc{d, sp, mv.count, fd.total, fs.total};
+    fd.total = uint16_t(fd.total + mv.count);  // <= 2 x kMaxPageTokens before the check
+    fs.total = uint16_t(fs.total + mv.count);
+    if (fd.total > L.page_tokens || fs.total > L.page_tokens) return cudaErrorInvalidValue;
+    most = std::max(most, mv.count);
   }
-  // Each move's skips and each page's final fill/take: the (page, move) uses sorted by
-  // page, then in move order, give running counts per page. Sized before anything is
-  // enqueued (a bad_alloc here changes nothing).
-  struct Use {
-    uint8_t* page;
-    uint32_t move;
-    bool dst;
-  };
-  host::vector<Use> uses(2 * size_t(op.n_moves));
-  host::vector<uint32_t> skip(2 * size_t(op.n_moves));  // [2m] dst skip, [2m + 1] src skip
-  host::vector<MaskFix> fixes;
-  fixes.reserve(2 * size_t(op.n_moves));
-  for (uint32_t m = 0; m < op.n_moves; ++m) {
-    uses[2 * m] = {op.moves[m].dst, m, true};
-    uses[2 * m + 1] = {op.moves[m].src, m, false};
-  }
-  std::sort(uses.begin(), uses.end(), [](const Use& a, const Use& b) {
-    return a.page != b.page ? std::less<uint8_t*>()(a.page, b.page) : a.move < b.move;
-  });
-  for (size_t i = 0; i < uses.size();) {
-    size_t j = i;
-    uint32_t used = 0;
-    for (; j < uses.size() && uses[j].page == uses[i].page; ++j) {
-      if (uses[j].dst != uses[i].dst) return cudaErrorInvalidValue;  // both roles
-      skip[2 * size_t(uses[j].move) + (uses[j].dst ? 0 : 1)] = used;
-      used += op.moves[uses[j].move].count;
-    }
-    if (used > L.page_tokens) return cudaErrorInvalidValue;
-    fixes.push_back(uses[i].dst ? MaskFix{uses[i].page, used, 0} : MaskFix{uses[i].page, 0, used});
-    i = j;
-  }
-  // Every move reads the masks as they were before the op; the masks change last.
-  if (cudaError_t e = op.n_moves <= kSmall ? move_chunks<kSmall>(op, skip, stream)
-                                           : move_chunks<kMoveChunk>(op, skip, stream);
+  const size_t bytes = moves_bytes + size_t(n_pages) * sizeof(PageFix);
+  if (cudaError_t e = cudaMemcpyAsync(stage.dev + at, stage.host + at, bytes, cudaMemcpyHostToDevice, stream);
       e != cudaSuccess)
     return e;
-  return fixes.size() <= kSmall ? fix_chunks<kSmall>(L, fixes, stream)
-                                : fix_chunks<kFixChunk>(L, fixes, stream);
+  ++stage.uploads;
+  const CompactParams p{L, reinterpret_cast<const MoveDesc*>(stage.dev + at),
+                        reinterpret_cast<PageFix*>(stage.dev + at + moves_bytes)};
+  // Blocks per move: about 4 16-byte units per thread of its longest, at most 64.
+  const uint64_t move_bytes = uint64_t(2) * L.n_kv_heads * most * L.slot_stride;
+  const dim3 grid(n, uint32_t(std::clamp<uint64_t>(move_bytes / (16 * 4 * kThreads), 1, 64)));
+  with_row_unit(L.slot_stride, [&](auto t) { compact_kernel<decltype(t)><<<grid, kThreads, 0, stream>>>(p); });
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t marked = stage.commit(at, bytes, stream);  // the copy is enqueued whatever the launch did
+  return launched != cudaSuccess ? launched : marked;
+}
+
+cudaError_t compact(const CompactOp& op, cudaStream_t stream) {
+  thread_local CompactStaging stage;
+  return compact(op, stage, stream);
+}
+
+// ---- the staging ring (gc.cuh) -----------------------------------------------------
+
+void CompactStaging::release() {
+  while (count_) (void)wait_oldest();
+  for (cudaEvent_t& e : events_)
+    if (e) cudaEventDestroy(e), e = nullptr;
+  if (host) cudaFreeHost(host);
+  if (dev) cudaFree(dev);
+  host = dev = nullptr;
+  bytes = 0;
+  first_ = 0;
+  index = CompactPageIndex();
+}
+
+size_t CompactStaging::fit(size_t n) const {
+  if (count_ == 0) return n <= bytes ? 0 : SIZE_MAX;
+  const Use& oldest = uses_[first_];
+  const Use& newest = uses_[(first_ + count_ - 1) % kSlots];
+  if (newest.begin >= oldest.begin) {  // in flight: [oldest.begin, newest.end)
+    if (newest.end + n <= bytes) return newest.end;
+    if (n <= oldest.begin) return 0;  // wrap around
+    return SIZE_MAX;
+  }
+  // Wrapped: in flight [oldest.begin, bytes) and [0, newest.end).
+  return newest.end + n <= oldest.begin ? newest.end : SIZE_MAX;
+}
+
+cudaError_t CompactStaging::wait_oldest() {
+  const cudaError_t e = cudaEventSynchronize(events_[first_]);
+  first_ = (first_ + 1) % kSlots;
+  --count_;
+  return e;
+}
+
+cudaError_t CompactStaging::take(size_t want, size_t* at) {
+  want = align_up(std::max<size_t>(want, 1), 256);
+  if (want > bytes / 8) {  // grow: nothing in flight may still read the old rings
+    while (count_)
+      if (cudaError_t e = wait_oldest(); e != cudaSuccess) return e;
+    const size_t cap = std::max({8 * want, 2 * bytes, size_t(1) << 20});
+    void *h = nullptr, *d = nullptr;
+    cudaError_t e = cudaMallocHost(&h, cap);
+    if (e == cudaSuccess) e = cudaMalloc(&d, cap);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+      if (h) cudaFreeHost(h);
+      return cudaErrorMemoryAllocation;
+    }
+    if (host) cudaFreeHost(host);
+    if (dev) cudaFree(dev);
+    host = static_cast<uint8_t*>(h);
+    dev = static_cast<uint8_t*>(d);
+    bytes = cap;
+  }
+  size_t where;
+  while (count_ == kSlots || (where = fit(want)) == SIZE_MAX)
+    if (cudaError_t e = wait_oldest(); e != cudaSuccess) return e;
+  *at = where;
+  return cudaSuccess;
+}
+
+cudaError_t CompactStaging::commit(size_t at, size_t used, cudaStream_t stream) {
+  const uint32_t slot = (first_ + count_) % kSlots;
+  cudaError_t e = events_[slot] ? cudaSuccess : cudaEventCreateWithFlags(&events_[slot], cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(events_[slot], stream);
+  if (e != cudaSuccess) return cudaStreamSynchronize(stream);  // untracked: wait for it instead
+  uses_[slot] = {at, at + align_up(std::max<size_t>(used, 1), 256)};
+  ++count_;
+  return cudaSuccess;
 }
 
 }  // namespace kvgc::cuda

@@ -5,8 +5,11 @@
 // moves) may be reused as soon as a wrapper returns.
 //
 // Streams:
-//   - observe, compact and requant are enqueued on `stream` and never synchronise: pages
-//     and moves travel as kernel parameters (no host-to-device copy, no scratch).
+//   - observe and requant are enqueued on `stream` and never synchronise: pages travel as
+//     kernel parameters (no host-to-device copy, no scratch).
+//   - compact is enqueued on `stream` as one host-to-device copy of its move list (from a
+//     CompactStaging ring, pinned) and one kernel launch, whatever its number of moves; it
+//     waits only when the host runs a whole ring ahead of the device (CompactStaging).
 //   - select enqueues its kernels; its page-level results (page_live, page_classes and
 //     the SelectResult: a few bytes per page) reach the op's host pointers through the
 //     kernels themselves (results_mapped: the runtime's pinned result blocks) or
@@ -16,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../../allocator/host_memory.hpp"
 #include "../ops.hpp"
 
 namespace kvgc::cuda {
@@ -26,11 +30,74 @@ namespace kvgc::cuda {
 // device) one launch covers every page; otherwise pages travel as kernel parameters.
 cudaError_t observe(const ObserveOp& op, cudaStream_t stream);
 
+// compact's table of an op's pages on the host (gc.cu): an open-addressing hash of page
+// pointers to their index in the upload, reused from op to op (entries of earlier ops
+// carry older stamps), so an op costs no allocation once it has grown.
+struct CompactPageIndex {
+  struct Slot {
+    const uint8_t* page;
+    uint32_t index, stamp;
+  };
+  void reset(size_t pages);  // room for `pages` at most half full; empty (a new stamp)
+  Slot& find(const uint8_t* page);  // page's slot (stamp current) or where it goes
+  host::vector<Slot> slots;
+  size_t used = 0;
+  uint32_t stamp = 0, shift = 0;
+};
+
+// Where compact stages its uploads: a ring of pinned host memory and a ring of device
+// memory of the same size, used alike (an op's upload lies at the same offset of both).
+// Each op takes the next bytes of the ring; an event recorded after its kernel marks
+// them free again (by then the copy has read the host bytes and the kernel the device
+// ones), so the op's host array may be reused at once and no upload overwrites one an
+// unfinished op still reads. Taking bytes that an unfinished op reads waits for that op,
+// which happens only when the host runs a whole ring ahead of the device (kSlots ops, or
+// the ring's bytes). The ring grows (after waiting for every op in flight) when an op
+// could take more than an eighth of it (an op reserves 52 bytes a move: its moves and two
+// pages each at most): a cudaMalloc of its own on the current device, outside the heap's
+// arena (1 MiB at first; past that, 8 to 16 times the largest op's reservation: about
+// 0.4 to 0.8 KiB a move of it), and a cudaMallocHost of the same size. Use it on one
+// device, under one thread at a time (the backend's: under the heap's lock).
+struct CompactStaging {
+  static constexpr uint32_t kSlots = 64;  // ops in flight before the oldest is waited for
+  CompactStaging() = default;
+  ~CompactStaging() { release(); }
+  void release();  // waits for the ops still in flight, frees both rings and the index
+  CompactStaging(const CompactStaging&) = delete;
+  CompactStaging& operator=(const CompactStaging&) = delete;
+  // [*at, *at + want) of both rings, which no unfinished op reads. Errors:
+  // cudaErrorMemoryAllocation (growing failed; the ring is as it was).
+  cudaError_t take(size_t want, size_t* at);
+  // Marks [at, at + used) as read by the work enqueued on `stream` so far.
+  cudaError_t commit(size_t at, size_t used, cudaStream_t stream);
+  uint8_t* host = nullptr;  // pinned
+  uint8_t* dev = nullptr;
+  size_t bytes = 0;
+  uint64_t uploads = 0;  // host-to-device copies enqueued, one per non-empty op (tests)
+  CompactPageIndex index;
+
+ private:
+  struct Use {
+    size_t begin = 0, end = 0;
+  };
+  cudaError_t wait_oldest();
+  size_t fit(size_t n) const;  // where n bytes fit beside the uses in flight, or SIZE_MAX
+  Use uses_[kSlots];
+  cudaEvent_t events_[kSlots] = {};
+  uint32_t first_ = 0, count_ = 0;  // uses in flight, oldest first
+};
+
 // Pairs the first holes of each move's dst with the last live slots of its src (moves
 // in order; a later move may reuse a page), copies K/V (+ int4 scale/zero) and metadata,
-// flips live bits. A page may not be both a destination and a source in one op (the
-// planner never does that): such an op, a null page or a count above page_tokens is
-// cudaErrorInvalidValue before anything is enqueued.
+// flips live bits. One copy (the moves and the op's page table, 20 bytes a move and 16
+// a page, from `stage`) and one launch: blocks per move, each pairing its slots from the
+// masks as they were before the op; the last block to read a page's mask writes the
+// page's final mask. A page may not be both a destination and a source in one op
+// (the planner never does that): such an op, a null page or a count above page_tokens
+// is cudaErrorInvalidValue before anything is enqueued; cudaErrorMemoryAllocation: the
+// staging ring could not grow (nothing enqueued). An op of no moves enqueues nothing.
+cudaError_t compact(const CompactOp& op, CompactStaging& stage, cudaStream_t stream);
+// The same with a staging ring of the calling thread's (tests and benchmarks).
 cudaError_t compact(const CompactOp& op, cudaStream_t stream);
 
 // Re-stores K and V of slots [0, used) of each src page into the same slots of its dst

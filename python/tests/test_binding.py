@@ -632,20 +632,27 @@ def test_prefix_keep_first_whole_pages():
         heap.check()
 
 
+def attached_and_ranked(heap, n=48):
+    """A kept n-token prompt attached by a new sequence, whose first step ranks it by a
+    rising mass (the keeper let go): (seq, the prompt's K)."""
+    keeper, k, _, ids = keeper_with_prompt(heap, n=n)
+    heap.keep_prefix(keeper, ids)
+    heap.free_sequence(keeper)
+    seq = heap.new_sequence()
+    assert heap.attach_prefix(seq, ids) == n
+    for layer in range(L):
+        heap.observe(seq, layer, np.linspace(0.1, 1.0, n, dtype=np.float32))
+    heap.step(seq)
+    return seq, k
+
+
 def test_prefix_charge_prune_demotes_shared_tokens_in_place():
     # prune (0.8): the holder's ladder demotes shared tokens as an unshared sequence's
     # would (read_classes reports the class it charged), but their K/V stay the shared
     # fp16 pages': read back exactly as appended, with no private copy.
     with prefix_heap(policy="h2o", token_budget=8, window=4, sinks=2, demote="int4",
                      prefix_charge="prune") as heap:
-        keeper, k, _, ids = keeper_with_prompt(heap, n=48)
-        heap.keep_prefix(keeper, ids)
-        heap.free_sequence(keeper)
-        seq = heap.new_sequence()
-        assert heap.attach_prefix(seq, ids) == 48
-        for layer in range(L):
-            heap.observe(seq, layer, np.linspace(0.1, 1.0, 48, dtype=np.float32))
-        heap.step(seq)
+        seq, k = attached_and_ranked(heap)
         cls = heap.read_classes(seq, 0)
         assert (cls == kvgc.StorageClass.INT4).any() and len(cls) < 48  # demoted, evicted
         rk, _, pos = heap.read(seq, 0)
@@ -660,14 +667,7 @@ def test_prefix_charge_shrink_restores_pages_every_holder_demoted():
     # the next step: the holder then reads it at int4, and the pages' bytes shrink.
     with prefix_heap(policy="h2o", token_budget=8, window=4, sinks=2, demote="int4",
                      prefix_charge="shrink") as heap:
-        keeper, k, _, ids = keeper_with_prompt(heap, n=48)
-        heap.keep_prefix(keeper, ids)
-        heap.free_sequence(keeper)
-        seq = heap.new_sequence()
-        assert heap.attach_prefix(seq, ids) == 48
-        for layer in range(L):
-            heap.observe(seq, layer, np.linspace(0.1, 1.0, 48, dtype=np.float32))
-        heap.step(seq)                      # demotes in place: the holder judges the pages
+        seq, k = attached_and_ranked(heap)  # demoted in place: the holder judges the pages
         assert heap.stats().pages_shrunk == 0
         heap.step(seq)                      # the pass before it re-stores them
         s = heap.stats()

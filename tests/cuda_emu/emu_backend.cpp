@@ -66,7 +66,10 @@ class EmuBackend final : public Backend {
     return Status::Ok();
   }
   Status compact(const CompactOp& op, void* s) override {
-    const cudaError_t e = cuda::compact(op, cudaStream_t(s));
+    const cudaError_t e = cuda::compact(op, compact_stage_, cudaStream_t(s));
+    if (e == cudaErrorMemoryAllocation)
+      return fail(KVGC_ENOMEM, "compaction: no room for its staging ring (" + std::to_string(op.n_moves) +
+                                   " moves): out of device or pinned host memory");
     KVGC_TRY(compact_status(e));
     if (e) return cuda_fail(e, "compact");
     return Status::Ok();
@@ -97,6 +100,7 @@ class EmuBackend final : public Backend {
   }
  private:
   cuda::SelectStaging stage_{true};
+  cuda::CompactStaging compact_stage_;
   uint64_t tight_calls_ = 0;
 };
 }  // namespace

@@ -166,6 +166,69 @@ kvgc_stats get_stats(kvgc_heap* h) {
   return st;
 }
 
+// The twin heaps' stats are equal (every field compare_stats compares).
+void require_same_stats(const kvgc_stats& c, const kvgc_stats& g) {
+  const std::string stats = compare_stats(c, g);
+  INFO("stats (cpu vs cuda):" << stats);
+  REQUIRE(stats.empty());
+}
+
+// A step on the CPU heap ended OK or EBUDGET, and the same step on the CUDA heap `gpu` alike.
+void require_same_status(kvgc_status st_cpu, kvgc_status st_gpu, kvgc_heap* gpu) {
+  INFO("cpu: " << kvgc_status_str(st_cpu) << ", cuda: " << kvgc_status_str(st_gpu) << " " << kvgc_errmsg(gpu));
+  REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
+  REQUIRE(st_gpu == st_cpu);
+}
+
+// The twin prefix-cache tests' heap options: generational with the ladder, the prefix
+// cache charged as `charge`, 4 sinks and a window of 8; budgets are the test's.
+kvgc_heap_options prefix_options(uint32_t pt, kvgc_prefix_charge charge) {
+  kvgc_heap_options o = cpu_options(32 << 20, pt);
+  o.policy = KVGC_POLICY_GENERATIONAL;
+  o.demote = KVGC_DEMOTE_LADDER;
+  o.prefix_charge = charge;
+  o.sinks = 4;
+  o.window = 8;
+  return o;
+}
+
+// A test's random source, freshly seeded under `name` (kvgc_test::fresh_seed), and its
+// stream, destroyed with it.
+struct SeededStream {
+  uint32_t seed;
+  std::mt19937 rng;
+  cudaStream_t stream = nullptr;
+  explicit SeededStream(const char* name) : seed(kvgc_test::fresh_seed(name)), rng(seed) {
+    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  }
+  ~SeededStream() { cudaStreamDestroy(stream); }
+  SeededStream(const SeededStream&) = delete;
+  SeededStream& operator=(const SeededStream&) = delete;
+};
+
+// A sequence's classes by row in read order, read on the host or (`device`, on `stream`)
+// into a device buffer; either way one byte longer than needed, which must keep its 0xCC.
+std::vector<uint8_t> read_classes(kvgc_heap* h, kvgc_seq s, uint32_t layer, bool device, cudaStream_t stream) {
+  uint64_t n = 0;
+  REQUIRE(kvgc_read_classes(h, s, layer, nullptr, 0, &n, device ? stream : nullptr) == KVGC_OK);
+  std::vector<uint8_t> cls(n + 1, 0xCC);
+  DeviceBuffer d(n + 1);
+  REQUIRE(cudaMemset(d.p, 0xCC, n + 1) == cudaSuccess);
+  REQUIRE(kvgc_read_classes(h, s, layer, device ? d.get() : cls.data(), n + 1, &n, device ? stream : nullptr) == KVGC_OK);
+  if (device) REQUIRE(cudaMemcpy(cls.data(), d.p, n + 1, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(cls[n] == 0xCC);
+  cls.resize(n);
+  return cls;
+}
+
+// The CPU heap's classes (cc) and the CUDA heap's (cg) for the same rows are equal.
+void require_same_classes(const std::vector<uint8_t>& cc, const std::vector<uint8_t>& cg) {
+  REQUIRE(cc.size() == cg.size());
+  const size_t at = size_t(std::mismatch(cc.begin(), cc.end(), cg.begin()).first - cc.begin());
+  INFO("classes differ first at row " << at);
+  REQUIRE(at == cc.size());
+}
+
 // One query over layer 0 on both heaps agrees within the attention test's bounds; f16
 // is looser after demotion (the CPU rounds dequantised values to f16, the CUDA kernel
 // keeps them in f32).
@@ -261,9 +324,7 @@ kvgc_stats run_twin(const GcCase& c, uint32_t seed, cudaStream_t stream) {
     // Attention while the step's results are pending (rows numbered by upper bounds on
     // the device); without scores, so that the heaps' scores stay bit-identical.
     check_attention(cpu, sc[i], gpu, sg[i], c.m, rng, KVGC_ATTEND_NO_SCORES, stream);
-    const std::string stats = compare_stats(get_stats(cpu), get_stats(gpu));
-    INFO("stats (cpu vs cuda):" << stats);
-    REQUIRE(stats.empty());
+    require_same_stats(get_stats(cpu), get_stats(gpu));
     for (uint32_t layer = 0; layer < c.m.n_layers; ++layer) {
       CAPTURE(layer);
       const std::string diff =
@@ -359,10 +420,9 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
   // step launches every collecting segment's select at once (select_batch). Masses go in
   // through kvgc_batch_observe (bit-identical on both), so the decisions must be too:
   // statuses, stats, and every token read back (positions, scores, generations, K/V).
-  const uint32_t seed = kvgc_test::fresh_seed("test_cuda batch gc");
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  SeededStream fixture("test_cuda batch gc");
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
   const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16);
   kvgc_stats total;
   std::memset(&total, 0, sizeof total);
@@ -457,9 +517,7 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
         REQUIRE(st_gpu == st_cpu);
         require_check(cpu);
         require_check(gpu);
-        const std::string stats = compare_stats(get_stats(cpu), get_stats(gpu));
-        INFO("stats (cpu vs cuda):" << stats);
-        REQUIRE(stats.empty());
+        require_same_stats(get_stats(cpu), get_stats(gpu));
         if (step % 5 != 4 && step != 15) continue;
         for (uint32_t i = 0; i < B; ++i)
           for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
@@ -491,7 +549,6 @@ TEST_CASE("kvgc_batch_step on CUDA equals the CPU on random batches (h2o, genera
   CHECK(total.tokens_evicted > 0);  // the paths the comparison is meant to cover
   CHECK(total.tokens_demoted > 0);
   CHECK(total.tokens_promoted > 0);
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (generational, ladder, token and byte budgets, batch)") {
@@ -503,35 +560,21 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
   // (its outputs within check_attention's bound), so the decisions must match: statuses,
   // stats, every row (positions, scores, generations, K/V) and every class (a shared
   // token's charged class). Prompt tokens the ladder demoted read back the prompt's bytes.
-  const uint32_t seed = kvgc_test::fresh_seed("test_cuda prune");
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  SeededStream fixture("test_cuda prune");
+  const uint32_t seed = fixture.seed;
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
   const kvgc_model_desc m = model(2, 2, 64, KVGC_DTYPE_F16, 2);
   constexpr uint32_t pt = 8, P = 150, whole = P / pt * pt;  // 144 tokens in whole shared pages
   const size_t tb = token_bytes(m), q_bytes = size_t(m.n_q_heads) * m.head_dim * elem_bytes(m);
   auto classes = [&](kvgc_heap* h, kvgc_seq s, uint32_t layer, bool device) {
-    uint64_t n = 0;
-    REQUIRE(kvgc_read_classes(h, s, layer, nullptr, 0, &n, device ? stream : nullptr) == KVGC_OK);
-    std::vector<uint8_t> cls(n + 1, 0xCC);
-    DeviceBuffer d(n + 1);
-    REQUIRE(cudaMemset(d.p, 0xCC, n + 1) == cudaSuccess);
-    REQUIRE(kvgc_read_classes(h, s, layer, device ? d.get() : cls.data(), n + 1, &n, device ? stream : nullptr) == KVGC_OK);
-    if (device) REQUIRE(cudaMemcpy(cls.data(), d.p, n + 1, cudaMemcpyDeviceToHost) == cudaSuccess);
-    CHECK(cls[n] == 0xCC);
-    cls.resize(n);
-    return cls;
+    return read_classes(h, s, layer, device, stream);
   };
   for (int config = 0; config < 2; ++config) {  // a token budget, then a byte budget
     CAPTURE(config);
-    kvgc_heap_options o = cpu_options(32 << 20, pt);
-    o.policy = KVGC_POLICY_GENERATIONAL;
-    o.demote = KVGC_DEMOTE_LADDER;
-    o.prefix_charge = KVGC_PREFIX_CHARGE_PRUNE;
+    kvgc_heap_options o = prefix_options(pt, KVGC_PREFIX_CHARGE_PRUNE);
     o.token_budget = config == 0 ? 60 : 0;
     o.byte_budget_fraction = config == 0 ? 0 : 0.3;
-    o.sinks = 4;
-    o.window = 8;
     o.recent_decay = 0.9;
     o.compact_threshold = 0.25;
     o.seed = seed;
@@ -629,9 +672,7 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
           REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);  // before dk, dv, dq, dw go
         }
         const kvgc_status st_cpu = kvgc_batch_step(bc, nullptr), st_gpu = kvgc_batch_step(bg, stream);
-        INFO("cpu: " << kvgc_status_str(st_cpu) << ", cuda: " << kvgc_status_str(st_gpu) << " " << kvgc_errmsg(gpu));
-        REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
-        REQUIRE(st_gpu == st_cpu);
+        require_same_status(st_cpu, st_gpu, gpu);
       } else {  // each sequence: append (a private prompt part first), observe, step
         for (uint32_t i = 0; i < B; ++i) {
           CAPTURE(i);
@@ -649,18 +690,14 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
             REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
           }
           const kvgc_status st_cpu = kvgc_step(cpu, sc[i], nullptr), st_gpu = kvgc_step(gpu, sg[i], stream);
-          INFO("cpu: " << kvgc_status_str(st_cpu) << ", cuda: " << kvgc_status_str(st_gpu) << " " << kvgc_errmsg(gpu));
-          REQUIRE((st_cpu == KVGC_OK || st_cpu == KVGC_EBUDGET));
-          REQUIRE(st_gpu == st_cpu);
+          require_same_status(st_cpu, st_gpu, gpu);
         }
         const uint32_t i = rng() % B;
         check_attention(cpu, sc[i], gpu, sg[i], m, rng, KVGC_ATTEND_NO_SCORES, stream);
       }
       require_check(cpu);
       require_check(gpu);
-      const std::string stats = compare_stats(get_stats(cpu), get_stats(gpu));
-      INFO("stats (cpu vs cuda):" << stats);
-      REQUIRE(stats.empty());
+      require_same_stats(get_stats(cpu), get_stats(gpu));
       for (uint32_t i = 0; i < B; ++i)
         for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
           CAPTURE(i);
@@ -669,11 +706,7 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
               compare_rows(read_cpu(cpu, sc[i], layer, m), read_gpu(gpu, sg[i], layer, m, stream), m);
           INFO(diff);
           REQUIRE(diff.empty());
-          const std::vector<uint8_t> cc = classes(cpu, sc[i], layer, false), cg = classes(gpu, sg[i], layer, true);
-          REQUIRE(cc.size() == cg.size());
-          const size_t at = size_t(std::mismatch(cc.begin(), cc.end(), cg.begin()).first - cc.begin());
-          INFO("classes differ first at row " << at);
-          REQUIRE(at == cc.size());
+          require_same_classes(classes(cpu, sc[i], layer, false), classes(gpu, sg[i], layer, true));
         }
     }
     // Demoted in place: the attached sequences' and the fork's prompt tokens in whole
@@ -712,7 +745,6 @@ TEST_CASE("the prefix cache charged as prune on a CUDA heap equals a CPU heap (g
     kvgc_heap_destroy(cpu);
     kvgc_heap_destroy(gpu);
   }
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("the prefix cache charged as shrink on a CUDA heap equals a CPU heap (shared pages re-stored at int8 alike; attach and fork read them alike)") {
@@ -736,28 +768,14 @@ TEST_CASE("the prefix cache charged as shrink on a CUDA heap equals a CPU heap (
   constexpr int N = 3;
   const size_t tb = token_bytes(m);
   auto classes = [&](kvgc_heap* h, kvgc_seq s, uint32_t layer, bool device) {
-    uint64_t n = 0;
-    REQUIRE(kvgc_read_classes(h, s, layer, nullptr, 0, &n, device ? stream : nullptr) == KVGC_OK);
-    std::vector<uint8_t> cls(n + 1, 0xCC);
-    DeviceBuffer d(n + 1);
-    REQUIRE(cudaMemset(d.p, 0xCC, n + 1) == cudaSuccess);
-    REQUIRE(kvgc_read_classes(h, s, layer, device ? d.get() : cls.data(), n + 1, &n, device ? stream : nullptr) == KVGC_OK);
-    if (device) REQUIRE(cudaMemcpy(cls.data(), d.p, n + 1, cudaMemcpyDeviceToHost) == cudaSuccess);
-    CHECK(cls[n] == 0xCC);
-    cls.resize(n);
-    return cls;
+    return read_classes(h, s, layer, device, stream);
   };
   std::vector<int32_t> ids(P);
   for (uint32_t j = 0; j < P; ++j) ids[j] = int32_t(7 + j);
   for (kvgc_harvest harvest : {KVGC_HARVEST_DEFERRED, KVGC_HARVEST_IMMEDIATE}) {
     CAPTURE(harvest);
-    kvgc_heap_options o = cpu_options(32 << 20, pt);
-    o.policy = KVGC_POLICY_GENERATIONAL;
-    o.demote = KVGC_DEMOTE_LADDER;
-    o.prefix_charge = KVGC_PREFIX_CHARGE_SHRINK;
+    kvgc_heap_options o = prefix_options(pt, KVGC_PREFIX_CHARGE_SHRINK);
     o.byte_budget_fraction = 0.3;
-    o.sinks = 4;
-    o.window = 8;
     o.harvest = harvest;
     kvgc_heap* h[2] = {make_heap(m, KVGC_DEVICE_CPU, pt, 0, &o), make_heap(m, KVGC_DEVICE_CUDA, pt, 0, &o)};
     auto sync = [&](int d) { return d ? stream : nullptr; };
@@ -804,12 +822,9 @@ TEST_CASE("the prefix cache charged as shrink on a CUDA heap equals a CPU heap (
         REQUIRE(diff.empty());
         CHECK(c.k == g.k);  // bytewise, int8 and int4 renderings included
         CHECK(c.v == g.v);
-        const std::vector<uint8_t> cc = classes(h[0], s[0], l, false), cg = classes(h[1], s[1], l, true);
+        const std::vector<uint8_t> cc = classes(h[0], s[0], l, false);
         REQUIRE(cc.size() == c.n);
-        REQUIRE(cg.size() == c.n);
-        const size_t at = size_t(std::mismatch(cc.begin(), cc.end(), cg.begin()).first - cc.begin());
-        INFO("classes differ first at row " << at);
-        REQUIRE(at == cc.size());
+        require_same_classes(cc, classes(h[1], s[1], l, true));  // and so cg.size() == c.n
       }
     };
     kvgc_seq keeper[2], shared[N][2];
@@ -838,17 +853,13 @@ TEST_CASE("the prefix cache charged as shrink on a CUDA heap equals a CPU heap (
           for (uint32_t l = 0; l < m.n_layers; ++l) observe(d, shared[i][d], l, round);
           st[d] = kvgc_step(h[d], shared[i][d], sync(d));
         }
-        INFO("cpu: " << kvgc_status_str(st[0]) << ", cuda: " << kvgc_status_str(st[1]) << " " << kvgc_errmsg(h[1]));
-        REQUIRE((st[0] == KVGC_OK || st[0] == KVGC_EBUDGET));
-        REQUIRE(st[1] == st[0]);
+        require_same_status(st[0], st[1], h[1]);
       }
       len += n;
       require_check(h[0]);
       require_check(h[1]);
       const kvgc_stats sc = get_stats(h[0]), sg = get_stats(h[1]);
-      const std::string stats = compare_stats(sc, sg);
-      INFO("stats (cpu vs cuda):" << stats);
-      REQUIRE(stats.empty());
+      require_same_stats(sc, sg);
       REQUIRE(sc.pages_shrunk == sg.pages_shrunk);
       REQUIRE(sc.bytes_shrunk == sg.bytes_shrunk);
       if (sc.pages_shrunk > 0 && first_shrunk < 0) first_shrunk = round;
@@ -954,6 +965,26 @@ struct Images {
   uint8_t* h(size_t i) { return host.data() + i * stride; }
   uint8_t* d(size_t i) { return dev->get(i * stride); }
   void upload() { REQUIRE(cudaMemcpy(dev->p, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess); }
+  // Live slots of page i (host bytes) as class cls.
+  uint32_t live_count(size_t i, int cls) {
+    const auto* live = reinterpret_cast<const uint32_t*>(h(i) + L[cls].live_off);
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < kvgc::PageLayout::live_words(L[cls].page_tokens); ++w) n += std::popcount(live[w]);
+    return n;
+  }
+  // A compaction move of n slots from page s to page d, on the host (hm) and the device (dm).
+  void add_move(std::vector<kvgc::CompactMove>& hm, std::vector<kvgc::CompactMove>& dm, size_t dst, size_t src,
+                uint32_t n) {
+    hm.push_back({h(dst), h(src), n});
+    dm.push_back({d(dst), d(src), n});
+  }
+  // Once the stream's work is done, the device's bytes equal the host's.
+  void require_same(cudaStream_t stream) {
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::string diff = compare();
+    INFO(diff);
+    REQUIRE(diff.empty());
+  }
   // Empty when every page's bytes on the device equal the host's.
   std::string compare() {
     std::vector<uint8_t> back(host.size());
@@ -1288,10 +1319,9 @@ struct SelectTotals {
 }  // namespace
 
 TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, infinities, every plan shape)") {
-  const uint32_t seed = kvgc_test::fresh_seed("test_cuda select");
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  SeededStream fixture("test_cuda select");
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
   const kvgc_model_desc models[] = {model(1, 3, 64, KVGC_DTYPE_F16), model(1, 3, 32, KVGC_DTYPE_BF16),
                                     model(1, 1, 48, KVGC_DTYPE_F32)};
   SelectTotals total;
@@ -1310,16 +1340,14 @@ TEST_CASE("select on CUDA equals the CPU op on random page images (ties, NaN, in
     total.add(s);
   }
   total.check();
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("select_batch on CUDA equals the CPU op per segment on random batches (one launch set, or several)") {
   // Segments of one page size, each its own random op (charge_shared or not, shared
   // pages, charged slots): the batch's per-segment parameters carry every op's mode.
-  const uint32_t seed = kvgc_test::fresh_seed("test_cuda select_batch");
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  SeededStream fixture("test_cuda select_batch");
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
   const kvgc_model_desc models[] = {model(1, 3, 64, KVGC_DTYPE_F16), model(1, 3, 32, KVGC_DTYPE_BF16),
                                     model(1, 1, 48, KVGC_DTYPE_F32)};
   kvgc::cuda::SelectStaging stage(false);
@@ -1369,14 +1397,12 @@ TEST_CASE("select_batch on CUDA equals the CPU op per segment on random batches 
 #endif
   (void)split;
   total.check();
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("compact on CUDA equals the CPU op on random page images (every class, planner moves)") {
-  const uint32_t seed = kvgc_test::fresh_seed("test_cuda compact");
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  SeededStream fixture("test_cuda compact");
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
   const kvgc_model_desc models[] = {model(1, 2, 64, KVGC_DTYPE_F16), model(1, 3, 6, KVGC_DTYPE_BF16),
                                     model(1, 1, 48, KVGC_DTYPE_F32)};
   for (int iter = 0; iter < 120; ++iter) {
@@ -1390,26 +1416,213 @@ TEST_CASE("compact on CUDA equals the CPU op on random page images (every class,
     for (size_t i = 0; i < n_pages; ++i) {
       const uint32_t used = i + 1 == n_pages ? 1 + rng() % pt : pt;
       fill_page(im, i, cls, used, double(rng() % 100) / 100, int32_t(i * pt), m, rng);
-      const auto* live = reinterpret_cast<const uint32_t*>(im.h(i) + im.L[cls].live_off);
-      uint32_t n = 0;
-      for (uint32_t w = 0; w < kvgc::PageLayout::live_words(pt); ++w) n += std::popcount(live[w]);
-      counts[i] = {used, n};
+      counts[i] = {used, im.live_count(i, cls)};
     }
     im.upload();
     const kvgc::CompactionPlan plan = kvgc::plan_compaction(counts, pt);
     std::vector<kvgc::CompactMove> hm, dm;
     for (const auto& mv : plan.moves) {
-      hm.push_back({im.h(mv.dst), im.h(mv.src), mv.count});
-      dm.push_back({im.d(mv.dst), im.d(mv.src), mv.count});
+      im.add_move(hm, dm, mv.dst, mv.src, mv.count);
     }
     kvgc::cpu::compact({im.L[cls], hm.data(), uint32_t(hm.size())});
+#ifdef KVGC_CUDA_EMU
+    const uint64_t before = emu::launches;
+#endif
     REQUIRE(kvgc::cuda::compact({im.L[cls], dm.data(), uint32_t(dm.size())}, stream) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-    const std::string diff = im.compare();
-    INFO(diff);
-    REQUIRE(diff.empty());
+#ifdef KVGC_CUDA_EMU
+    CHECK(emu::launches - before == (dm.empty() ? 0u : 1u));  // one launch an op
+#endif
+    im.require_same(stream);
   }
-  cudaStreamDestroy(stream);
+}
+
+namespace {
+
+// Moves in any order (not the planner's): each picks a destination with holes left and
+// a source with live slots left among disjoint random sets, so pages recur in moves far
+// apart, with any count up to what both have left (at most `cap`).
+std::vector<std::array<uint32_t, 3>> random_moves(const std::vector<uint32_t>& holes,
+                                                  const std::vector<uint32_t>& live, uint32_t n_dst,
+                                                  uint32_t max_moves, uint32_t cap, std::mt19937& rng) {
+  std::vector<uint32_t> dst, src;  // pages with room left (dst: [0, n_dst), src: the rest)
+  std::vector<uint32_t> h = holes, l = live;
+  for (uint32_t i = 0; i < holes.size(); ++i)
+    if (i < n_dst ? h[i] > 0 : l[i] > 0) (i < n_dst ? dst : src).push_back(i);
+  std::vector<std::array<uint32_t, 3>> moves;
+  while (moves.size() < max_moves && !dst.empty() && !src.empty()) {
+    const size_t a = rng() % dst.size(), b = rng() % src.size();
+    const uint32_t d = dst[a], s = src[b];
+    const uint32_t n = 1 + rng() % std::min({h[d], l[s], cap});
+    moves.push_back({d, s, n});
+    h[d] -= n;
+    l[s] -= n;
+    if (h[d] == 0) dst[a] = dst.back(), dst.pop_back();
+    if (l[s] == 0) src[b] = src.back(), src.pop_back();
+  }
+  return moves;
+}
+
+}  // namespace
+
+// The op goes to the device in one copy (its moves and page table, staged) and runs in
+// one launch whatever its number of moves: thousands of them here, over thousands of
+// pages, each page in several moves (the planner's consecutive ones, and any order),
+// blocks per move from one to several; ops of every size through one staging ring (it
+// grows, wraps and is reused); an op of no moves enqueues nothing.
+TEST_CASE("compact on CUDA: one copy and one launch an op, thousands of moves in any order, or none") {
+  SeededStream fixture("test_cuda compact staged");
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
+  kvgc::cuda::CompactStaging stage;
+  struct Shape {
+    kvgc_model_desc m;
+    uint32_t pt;
+    size_t pages;
+  };
+  // Llama-like rows in pages of 16 (one block a move); wider rows in pages of 64 (two to
+  // eight blocks a move, which must all read a mask before it changes).
+  const Shape shapes[] = {{model(1, 2, 64, KVGC_DTYPE_F16), 16, 4000},
+                          {model(1, 4, 128, KVGC_DTYPE_F16), 64, 500},
+                          {model(1, 3, 6, KVGC_DTYPE_BF16), 37, 1500}};
+  uint64_t total_moves = 0, most_moves = 0, multi_pages = 0, far_pages = 0;
+  bool blocks_shared = false;  // moves in any order with two blocks a move or more
+  for (int iter = 0; iter < 9; ++iter) {
+    CAPTURE(iter);
+    const Shape& sh = shapes[iter % 3];
+    const kvgc_model_desc& m = sh.m;
+    const uint32_t pt = sh.pt;
+    const int cls = iter < 3 ? KVGC_CLASS_FP16 : int(rng() % KVGC_CLASS_COUNT);
+    CAPTURE(cls);
+    const bool planner = iter % 2 == 0;
+    CAPTURE(planner);
+    const size_t n_pages = sh.pages;
+    Images im(m, pt, n_pages);
+    kvgc::host::vector<kvgc::PageCounts> counts(n_pages);
+    std::vector<uint32_t> holes(n_pages), live(n_pages);
+    for (size_t i = 0; i < n_pages; ++i) {
+      fill_page(im, i, cls, pt, double(rng() % 100) / 100, int32_t(i * pt), m, rng);
+      const uint32_t n = im.live_count(i, cls);
+      counts[i] = {pt, n};
+      live[i] = n;
+      holes[i] = pt - n;
+    }
+    im.upload();
+    std::vector<kvgc::CompactMove> hm, dm;
+    if (planner) {
+      for (const auto& mv : kvgc::plan_compaction(counts, pt).moves) {
+        im.add_move(hm, dm, mv.dst, mv.src, mv.count);
+      }
+    } else {  // the first half destinations, the rest sources, moves in random order
+      // Short moves (thousands of them) in pages of 16 and 37; up to whole pages of 64,
+      // so that the op has several blocks a move (the emulation runs a launch's blocks
+      // in order: only then does a block of an earlier move read a mask after a block
+      // of a later move, as on a GPU).
+      const uint32_t cap = pt == 64 ? pt : 1 + rng() % 8;
+      for (const auto& [d, s, n] : random_moves(holes, live, uint32_t(n_pages / 2), 6000, cap, rng)) {
+        im.add_move(hm, dm, d, s, n);
+      }
+    }
+    REQUIRE(dm.size() >= 200);
+    uint32_t longest = 0;
+    for (const auto& mv : dm) longest = std::max(longest, mv.count);
+    blocks_shared |= !planner && 2ull * m.n_kv_heads * longest * im.L[cls].slot_stride >= 32768;
+    // Pages in more than one move, and pages back after moves without them.
+    std::vector<uint32_t> uses(n_pages, 0);
+    std::vector<size_t> last(n_pages, SIZE_MAX);
+    std::vector<bool> far(n_pages, false);
+    for (size_t k = 0; k < hm.size(); ++k)
+      for (const uint8_t* page : {hm[k].dst, hm[k].src}) {
+        const size_t i = size_t(page - im.h(0)) / im.stride;
+        ++uses[i];
+        if (last[i] != SIZE_MAX && last[i] + 1 < k) far[i] = true;
+        last[i] = k;
+      }
+    multi_pages += size_t(std::count_if(uses.begin(), uses.end(), [](uint32_t u) { return u > 1; }));
+    far_pages += size_t(std::count(far.begin(), far.end(), true));
+    total_moves += dm.size();
+    most_moves = std::max<uint64_t>(most_moves, dm.size());
+    kvgc::cpu::compact({im.L[cls], hm.data(), uint32_t(hm.size())});
+    const uint64_t uploads = stage.uploads;
+#ifdef KVGC_CUDA_EMU
+    const uint64_t before = emu::launches;
+#endif
+    REQUIRE(kvgc::cuda::compact({im.L[cls], dm.data(), uint32_t(dm.size())}, stage, stream) == cudaSuccess);
+    CHECK(stage.uploads - uploads == 1);  // one copy
+#ifdef KVGC_CUDA_EMU
+    CHECK(emu::launches - before == 1);  // one launch
+#endif
+    // The host array may be reused at once: scribbled over before the op has run.
+    std::memset(static_cast<void*>(dm.data()), 0xA7, dm.size() * sizeof(dm[0]));
+    im.require_same(stream);
+
+    // No moves: nothing enqueued, nothing changed.
+#ifdef KVGC_CUDA_EMU
+    const uint64_t at = emu::launches;
+#endif
+    CHECK(kvgc::cuda::compact({im.L[cls], dm.data(), 0}, stage, stream) == cudaSuccess);
+    CHECK(kvgc::cuda::compact({im.L[cls], nullptr, 0}, stage, stream) == cudaSuccess);
+    CHECK(stage.uploads - uploads == 1);
+#ifdef KVGC_CUDA_EMU
+    CHECK(emu::launches == at);
+#endif
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(im.compare().empty());
+  }
+  CHECK(most_moves >= 2000);  // thousands of moves in one op
+  CHECK(multi_pages > 2000);
+  CHECK(far_pages > 1000);
+  CHECK(blocks_shared);
+  MESSAGE("compaction ops of up to " << most_moves << " moves, " << total_moves << " in all; "
+          << multi_pages << " pages in several moves of an op, " << far_pages << " of them in moves apart");
+
+  // Ops of every size, back to back through a ring of their own, each checked: later
+  // ops take the ring's next bytes, wrap around (in bytes and in slots) and make it grow
+  // (a large op after small ones). Pages are refilled every fifth op.
+  kvgc::cuda::CompactStaging ring;
+  const kvgc_model_desc m = model(1, 2, 32, KVGC_DTYPE_F16);
+  const uint32_t pt = 16;
+  const size_t n_pages = 1200;
+  Images im(m, pt, n_pages);
+  int cls = KVGC_CLASS_FP16;
+  size_t first_bytes = 0;
+  for (int op = 0; op < 160; ++op) {
+    CAPTURE(op);
+    if (op % 5 == 0) {
+      cls = int(rng() % KVGC_CLASS_COUNT);
+      for (size_t i = 0; i < n_pages; ++i)
+        fill_page(im, i, cls, pt, double(rng() % 100) / 100, int32_t(i * pt), m, rng);
+      im.upload();
+    }
+    std::vector<uint32_t> holes(n_pages), live(n_pages);
+    for (size_t i = 0; i < n_pages; ++i) {
+      const auto* lw = reinterpret_cast<const uint32_t*>(im.h(i) + im.L[cls].live_off);
+      live[i] = uint32_t(std::popcount(lw[0] & 0xffffu));
+      holes[i] = pt - live[i];
+    }
+    // Mostly small ops; every fifth (just refilled) up to 1,500 moves, op 150 3,000 of
+    // one slot each.
+    const uint32_t want = op == 150 ? 3000 : op % 5 == 0 ? 1500 : 1 + rng() % 40;
+    const uint32_t cap = op == 150 ? 1 : 1 + rng() % pt;
+    std::vector<kvgc::CompactMove> hm, dm;
+    const bool flip = rng() % 2;  // destinations the first or the second half
+    std::vector<uint32_t> h2 = holes, l2 = live;
+    if (flip) {
+      std::rotate(h2.begin(), h2.begin() + n_pages / 2, h2.end());
+      std::rotate(l2.begin(), l2.begin() + n_pages / 2, l2.end());
+    }
+    for (auto [d, s, n] : random_moves(h2, l2, uint32_t(n_pages / 2), want, cap, rng)) {
+      if (flip) d = uint32_t((d + n_pages / 2) % n_pages), s = uint32_t((s + n_pages / 2) % n_pages);
+      im.add_move(hm, dm, d, s, n);
+    }
+    kvgc::cpu::compact({im.L[cls], hm.data(), uint32_t(hm.size())});
+    REQUIRE(kvgc::cuda::compact({im.L[cls], dm.data(), uint32_t(dm.size())}, ring, stream) == cudaSuccess);
+    if (op == 0) first_bytes = ring.bytes;
+    if (op == 150) {
+      CHECK(dm.size() == 3000);
+      CHECK(ring.bytes > first_bytes);  // grew
+    }
+    im.require_same(stream);
+  }
 }
 
 namespace {
@@ -1459,10 +1672,9 @@ std::string random_requant(const kvgc_model_desc& m, uint32_t pt, int from, int 
 }  // namespace
 
 TEST_CASE("requant on CUDA equals the CPU op on random page images (fp16, int8, int4 to every cheaper class; full, partial and empty pages; several launch chunks)") {
-  const uint32_t seed = kvgc_test::fresh_seed("test_cuda requant");
-  std::mt19937 rng(seed);
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  SeededStream fixture("test_cuda requant");
+  std::mt19937& rng = fixture.rng;
+  const cudaStream_t stream = fixture.stream;
   // head_dim 48 and 6: one int4/int2 group of the whole row (6: int4 rows of 3 bytes,
   // int2 rows of 2 with a padded last byte).
   const kvgc_model_desc models[] = {model(1, 2, 64, KVGC_DTYPE_F16), model(1, 2, 128, KVGC_DTYPE_BF16),
@@ -1510,7 +1722,6 @@ TEST_CASE("requant on CUDA equals the CPU op on random page images (fp16, int8, 
     INFO(diff);
     REQUIRE(diff.empty());
   }
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("requant on CUDA: malformed ops are refused before anything is enqueued; the backends agree with the CPU") {

@@ -69,15 +69,15 @@ Status ManagedHeap::shrink_shared(void* stream) {
   for (const auto& [p, sp] : shared_)
     if (shrinkable(p, sp)) moves.push_back({p, kNoPage});
   if (moves.empty()) return Status::Ok();
-  std::sort(moves.begin(), moves.end(), [&](const Move& a, const Move& b) {
-    return pool_.class_of(a.from) != pool_.class_of(b.from) ? pool_.class_of(a.from) < pool_.class_of(b.from)
-                                                            : a.from < b.from;
-  });
+  // By source class (an op per class below), then page id: find_move's binary search.
+  auto before = [&](PageId a, PageId b) {
+    const int ca = pool_.class_of(a), cb = pool_.class_of(b);
+    return ca != cb ? ca < cb : a < b;
+  };
+  std::sort(moves.begin(), moves.end(), [&](const Move& a, const Move& b) { return before(a.from, b.from); });
   auto find_move = [&](PageId p) -> Move* {
-    auto it = std::lower_bound(moves.begin(), moves.end(), p, [&](const Move& m, PageId q) {
-      return pool_.class_of(m.from) != pool_.class_of(q) ? pool_.class_of(m.from) < pool_.class_of(q)
-                                                         : m.from < q;
-    });
+    auto it = std::lower_bound(moves.begin(), moves.end(), p,
+                               [&](const Move& m, PageId q) { return before(m.from, q); });
     return it != moves.end() && it->from == p ? &*it : nullptr;
   };
   // The holders' headers, by segment, so that each table grows once.

@@ -6,7 +6,11 @@ configuration's cells (KV bytes / f16 full cache, accuracy with its 95% Wilson i
 perplexity, ratio to the same side's full cache), then the best cell of each configuration
 at or under 2.5 / 5 / 10 / 12.5 / 20 / 30 / 50% of the bytes, then whether any
 configuration's accuracy drops, as its budget grows, by more than its interval (the larger
-budget's upper bound under the smaller budget's accuracy). Writes gnuplot data
+budget's upper bound under the smaller budget's accuracy). With --paired A B, for a
+perplexity task, the two cells compared prompt by prompt: each prompt's perplexity over
+its own side's full cache, the mean of A's minus B's with a 95% t interval, and the
+prompts where each is ahead (a cell is SIDE:CONFIG:FRACTION, e.g. kvgc:default@bytes:0.1
+or llama.cpp:q4_0:1). Writes gnuplot data
 (OUT/anchors-pareto-TASK.dat) and, with gnuplot, the Pareto plots
 (bench/quality_plots.gp). Standard library only.
 
@@ -69,6 +73,76 @@ def load(paths):
     return rows
 
 
+# Student's t, 0.975 quantile, for 1..30 degrees of freedom.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def t975(df):
+    """The 0.975 quantile of Student's t with df degrees of freedom: the table to 30, then
+    its Cornish-Fisher expansion (within 0.01% there)."""
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def paired_stats(rows, task, a, b):
+    """Prompt-by-prompt comparison of cells a and b (side, config, fraction) on a perplexity
+    task, each prompt's perplexity over its own side's full cache on that prompt. None when
+    they share fewer than two prompts; else the prompts, the mean of a's minus b's ratios,
+    its 95% t interval, and on how many prompts a is lower (better) and higher."""
+    def cell(spec):
+        side, config, fraction = spec
+        out, base = {}, {}
+        for r in rows:
+            if r["task"] != task or r["side"] != side:
+                continue
+            ppl = math.exp(r["nll_sum"] / r["scored"])
+            if r["config"] == BASELINE.get(side):
+                base[r["id"]] = ppl
+            if r["config"] == config and abs(r.get("fraction", 1.0) - fraction) < 5e-4:
+                out[r["id"]] = ppl
+        return {i: v / base[i] for i, v in out.items() if i in base}
+    ra, rb = cell(a), cell(b)
+    ids = sorted(set(ra) & set(rb))
+    if len(ids) < 2:
+        return None
+    d = [ra[i] - rb[i] for i in ids]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    half = t975(len(d) - 1) * sd / math.sqrt(len(d))
+    return {"prompts": len(ids), "diff": mean, "lo": mean - half, "hi": mean + half,
+            "a_lower": sum(x < 0 for x in d), "a_higher": sum(x > 0 for x in d),
+            "a_mean": sum(ra[i] for i in ids) / len(ids), "b_mean": sum(rb[i] for i in ids) / len(ids)}
+
+
+def paired(rows, task, a, b):
+    name = lambda s: f"{s[0]} {s[1]} at {s[2]:g}"
+    st = paired_stats(rows, task, a, b)
+    if st is None:
+        print(f"paired {task}: {name(a)} and {name(b)} share fewer than 2 prompts\n")
+        return
+    print(f"Paired, {task}, {st['prompts']} prompts: {name(a)} minus {name(b)}, each over its "
+          f"own full cache: mean {st['diff']:+.4f}, 95% interval [{st['lo']:+.4f}, {st['hi']:+.4f}]; "
+          f"{name(a)} lower on {st['a_lower']}, higher on {st['a_higher']} (means "
+          f"{st['a_mean']:.4f}x and {st['b_mean']:.4f}x)\n")
+    print(f"RESULT paired_{task.replace('-', '_')}_diff={st['diff']:+.4f} lo={st['lo']:+.4f} "
+          f"hi={st['hi']:+.4f} prompts={st['prompts']} a_lower={st['a_lower']}\n")
+
+
+def parse_cell(text):
+    side, config, fraction = text.rsplit(":", 2) if text.count(":") >= 2 else (None, None, None)
+    if side is None:
+        sys.exit(f"--paired: {text!r} is not SIDE:CONFIG:FRACTION")
+    try:
+        return side, config, float(fraction)
+    except ValueError:
+        sys.exit(f"--paired: {text!r}: the fraction {fraction!r} is not a number")
+
+
 def series_name(r):
     if r["side"] == "kvgc":
         b = r.get("budget", "none")
@@ -82,8 +156,13 @@ def main():
     p.add_argument("--out", default=".", help="where the data files and plots go")
     p.add_argument("--prefix", default="anchors", help="their names' prefix")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--paired", nargs=2, metavar=("A", "B"), action="append", default=[],
+                   help="compare two perplexity cells prompt by prompt (SIDE:CONFIG:FRACTION)")
     args = p.parse_args()
     rows = load(args.results)
+    for a, b in args.paired:
+        for task in sorted({r["task"] for r in rows if r["task"].startswith("ppl")}):
+            paired(rows, task, parse_cell(a), parse_cell(b))
     by_task = collections.defaultdict(list)
     for r in rows:
         by_task[r["task"]].append(r)

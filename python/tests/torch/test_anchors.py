@@ -83,3 +83,33 @@ def test_drops_flags_only_a_fall_beyond_the_interval():
     # Not only neighbours: 2.5% at 20/20 against 20% at 9/20, with 15/20 between.
     found = report.drops([(0.025, 20, 20), (0.10, 15, 20), (0.20, 9, 20)])
     assert ((0.025, 20, 20), (0.20, 9, 20)) in found
+
+
+def test_t975_matches_students_t():
+    # Exact 0.975 quantiles: df 6 2.447, df 17 2.110, df 100 1.984.
+    assert report.t975(6) == pytest.approx(2.447, abs=0.01)
+    assert report.t975(17) == pytest.approx(2.110, abs=0.005)
+    assert report.t975(100) == pytest.approx(1.984, abs=0.002)
+
+
+def test_paired_compares_each_side_against_its_own_full_cache():
+    def row(side, config, pid, ppl, fraction=1.0):
+        return {"side": side, "task": "ppl-prefix", "id": pid, "config": config,
+                "fraction": fraction, "nll_sum": math.log(ppl) * 100, "scored": 100}
+    rows = []
+    # kvgc at 10%: 1.05x, 1.02x, 1.08x of its full cache; q4_0: 1.04x on each.
+    for pid, full, ratio in (("a", 30.0, 1.05), ("b", 20.0, 1.02), ("c", 40.0, 1.08)):
+        rows += [row("kvgc", "full", pid, full), row("kvgc", "default@bytes", pid, full * ratio, 0.1),
+                 row("llama.cpp", "f16", pid, full * 0.9), row("llama.cpp", "q4_0", pid, full * 0.9 * 1.04, 0.28125)]
+    rows.append(row("kvgc", "default@bytes", "d", 50.0, 0.1))  # no q4_0 nor full: left out
+    st = report.paired_stats(rows, "ppl-prefix", ("kvgc", "default@bytes", 0.1), ("llama.cpp", "q4_0", 0.28125))
+    assert st["prompts"] == 3 and st["a_lower"] == 1 and st["a_higher"] == 2
+    assert st["diff"] == pytest.approx((0.01 - 0.02 + 0.04) / 3)
+    d = [0.01, -0.02, 0.04]
+    sd = math.sqrt(sum((x - st["diff"]) ** 2 for x in d) / 2)
+    assert st["hi"] - st["diff"] == pytest.approx(report.t975(2) * sd / math.sqrt(3))
+    # Another fraction, or a cell with one prompt, gives nothing to compare.
+    assert report.paired_stats(rows, "ppl-prefix", ("kvgc", "default@bytes", 0.2), ("llama.cpp", "q4_0", 0.28125)) is None
+    assert report.parse_cell("llama.cpp:q4_0:0.28125") == ("llama.cpp", "q4_0", 0.28125)
+    with pytest.raises(SystemExit, match="--paired"):
+        report.parse_cell("q4_0")

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 namespace quality {
 namespace {
@@ -279,6 +280,10 @@ bool build_prefix_ppl(const Bench& bench, std::vector<PplPrompt>* out, std::stri
                                               : std::vector<uint32_t>{1024};
   if (!bench.contexts.empty()) prefixes = bench.contexts;
   std::vector<size_t> offsets = {0, 6144};
+  // Prompts of another --text than the default get its name in their ids, so that runs
+  // on several texts can be read side by side (bench/anchors/report.py pairs by id).
+  const std::string stem = std::filesystem::path(bench.text_path).stem().string();
+  const std::string text_tag = stem == "jargon-intro" ? "" : stem + "/";
   if (!bench.offsets.empty()) offsets.assign(bench.offsets.begin(), bench.offsets.end());
   out->clear();
   for (const uint32_t p : prefixes) {
@@ -290,7 +295,7 @@ bool build_prefix_ppl(const Bench& bench, std::vector<PplPrompt>* out, std::stri
         return false;
       }
       PplPrompt q;
-      q.id = "ppl-prefix/" + std::to_string(p) + "@" + std::to_string(off);
+      q.id = "ppl-prefix/" + text_tag + std::to_string(p) + "@" + std::to_string(off);
       q.tokens.assign(all.begin() + long(off), all.begin() + long(off + p + kScored));
       q.prefix = p;
       q.score_from = p + 1;

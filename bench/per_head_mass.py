@@ -81,7 +81,8 @@ def masked_attention(module, query, key, value, attention_mask, scaling, dropout
 
 
 def continuation_nll(model, ids, n):
-    """Sum of -log p over the continuation's next-token predictions (positions n..T-2)."""
+    """Sum of -log p of the continuation's tokens n..T-1, each predicted from the position
+    before it."""
     with torch.no_grad():
         logits = model(ids, use_cache=False).logits[0]
     logp = torch.log_softmax(logits[n - 1:-1].float(), dim=-1)

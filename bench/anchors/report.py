@@ -10,7 +10,7 @@ budget's upper bound under the smaller budget's accuracy). With --paired A B, fo
 perplexity task, the two cells compared prompt by prompt: each prompt's perplexity over
 its own side's full cache, the mean of A's minus B's with a 95% t interval, and the
 prompts where each is ahead (a cell is SIDE:CONFIG:FRACTION, e.g. kvgc:default@bytes:0.1
-or llama.cpp:q4_0:1). Writes gnuplot data
+or llama.cpp:q4_0:0.28125, the share its rows record). Writes gnuplot data
 (OUT/anchors-pareto-TASK.dat) and, with gnuplot, the Pareto plots
 (bench/quality_plots.gp). Standard library only.
 

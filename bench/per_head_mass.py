@@ -30,11 +30,11 @@ Usage: python bench/per_head_mass.py TASKS.jsonl [--model DIR] [--fractions 0.1,
 Prints a table and one `RESULT` line (per-head minus shared recall, the gain).
 """
 import argparse
+import collections
 import json
+import math
 import os
 import sys
-
-import math
 
 import torch
 import transformers.models.llama.modeling_llama as llama
@@ -57,9 +57,15 @@ def top_mask(score, k):
     return mask
 
 
+def selections(observed, k):
+    """kvgc's shared choice (the top k by mass summed over heads, in every head) and the
+    per-head one (each head's own top k), as masks (heads x tokens)."""
+    return {"shared": top_mask(observed.sum(0, keepdim=True), k).expand_as(observed),
+            "per head": top_mask(observed, k)}
+
+
 # layer -> [kv heads, prefix] bool: which prefix tokens the continuation may attend to.
 KEEP = {}
-PREFIX = [0]
 
 
 def masked_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -71,7 +77,7 @@ def masked_attention(module, query, key, value, attention_mask, scaling, dropout
         w = w + attention_mask[:, :, :, : key_states.shape[-2]]
     keep = KEEP.get(module.layer_idx)
     if keep is not None:
-        n = PREFIX[0]
+        n = keep.shape[-1]
         heads = keep.repeat_interleave(module.num_key_value_groups, dim=0)  # [heads, n]
         drop = torch.where(heads, 0.0, float("-inf")).to(w.dtype)
         w[:, :, n:, :n] = w[:, :, n:, :n] + drop[None, :, None, :]
@@ -107,13 +113,10 @@ def main():
     prompts = [t for t in prompts if t.get("task") == "ppl-prefix"]
     if not prompts:
         sys.exit(f"{args.tasks}: no ppl-prefix prompts (export them with kvgc-bench-quality)")
-    # sums[f][which] over layers and prefixes
-    sums = {f: {"shared": 0.0, "per_head": 0.0, "oracle": 0.0, "overlap": 0.0} for f in fractions}
+    # sums[f][which] over layers and prefixes; nll[(which, f)] = [sum, tokens]
+    sums = {f: {"shared": 0.0, "per head": 0.0, "oracle": 0.0, "overlap": 0.0} for f in fractions}
     cells = 0
-    nll = {"full": [0.0, 0]}
-    for f in fractions:
-        nll[f"shared {f:g}"] = [0.0, 0]
-        nll[f"per head {f:g}"] = [0.0, 0]
+    nll = collections.defaultdict(lambda: [0.0, 0])
     llama.eager_attention_forward = masked_attention
     for t in prompts:
         n = t["prefix"]
@@ -121,25 +124,23 @@ def main():
         with torch.no_grad():
             out = model(ids, output_attentions=True, use_cache=False)
         ev = slice(SINKS, n - WINDOW)  # the evictable prefix tokens
-        n_ev = n - WINDOW - SINKS
-        PREFIX[0] = n
-        observed_by_layer = []
+        ks = {f: max(1, round(f * (n - WINDOW - SINKS))) for f in fractions}
+        chosen = {f: [] for f in fractions}  # per layer, selections()
         for att in out.attentions:  # [1, heads, T, T]
             a = att[0].reshape(cfg.num_key_value_heads, group, *att.shape[-2:]).sum(1)
             observed = a[:, n - WINDOW:n, :n].sum(1)[:, ev]
             future = a[:, n:, :n].sum(1)[:, ev]
-            observed_by_layer.append(observed)
-            for f in fractions:
-                k = max(1, round(f * n_ev))
-                shared = top_mask(observed.sum(0, keepdim=True), k).expand_as(observed)
-                per_head = top_mask(observed, k)
-                sums[f]["shared"] += recall(shared, future)
-                sums[f]["per_head"] += recall(per_head, future)
+            for f, k in ks.items():
+                sel = selections(observed, k)
+                chosen[f].append(sel)
+                for which, mask in sel.items():
+                    sums[f][which] += recall(mask, future)
                 sums[f]["oracle"] += recall(top_mask(future, k), future)
                 # how alike the heads' own choices are: mean pairwise overlap of their sets
-                h = per_head.float()
-                pairs = [(i, j) for i in range(h.shape[0]) for j in range(i + 1, h.shape[0])]
-                sums[f]["overlap"] += sum(float((h[i] * h[j]).sum()) / k for i, j in pairs) / max(1, len(pairs))
+                h = sel["per head"].float()
+                shared = (h @ h.T) / k
+                pairs = h.shape[0] * (h.shape[0] - 1)
+                sums[f]["overlap"] += float((shared.sum() - shared.diagonal().sum()) / max(1, pairs))
             cells += 1
         del out
         KEEP.clear()
@@ -147,16 +148,14 @@ def main():
         nll["full"][0] += x
         nll["full"][1] += m
         for f in fractions:
-            k = max(1, round(f * n_ev))
-            for name, per_head in ((f"shared {f:g}", False), (f"per head {f:g}", True)):
-                for layer, observed in enumerate(observed_by_layer):
-                    score = observed if per_head else observed.sum(0, keepdim=True).expand_as(observed)
-                    keep = torch.ones(observed.shape[0], n, dtype=torch.bool)
-                    keep[:, ev] = top_mask(score, k)
+            for which in ("shared", "per head"):
+                for layer, sel in enumerate(chosen[f]):
+                    keep = torch.ones(sel[which].shape[0], n, dtype=torch.bool)
+                    keep[:, ev] = sel[which]
                     KEEP[layer] = keep
                 x, m = continuation_nll(model, ids, n)
-                nll[name][0] += x
-                nll[name][1] += m
+                nll[(which, f)][0] += x
+                nll[(which, f)][1] += m
         KEEP.clear()
         print(f"  {t['id']}: done", file=sys.stderr, flush=True)
     print(f"future-mass recall of a {WINDOW}-query observed selection, {len(prompts)} prefixes "
@@ -165,17 +164,16 @@ def main():
     result = []
     for f in fractions:
         s = {k: v / cells for k, v in sums[f].items()}
-        print(f"{f:6.2f} {s['shared']:14.3f} {s['per_head']:9.3f} {s['oracle']:7.3f} {s['overlap']:13.3f}")
+        print(f"{f:6.2f} {s['shared']:14.3f} {s['per head']:9.3f} {s['oracle']:7.3f} {s['overlap']:13.3f}")
         tag = f"{f:g}".replace(".", "_")
-        result += [f"gain_{tag}={s['per_head'] - s['shared']:+.3f}", f"shared_{tag}={s['shared']:.3f}",
-                   f"per_head_{tag}={s['per_head']:.3f}", f"oracle_{tag}={s['oracle']:.3f}",
+        result += [f"gain_{tag}={s['per head'] - s['shared']:+.3f}", f"shared_{tag}={s['shared']:.3f}",
+                   f"per_head_{tag}={s['per head']:.3f}", f"oracle_{tag}={s['oracle']:.3f}",
                    f"overlap_{tag}={s['overlap']:.3f}"]
     full = math.exp(nll["full"][0] / nll["full"][1])
     print(f"\ncontinuation perplexity over the full cache's ({full:.3f}), f32, no quantization:")
     print(f"{'keep':>6} {'shared (kvgc)':>14} {'per head':>9}")
     for f in fractions:
-        ppl = {w: math.exp(nll[f"{w} {f:g}"][0] / nll[f"{w} {f:g}"][1]) / full
-               for w in ("shared", "per head")}
+        ppl = {w: math.exp(nll[(w, f)][0] / nll[(w, f)][1]) / full for w in ("shared", "per head")}
         print(f"{f:6.2f} {ppl['shared']:13.3f}x {ppl['per head']:8.3f}x")
         tag = f"{f:g}".replace(".", "_")
         result += [f"ppl_gain_{tag}={ppl['shared'] - ppl['per head']:+.4f}",

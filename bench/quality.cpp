@@ -35,7 +35,7 @@ using namespace quality;
 
 struct Args {
   std::string model;
-  std::string text = std::string(KVGC_QUALITY_DATA_DIR) + "/jargon-intro.txt";
+  std::string text = std::string(KVGC_QUALITY_DATA_DIR) + "/" + kDefaultText + ".txt";
   std::string text2 = std::string(KVGC_QUALITY_DATA_DIR) + "/debian-policy.txt";
   std::string out = KVGC_QUALITY_OUT_DIR;
   std::string results, export_path;

@@ -29,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kPageTokens = 16;
 constexpr uint32_t kSinks = 4;
 constexpr uint32_t kWindow = 32;
+// The default --text (in KVGC_QUALITY_DATA_DIR, with ".txt"): its ppl-prefix ids carry no
+// text name, another text's do.
+inline const std::string kDefaultText = "jargon-intro";
 
 // How a configuration's budget fraction becomes a heap budget.
 enum class Budget : uint8_t {

@@ -280,11 +280,11 @@ bool build_prefix_ppl(const Bench& bench, std::vector<PplPrompt>* out, std::stri
                                               : std::vector<uint32_t>{1024};
   if (!bench.contexts.empty()) prefixes = bench.contexts;
   std::vector<size_t> offsets = {0, 6144};
+  if (!bench.offsets.empty()) offsets.assign(bench.offsets.begin(), bench.offsets.end());
   // Prompts of another --text than the default get its name in their ids, so that runs
   // on several texts can be read side by side (bench/anchors/report.py pairs by id).
   const std::string stem = std::filesystem::path(bench.text_path).stem().string();
-  const std::string text_tag = stem == "jargon-intro" ? "" : stem + "/";
-  if (!bench.offsets.empty()) offsets.assign(bench.offsets.begin(), bench.offsets.end());
+  const std::string text_tag = stem == kDefaultText ? "" : stem + "/";
   out->clear();
   for (const uint32_t p : prefixes) {
     for (const size_t off : offsets) {

@@ -134,9 +134,10 @@ def paired(rows, task, a, b):
 
 
 def parse_cell(text):
-    side, config, fraction = text.rsplit(":", 2) if text.count(":") >= 2 else (None, None, None)
-    if side is None:
+    parts = text.rsplit(":", 2)
+    if len(parts) != 3:
         sys.exit(f"--paired: {text!r} is not SIDE:CONFIG:FRACTION")
+    side, config, fraction = parts
     try:
         return side, config, float(fraction)
     except ValueError:
@@ -160,9 +161,10 @@ def main():
                    help="compare two perplexity cells prompt by prompt (SIDE:CONFIG:FRACTION)")
     args = p.parse_args()
     rows = load(args.results)
-    for a, b in args.paired:
+    pairs = [(parse_cell(a), parse_cell(b)) for a, b in args.paired]
+    for a, b in pairs:
         for task in sorted({r["task"] for r in rows if r["task"].startswith("ppl")}):
-            paired(rows, task, parse_cell(a), parse_cell(b))
+            paired(rows, task, a, b)
     by_task = collections.defaultdict(list)
     for r in rows:
         by_task[r["task"]].append(r)

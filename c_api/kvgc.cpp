@@ -55,7 +55,7 @@ kvgc_status record(const void* heap, kvgc_status code, std::string_view a,
 }
 
 kvgc_status finish(const void* heap, const Status& st, std::string_view prefix = {}) noexcept {
-  return record(heap, st.code, st.ok() ? std::string_view() : prefix, st.msg);
+  return record(heap, st.code, st.ok() ? std::string_view() : prefix, st.text());
 }
 
 // Runs f() -> Status, turning any escaping C++ exception into a status. Nothing in the
@@ -84,7 +84,8 @@ Status check_heap(const kvgc_heap* h, const char* fn) {
 // The sizes of kvgc_heap_options that earlier versions compiled against.
 bool older_options_size(size_t size) {
   return size == KVGC_HEAP_OPTIONS_0_2_SIZE || size == KVGC_HEAP_OPTIONS_0_3_SIZE ||
-         size == KVGC_HEAP_OPTIONS_0_4_SIZE || size == KVGC_HEAP_OPTIONS_0_6_SIZE;
+         size == KVGC_HEAP_OPTIONS_0_4_SIZE || size == KVGC_HEAP_OPTIONS_0_6_SIZE ||
+         size == KVGC_HEAP_OPTIONS_0_13_SIZE;
 }
 
 // Structs that only grow: the caller's struct_size must name a size this library knows.
@@ -111,7 +112,7 @@ void debug_check(kvgc::ManagedHeap& h, const char* fn) {
     return;
   }
   if (!st.ok() && st.code != KVGC_ENOMEM) {
-    std::fprintf(stderr, "kvgc: invariant broken after %s: %s\n", fn, st.msg.c_str());
+    std::fprintf(stderr, "kvgc: invariant broken after %s: %.*s\n", fn, int(st.text().size()), st.text().data());
     std::abort();
   }
 #else
@@ -413,7 +414,7 @@ kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
     const size_t size = out->struct_size;
     if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE && size != KVGC_STATS_V3_SIZE &&
         size != KVGC_STATS_V4_SIZE && size != KVGC_STATS_V5_SIZE && size != KVGC_STATS_V6_SIZE &&
-        size != KVGC_STATS_V7_SIZE)
+        size != KVGC_STATS_V7_SIZE && size != KVGC_STATS_V8_SIZE)
       KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
     kvgc_stats full;
     KVGC_TRY(h.stats(&full));

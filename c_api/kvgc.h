@@ -55,9 +55,9 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------ */
 #define KVGC_VERSION_MAJOR 0
-#define KVGC_VERSION_MINOR 13
+#define KVGC_VERSION_MINOR 14
 #define KVGC_VERSION_PATCH 0
-#define KVGC_VERSION_STRING "0.13.0"
+#define KVGC_VERSION_STRING "0.14.0"
 #define KVGC_VERSION_NUMBER \
   (KVGC_VERSION_MAJOR * 10000 + KVGC_VERSION_MINOR * 100 + KVGC_VERSION_PATCH)
 
@@ -308,6 +308,14 @@ typedef struct kvgc_heap_options {
    * without a byte budget the window is always `window`. 0..16777216. In what was tail
    * padding, as harvest was in 0.2. */
   uint32_t window_min;              /* 8 */
+  /* Added in 0.14 (KVGC_MIN_LENGTH): a sequence shorter than this many tokens is never
+   * pruned: no budget (token or byte, absolute or a fraction) applies to it, so nothing
+   * is evicted or demoted and a short chat keeps every token at fp16. From min_length
+   * tokens on the budgets apply as set. 25% of a 39-token chat prompt is 10 tokens, which
+   * the sinks and the window fill: the question was gone before the answer's first word,
+   * for bytes that matter to no one. 0 turns the rule off (budgets from the first token:
+   * what kvgc's own benchmarks of short prompts ask for). 0..2^31. */
+  uint32_t min_length;              /* 256 */
 } kvgc_heap_options;
 
 /* sizeof(kvgc_heap_options) of 0.2 (no cpu_threads), 0.3 (no byte budget) and 0.4 (no
@@ -318,6 +326,8 @@ typedef struct kvgc_heap_options {
 /* ... and of 0.5 and 0.6 (no prefix_charge). (window_min took what was tail padding in
  * 0.7 and 0.8, so their size is 0.9's: their kvgc_heap_options_init sets it.) */
 #define KVGC_HEAP_OPTIONS_0_6_SIZE (offsetof(kvgc_heap_options, prefix_charge))
+/* ... and of 0.9 to 0.13 (no min_length: they get 0.14's default, 256). */
+#define KVGC_HEAP_OPTIONS_0_13_SIZE (offsetof(kvgc_heap_options, min_length))
 
 /* Fills *opts with the defaults and sets struct_size. Returns KVGC_EINVAL on NULL. */
 KVGC_API kvgc_status kvgc_heap_options_init(kvgc_heap_options* opts);
@@ -476,7 +486,11 @@ KVGC_API kvgc_status kvgc_tenant_usage(kvgc_heap* heap, uint32_t tenant, uint64_
 /* ---- the GC ----------------------------------------------------------------------- */
 /* Hands in the attention mass each live slot of segment (seq, layer) received this step:
  * mass[i] (float32, heap's device) belongs to the i-th row kvgc_read would return, and n
- * must equal the segment's live count. Mass accumulates into each token's score, the
+ * must equal the segment's live count. The order kvgc_read (or kvgc_read_scores,
+ * kvgc_read_classes) returned holds until this sequence's next kvgc_append, kvgc_observe
+ * or kvgc_step on that segment: no call on another sequence, from any thread, reorders
+ * it (0.14; before, a step of another holder of shared pages under
+ * KVGC_PREFIX_CHARGE_SHRINK could). Mass accumulates into each token's score, the
  * signal h2o and generational rank by. For engines that compute attention themselves.
  * Values are clamped, not rejected (on CUDA they are read on the device): a mass that
  * is NaN, +-infinite or not positive adds nothing, and a score saturates at FLT_MAX, so
@@ -755,7 +769,7 @@ KVGC_API kvgc_status kvgc_batch_observe(kvgc_batch* batch, uint32_t layer, const
                                         void* stream);
 
 /* ---- statistics --------------------------------------------------------------- */
-#define KVGC_STATS_VERSION 8
+#define KVGC_STATS_VERSION 9
 
 typedef struct kvgc_class_stats {
   uint64_t page_bytes;     /* bytes of one page of this class, metadata included */
@@ -842,9 +856,16 @@ typedef struct kvgc_stats {
   /* version 8 (0.13): KVGC_PREFIX_CHARGE_SHRINK */
   uint64_t pages_shrunk;       /* shared pages re-stored at a cheaper class */
   uint64_t bytes_shrunk;       /* arena bytes that gave back */
+  /* version 9 (0.14): a step that degrades says so. When the arena (after settling other
+     GCs, evacuating sparse slabs and evicting cached prefixes) or the tenant's quota has
+     no page for the ladder's demoted tokens, kvgc_step still returns KVGC_OK and meets
+     its budget, but by evicting tokens it would have demoted: */
+  uint64_t gcs_short_of_pages; /* collections that got fewer demotion slots than wanted */
+  uint64_t demote_slots_short; /* the slots they lacked: at most this many tokens were
+                                  evicted instead of demoted */
 } kvgc_stats;
 
-/* sizeof(kvgc_stats) of versions 1 to 7, still accepted by kvgc_get_stats. */
+/* sizeof(kvgc_stats) of versions 1 to 8, still accepted by kvgc_get_stats. */
 #define KVGC_STATS_V1_SIZE (offsetof(kvgc_stats, tier_tokens))
 #define KVGC_STATS_V2_SIZE (offsetof(kvgc_stats, cls_int8))
 #define KVGC_STATS_V3_SIZE (offsetof(kvgc_stats, cls_header))
@@ -852,6 +873,7 @@ typedef struct kvgc_stats {
 #define KVGC_STATS_V5_SIZE (offsetof(kvgc_stats, cls_int2))
 #define KVGC_STATS_V6_SIZE (offsetof(kvgc_stats, pages_migrated))
 #define KVGC_STATS_V7_SIZE (offsetof(kvgc_stats, pages_shrunk))
+#define KVGC_STATS_V8_SIZE (offsetof(kvgc_stats, gcs_short_of_pages))
 
 /* Fills *out up to out->struct_size bytes (set it first; kvgc_stats_init does). */
 KVGC_API kvgc_status kvgc_stats_init(kvgc_stats* out);

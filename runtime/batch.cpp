@@ -726,7 +726,7 @@ Status ManagedHeap::batch_step(BatchPlan& b, void* stream) {
   KVGC_TRY(gc_flush(stream));
   if (short_seqs)
     return fail(KVGC_EBUDGET, "kvgc_batch_step: " + std::to_string(short_seqs) +
-                                  " sequence(s) stay over budget; the first: " + first_short.msg);
+                                  " sequence(s) stay over budget; the first: " + std::string(first_short.text()));
   return Status::Ok();
 }
 

@@ -31,6 +31,7 @@ Status ManagedHeap::observe(kvgc_seq seq, uint32_t layer, const float* mass, uin
                float(opts_.recent_decay)};
   set_layouts(op.layout);
   KVGC_TRY(backend_->observe(op, stream));
+  seg.order_lent = false;  // the order lent was used
   ++counters_.observes;
   return Status::Ok();
 }
@@ -46,6 +47,7 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   // beside a whole prefix: docs/PERF.md, "Serving with the prefix cache".)
   uint64_t length = 0;
   for (const Segment& seg : s.layers) length = std::max(length, seg.length);
+  if (length < opts_.min_length) return out;  // a short sequence is never pruned (kvgc.h)
   // The split keeps each layer at least its protected tokens (the young window the mean
   // budget gives) where the mean allows.
   auto split = [&](uint64_t mean) {
@@ -88,7 +90,11 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   // segment decisions, in one select_batch.
   // Shared pages every holder has demoted shrink first (shrink.cpp): nothing in flight
   // names a page here. Only for a live sequence: bad input changes nothing.
-  if (seqs_.count(seq)) KVGC_TRY(shrink_shared(stream));
+  // A step reorders the sequence's own pages anyway: what it lent ends here.
+  if (auto it = seqs_.find(seq); it != seqs_.end()) {
+    end_lent_orders(it->second);
+    KVGC_TRY(shrink_shared(stream));
+  }
   gc_reserve(model_.n_layers);  // before anything changes: the queue never grows midway
   Status st;
   try {
@@ -125,6 +131,7 @@ void ManagedHeap::gc_flush_after_throw(void* stream) {
 Status ManagedHeap::step_prepare(kvgc_seq seq, void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_step", &s));
+  end_lent_orders(*s);
   ++counters_.steps;
   if (opts_.policy == KVGC_POLICY_FULL) return Status::Ok();  // never evicts, never fragments
   const host::vector<LayerBudget> budgets = layer_budgets(*s);
@@ -259,13 +266,17 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
   };
   uint32_t n_runs[KVGC_CLASS_COUNT] = {};
   bool settled = false, evacuated = false;
+  uint64_t short_slots = 0;  // demotion slots wanted and not found: evictions instead
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c) {  // runs_ holds the classes in order
     PageTable& t = seg.table[c];
     uint64_t want = want_slots[c];
     // A shared, partly filled tail (kvgc_seq_fork) is copied before demotion writes into
     // it; with no page for the copy, this class takes no demoted token this time (more
     // evictions instead: the decision stays monotone).
-    if (want && tail_shared(t) && !unshare_tail(s, layer, c, stream).ok()) want = 0;
+    if (want && tail_shared(t) && !unshare_tail(s, layer, c, stream).ok()) {
+      short_slots += want;
+      want = 0;
+    }
     const size_t first_run = runs_.size();
     const uint32_t room = want ? t.tail_room(pool_, pt) : 0;
     if (room) runs_.push_back({page_ptr(t.pages.back()), pt - room, uint32_t(std::min<uint64_t>(room, want)), 0});
@@ -287,13 +298,20 @@ Status ManagedHeap::gc_prepare(SequenceState& s, uint32_t layer, const LayerBudg
         continue;
       }
       if (p == kNoPage && !pool_.can_alloc(c, 1) && evict_one_prefix()) continue;  // then cached prefixes
-      if (p == kNoPage) break;  // within arena and quota
+      if (p == kNoPage) {  // within arena and quota
+        short_slots += want;
+        break;
+      }
       t.pages.push_back(p);
       const uint32_t k = uint32_t(std::min<uint64_t>(pt, want));
       runs_.push_back({page_ptr(p), 0, k, 0});
       want -= k;
     }
     n_runs[c] = uint32_t(runs_.size() - first_run);
+  }
+  if (short_slots) {  // the step still meets its budget, by evicting: kvgc_stats says so
+    ++counters_.gcs_short_of_pages;
+    counters_.demote_slots_short += short_slots;
   }
   PendingGc& pend = seg.gc;
   segment_pages(seg, &pages_);

@@ -154,7 +154,7 @@ Status make_backend(kvgc_device want, int ordinal, uint32_t cpu_threads,
   }
   if (want == KVGC_DEVICE_CUDA) return st;
   *out = make_cpu_backend(cpu_threads);
-  *why = "cpu (auto: " + st.msg + ")";
+  *why = "cpu (auto: " + std::string(st.text()) + ")";
   return Status::Ok();
 }
 

@@ -60,7 +60,6 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
                                   std::to_string(tenants_.find(tenant)->second.limit) +
                                   " bytes (the copy's header pages: " + std::to_string(theirs * hb) +
                                   " bytes)");
-  free_slots_.reserve(free_slots_.size() + 1);  // so that undoing cannot allocate
   kvgc_seq id = 0;
   KVGC_TRY(seq_create(tenant, &id));
   SequenceState& dst = seqs_.find(id)->second;  // src stays valid: the map is node-based
@@ -110,7 +109,7 @@ Status ManagedHeap::seq_fork(kvgc_seq seq, uint32_t tenant, kvgc_seq* out, void*
   }
   if (!st.ok()) {
     (void)seq_destroy(id);
-    return fail(st.code, "kvgc_seq_fork: " + st.msg);
+    return fail(st.code, "kvgc_seq_fork: " + std::string(st.text()));
   }
   *out = id;
   return Status::Ok();

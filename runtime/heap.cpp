@@ -197,12 +197,11 @@ ManagedHeap::~ManagedHeap() {
 Status ManagedHeap::find(kvgc_seq seq, uint32_t layer, const char* fn, SequenceState** out) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end())
-    return fail(KVGC_ENOTFOUND, std::string(fn) + ": seq " + std::to_string(seq) +
-                                    " is not a live sequence of this heap");
+    return fail_fixed(KVGC_ENOTFOUND, "%s: seq %llu is not a live sequence of this heap", fn,
+                      (unsigned long long)seq);
   if (layer >= model_.n_layers)
-    return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
-                                 " is out of range (model has " +
-                                 std::to_string(model_.n_layers) + " layers)");
+    return fail_fixed(KVGC_EINVAL, "%s: layer %u is out of range (model has %u layers)", fn, layer,
+                      model_.n_layers);
   *out = &it->second;
   return Status::Ok();
 }
@@ -219,7 +218,12 @@ Status ManagedHeap::seq_create(uint32_t tenant, kvgc_seq* out) {
   s.layers.resize(model_.n_layers);
   s.mirror.resize(model_.n_layers);
   // Reserve every container before the first mutation: a bad_alloc here changes nothing.
-  if (free_slots_.empty()) seq_slots_.reserve(seq_slots_.size() + 1);
+  // free_slots_ can take back every slot there is, so that destroying a sequence never
+  // allocates (an engine out of memory frees sequences to get memory back).
+  if (free_slots_.empty()) {
+    seq_slots_.reserve(seq_slots_.size() + 1);
+    free_slots_.reserve(seq_slots_.size() + 1);
+  }
   seqs_.reserve(seqs_.size() + 1);
   const kvgc_seq id = next_seq_;
   SequenceState* raw = &seqs_.emplace(id, std::move(s)).first->second;  // may throw: nothing changed yet
@@ -341,7 +345,7 @@ const host::vector<SegPage>& ManagedHeap::attn_pages(Segment& s) {
 Status ManagedHeap::seq_destroy(kvgc_seq seq) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_seq_destroy", &s));
-  free_slots_.reserve(free_slots_.size() + 1);
+  KVGC_ASSERT(free_slots_.capacity() > free_slots_.size());  // seq_create reserved it
   for (Segment& seg : s->layers) free_pages(s->tenant, seg);
   seq_slots_[s->slot] = nullptr;
   free_slots_.push_back(s->slot);
@@ -361,6 +365,7 @@ Status ManagedHeap::append(kvgc_seq seq, uint32_t layer, const void* k, const vo
     return fail(KVGC_EINVAL, "kvgc_append: k and v must be aligned to the dtype's " +
                                  std::to_string(elem) + " bytes");
   Segment& seg = s->layers[layer];
+  seg.order_lent = false;  // the live count changes: a read before is stale
   PageTable& t = seg.table[KVGC_CLASS_FP16];  // new tokens are always stored fp16
   const uint32_t pt = opts_.page_tokens;
   if (seg.length + n > uint64_t(INT32_MAX))
@@ -481,6 +486,7 @@ Status ManagedHeap::read(kvgc_seq seq, uint32_t layer, void* k_out, void* v_out,
                                  " is smaller than the segment's " + std::to_string(live) +
                                  " live tokens");
   if (!(k_out || v_out || pos_out) || live == 0) return Status::Ok();
+  s->layers[layer].order_lent = true;
   segment_pages(seg, &pages_);
   GatherOp op{{}, pages_.data(), uint32_t(pages_.size()),
               k_out, v_out, pos_out};
@@ -506,6 +512,7 @@ Status ManagedHeap::read_scores(kvgc_seq seq, uint32_t layer, float* scores_out,
                                  " is smaller than the segment's " + std::to_string(live) +
                                  " live tokens");
   if (!(scores_out || gen_out) || live == 0) return Status::Ok();
+  s->layers[layer].order_lent = true;
   segment_pages(seg, &pages_);
   GatherOp op{{}, pages_.data(), uint32_t(pages_.size()),
               nullptr, nullptr, nullptr, scores_out, gen_out};
@@ -527,6 +534,7 @@ Status ManagedHeap::read_classes(kvgc_seq seq, uint32_t layer, uint8_t* cls_out,
                                  " is smaller than the segment's " + std::to_string(live) +
                                  " live tokens");
   if (!cls_out || live == 0) return Status::Ok();
+  s->layers[layer].order_lent = true;
   // Read order is class by class, so the host knows the answer from its own counts; a
   // token charged at another class than its page's (KVGC_PREFIX_CHARGE=prune) reads as
   // the class its ladder decided, from its gen byte (each page's header, read back).
@@ -674,6 +682,8 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->slabs_evacuated = counters_.slabs_evacuated;
   o->pages_shrunk = counters_.pages_shrunk;
   o->bytes_shrunk = counters_.bytes_shrunk;
+  o->gcs_short_of_pages = counters_.gcs_short_of_pages;
+  o->demote_slots_short = counters_.demote_slots_short;
   return Status::Ok();
 }
 

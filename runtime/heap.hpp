@@ -113,6 +113,11 @@ struct alignas(128) Segment {
   // class their gen byte names, net per class (SelectResult::shift, from the last GC
   // applied). table[c].live + shift[c] is what the GC plans from.
   int64_t shift[KVGC_CLASS_COUNT] = {};
+  // A read order is lent out (kvgc_read, _read_scores, _read_classes) and an observe may
+  // still use it: until the sequence's next append, observe or step on this segment, no
+  // call on another sequence may reorder its pages (the shrink pass leaves pages this
+  // segment holds where they are: shrink.cpp).
+  bool order_lent = false;
 
   uint64_t live() const {
     uint64_t n = 0;
@@ -189,6 +194,7 @@ struct Counters {
   uint64_t pages_shared = 0, cow_copies = 0;
   uint64_t pages_migrated = 0, slabs_evacuated = 0;
   uint64_t pages_shrunk = 0, bytes_shrunk = 0;
+  uint64_t gcs_short_of_pages = 0, demote_slots_short = 0;
 };
 
 class ManagedHeap : public host::HostAllocated {
@@ -349,7 +355,12 @@ class ManagedHeap : public host::HostAllocated {
   void note_classes(PageId header, uint8_t classes);
   void mark_cheap(PageId header);
   bool shrinkable(PageId shared, const SharedPage& sp) const;
+  // holders whose read order is lent out (Segment::order_lent) keep their pages where
+  // they are: those pages wait for a later pass.
   Status shrink_shared(void* stream);
+  static void end_lent_orders(SequenceState& s) {
+    for (Segment& seg : s.layers) seg.order_lent = false;
+  }
   // Bytes the tenant is charged: its tables' pages (private and header) and the shared
   // pages it created.
   uint64_t tenant_bytes_now(uint32_t tenant) const;

@@ -20,6 +20,7 @@ constexpr uint64_t kDefaultSeed = 0x6b766763;  // "kvgc"
 constexpr uint32_t kDefaultSlab = 0;  // sized from the model's pages (heap.cpp)
 constexpr uint32_t kMaxSinks = 1u << 20;
 constexpr uint32_t kMaxWindow = 1u << 24;
+constexpr uint32_t kMaxMinLength = 1u << 31;
 constexpr uint32_t kMaxThreads = 256;  // cpu::ThreadPool::kMaxThreads
 // Generational's minor GCs rank by recent attention: streaming perplexity (2K tokens of
 // the Jargon File, 256-token cache) 1.059x the full cache at 0.97, 1.061x at 0.9, 1.060x
@@ -175,6 +176,11 @@ const Row kRows[] = {
      [](const std::string& s, kvgc_heap_options* o) {
        return parse_u32_range(s, 0, kMaxWindow, &o->window_min);
      }},
+    {{"KVGC_MIN_LENGTH", "integer 0..2147483648", "256",
+      "sequences shorter than this many tokens are never pruned (no budget applies); 0: off"},
+     [](const std::string& s, kvgc_heap_options* o) {
+       return parse_u32_range(s, 0, kMaxMinLength, &o->min_length);
+     }},
     {{"KVGC_PAGE_TOKENS", "integer 1..256", "16", "token slots per page"},
      [](const std::string& s, kvgc_heap_options* o) {
        return parse_u32_range(s, 1, kMaxPageTokens, &o->page_tokens);
@@ -293,6 +299,10 @@ void options_defaults(kvgc_heap_options* o) {
   // 0.9: at 5% of a 1K-token prompt's bytes a 32-token window took most of the budget;
   // an 8-token one kept the word key in 19 prompts of 20 against 0 (docs/QUALITY.md).
   o->window_min = 8;
+  // 0.14: a short chat is never pruned (a 39-token prompt at 25% lost its question).
+  // 256 covers a chat prompt of up to 200 tokens and its first 32 answer tokens
+  // unchanged; kvgc's quality results start at 1K tokens, where nothing changes.
+  o->min_length = 256;
   o->page_tokens = 16;
   o->compact_threshold = 0.25;
   // The full ladder: at equal bytes it measured best (docs/QUALITY.md); without a budget
@@ -325,6 +335,7 @@ Status options_validate(const kvgc_heap_options& o) {
   if (o.sinks > kMaxSinks) return bad("sinks", "must be <= 1048576");
   if (o.window > kMaxWindow) return bad("window", "must be <= 16777216");
   if (o.window_min > kMaxWindow) return bad("window_min", "must be <= 16777216");
+  if (o.min_length > kMaxMinLength) return bad("min_length", "must be <= 2147483648");
   if (o.page_tokens < 1 || o.page_tokens > kMaxPageTokens)
     return bad("page_tokens", "must be in 1..256");
   if (!(o.compact_threshold > 0 && o.compact_threshold <= 1))
@@ -455,13 +466,13 @@ std::string options_describe(const kvgc_heap_options& o) {
                           : "none";
   std::snprintf(buf, sizeof buf,
                 "KVGC_DEVICE=%s\nKVGC_POLICY=%s\nKVGC_BUDGET=%s\nKVGC_TOKEN_BUDGET=%s\n"
-                "KVGC_BYTE_BUDGET=%s\nKVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_WINDOW_MIN=%u\nKVGC_PAGE_TOKENS=%u\n"
+                "KVGC_BYTE_BUDGET=%s\nKVGC_SINKS=%u\nKVGC_WINDOW=%u\nKVGC_WINDOW_MIN=%u\nKVGC_MIN_LENGTH=%u\nKVGC_PAGE_TOKENS=%u\n"
                 "KVGC_COMPACT_THRESHOLD=%g\nKVGC_DEMOTE=%s\nKVGC_LAYER_BUDGET=%s\n"
                 "KVGC_HARVEST=%s\nKVGC_PREFIX_CHARGE=%s\nKVGC_THREADS=%u%s\nKVGC_RECENT_DECAY=%g\n"
                 "KVGC_SCORE_NOISE=%g\n"
                 "KVGC_SEED=0x%llx\nKVGC_VERBOSE=%d\nslab_bytes=%u\n",
                 device_name(o.device), policy_name(o.policy), budget.c_str(), tokens.c_str(),
-                bytes.c_str(), o.sinks, o.window, o.window_min, o.page_tokens, o.compact_threshold,
+                bytes.c_str(), o.sinks, o.window, o.window_min, o.min_length, o.page_tokens, o.compact_threshold,
                 choice_name(kDemotes, o.demote), choice_name(kLayerBudgets, o.layer_budget),
                 choice_name(kHarvests, o.harvest), choice_name(kPrefixCharges, o.prefix_charge),
                 o.cpu_threads,

@@ -385,7 +385,7 @@ Status ManagedHeap::prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, 
     for (Segment& seg : s->layers) free_pages(s->tenant, seg);
     s->attached_pages = 0;
     s->attached_cls.clear();
-    return fail(st.code, "kvgc_prefix_attach: " + st.msg);
+    return fail(st.code, "kvgc_prefix_attach: " + std::string(st.text()));
   }
   const uint64_t sinks = std::min<uint64_t>(opts_.sinks, tokens);
   // KVGC_PREFIX_CHARGE=cache: the whole pages are the cache's, out of this sequence's GC.
@@ -413,8 +413,8 @@ Status ManagedHeap::prefix_attach(kvgc_seq seq, const int32_t* ids, uint64_t n, 
 Status ManagedHeap::prefix_pin(kvgc_prefix prefix, bool pinned) {
   auto it = prefixes_.find(prefix);
   if (it == prefixes_.end())
-    return fail(KVGC_ENOTFOUND, "kvgc_prefix_pin: prefix " + std::to_string(prefix) +
-                                    " is not a cached prefix of this heap (dropped, or evicted)");
+    return fail_fixed(KVGC_ENOTFOUND, "kvgc_prefix_pin: prefix %llu is not a cached prefix of this heap (dropped, or evicted)",
+                      (unsigned long long)prefix);
   it->second.pinned = pinned;
   return Status::Ok();
 }
@@ -422,8 +422,8 @@ Status ManagedHeap::prefix_pin(kvgc_prefix prefix, bool pinned) {
 Status ManagedHeap::prefix_drop(kvgc_prefix prefix) {
   auto it = prefixes_.find(prefix);
   if (it == prefixes_.end())
-    return fail(KVGC_ENOTFOUND, "kvgc_prefix_drop: prefix " + std::to_string(prefix) +
-                                    " is not a cached prefix of this heap (dropped, or evicted)");
+    return fail_fixed(KVGC_ENOTFOUND, "kvgc_prefix_drop: prefix %llu is not a cached prefix of this heap (dropped, or evicted)",
+                      (unsigned long long)prefix);
   drop_prefix(it->second);
   prefixes_.erase(it);
   return Status::Ok();

@@ -65,6 +65,7 @@ Status ManagedHeap::shrink_shared(void* stream) {
   struct Move {
     PageId from, to;
   };
+  constexpr PageId kWaits = kNoPage - 1;  // a `to` for a page a holder's lent order holds back
   host::vector<Move> moves;
   for (const auto& [p, sp] : shared_)
     if (shrinkable(p, sp)) moves.push_back({p, kNoPage});
@@ -87,6 +88,22 @@ Status ManagedHeap::shrink_shared(void* stream) {
     Move* move;
   };
   host::vector<Holder> holders;
+  // A holder with a read order lent out (kvgc_read, then an observe to come) must find
+  // its rows where it read them: moving its header to another class's table would put
+  // the observe's mass on other tokens (the stress test's wrong scores, issue 43). Its
+  // pages wait for a pass after its next append, observe or step (shrink_ready_ keeps
+  // them due).
+  size_t waiting = 0;
+  for (const auto& [h, b] : backing_)
+    if (Move* m = find_move(b.page); m && m->to == kNoPage && segment_of(pool_.desc(h).owner).order_lent) {
+      m->to = kWaits;
+      ++waiting;
+    }
+  if (waiting) {
+    shrink_ready_ = waiting;
+    std::erase_if(moves, [](const Move& m) { return m.to == kWaits; });
+    if (moves.empty()) return Status::Ok();
+  }
   for (const auto& [h, b] : backing_)
     if (Move* m = find_move(b.page)) holders.push_back({pool_.desc(h).owner, h, m});
   std::sort(holders.begin(), holders.end(),

@@ -337,6 +337,13 @@ void run_prefix(kvgc_heap* h, const kvgc_model_desc& m, const StatusFn& status, 
     }
     if (round == 2) {
       if (pAs && api("prefix_drop", [&] { return kvgc_prefix_drop(h, pAs); })) {
+        // Dropping it again is KVGC_ENOTFOUND whatever allocation fails: an error path
+        // that allocated its message said KVGC_ENOMEM.
+        malloc_hook::rearm();
+        const kvgc_status again = kvgc_prefix_drop(h, pAs);
+        malloc_hook::disarm();
+        if (again != KVGC_ENOTFOUND)
+          failed(std::string("prefix_drop of a dropped prefix returned ") + kvgc_status_str(again));
         pAs = 0;
         Seq after;  // the salted prefix is gone; its holder keeps its pages
         if (create(after, 2)) {
@@ -433,6 +440,9 @@ void run(const Workload& w, unsigned threads, Report* rep) {
     const kvgc_status st = call();
     malloc_hook::disarm();
     ++rep->calls;
+    // Freeing never fails for want of memory: that is how an engine gets memory back.
+    if (st == KVGC_ENOMEM && (!std::strcmp(what, "seq_destroy") || !std::strcmp(what, "prefix_drop")))
+      failed(std::string(what) + " returned KVGC_ENOMEM: freeing must never need memory");
     if (st == KVGC_ENOMEM) ++rep->enomem;
     else if (st != KVGC_OK && st != KVGC_EBUDGET)
       failed(std::string(what) + " returned " + kvgc_status_str(st) + ": " + kvgc_errmsg(h));

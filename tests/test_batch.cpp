@@ -24,6 +24,7 @@ kvgc_heap* make_heap(const kvgc_model_desc& m, kvgc_policy policy, uint32_t thre
   kvgc_heap_options_init(&o);
   o.flags = KVGC_OPT_IGNORE_ENV;
   o.device = KVGC_DEVICE_CPU;
+  o.min_length = 0;  // short sequences: budgets from the first token
   o.budget_bytes = budget;
   o.policy = policy;
   o.byte_budget_fraction = policy == KVGC_POLICY_FULL ? 0 : byte_fraction;

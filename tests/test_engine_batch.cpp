@@ -50,6 +50,7 @@ kvgc_heap_options heap_options(uint64_t arena_bytes) {
   o.budget_bytes = arena_bytes;
   o.policy = KVGC_POLICY_GENERATIONAL;
   o.token_budget = 48;  // the 70- and 150-token prompts are evicted while they run
+  o.min_length = 0;     // (short sequences: budgets from the first token)
   o.cpu_threads = 1;
   return o;
 }

@@ -352,6 +352,42 @@ TEST_CASE("under a byte budget the ladder demotes rather than evicts (pages much
   }
 }
 
+TEST_CASE("a step whose demotions find no page still meets its budget, and the stats say it evicted instead") {
+  // kvgc_step degrades rather than fails when the ladder's destination pages cannot be
+  // had (here the tenant's quota is its usage: no page more), evicting what it would
+  // have demoted. It must say so: gcs_short_of_pages and demote_slots_short (stats v9).
+  auto run = [&](bool quota) {
+    kvgc_heap_options o = gc_options(KVGC_POLICY_H2O, 0, 4, 16, 16);
+    o.byte_budget_fraction = 0.3;
+    o.demote = KVGC_DEMOTE_LADDER;
+    o.harvest = KVGC_HARVEST_IMMEDIATE;
+    Heap H(o, model(1, 2, 32));
+    kvgc_seq s;
+    REQUIRE(kvgc_seq_create(H.h, 7, &s) == KVGC_OK);
+    H.append(s, 0, 0, 256);
+    H.observe(s, 0, weight);
+    if (quota) {
+      uint64_t used = 0, limit = 0;
+      REQUIRE(kvgc_tenant_usage(H.h, 7, &used, &limit) == KVGC_OK);
+      REQUIRE(kvgc_tenant_set_limit(H.h, 7, used) == KVGC_OK);
+    }
+    CHECK(H.step(s) == KVGC_OK);
+    H.check();
+    return H.stats();
+  };
+  const kvgc_stats free_run = run(false), starved = run(true);
+  MESSAGE("demoted " << free_run.tokens_demoted << " / evicted " << free_run.tokens_evicted << " with room; "
+                     << starved.tokens_demoted << " / " << starved.tokens_evicted << " without, "
+                     << starved.demote_slots_short << " slots short");
+  CHECK(free_run.tokens_demoted > 0);
+  CHECK(free_run.gcs_short_of_pages == 0);
+  CHECK(free_run.demote_slots_short == 0);
+  CHECK(starved.gcs_short_of_pages == 1);
+  CHECK(starved.demote_slots_short > 0);
+  CHECK(starved.tokens_evicted > free_run.tokens_evicted);
+  CHECK(starved.tokens_evicted - free_run.tokens_evicted <= starved.demote_slots_short + free_run.tokens_demoted);
+}
+
 TEST_CASE("a byte budget is met exactly: pages held after each step, page slack included") {
   // One segment, h2o with every ladder: after each step (immediate harvest: the results
   // and compaction are applied within it) the pages the segment holds fit its byte

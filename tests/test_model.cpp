@@ -1,11 +1,12 @@
 // The real-model test: SmolLM2-135M-Instruct through the reference engine, its KV cache
 // in a kvgc heap (CPU). First, its tokenizer equals the rescanning reference merge on the
-// real vocabulary; then three checks a user of kvgc would ask for first:
+// real vocabulary; then four checks a user of kvgc would ask for first:
 //   1. full cache: perplexity of a fixed English passage stays under a recorded bound,
 //      with the default engine and the exact one;
 //   2. full cache: greedy answers to factual chat prompts a 135M model gets right;
 //   3. generational at a 25% budget: a 5-digit passkey hidden in ~1K tokens of filler, at
-//      three depths, is repeated correctly (the engine's default SnapKV-style prefill).
+//      three depths, is repeated correctly (the engine's default SnapKV-style prefill);
+//   4. generational at 25% of the bytes: short chats answer as the full cache does.
 // Needs the downloaded model (tools/fetch-model.sh): without it the test is skipped
 // (exit 77), unless KVGC_REQUIRE_MODEL=1 (CI) makes a missing model a failure.
 #include <algorithm>
@@ -243,6 +244,41 @@ int main() {
           "generational 25%: passkey at filler " + std::to_string(before) + "/50 of " +
               std::to_string(prompt.size()) + " tokens -> \"" + a + "\"" +
               (a.empty() ? " " + err : ""));
+  }
+  // 4. Short chats keep their meaning under a budget (KVGC_MIN_LENGTH, 0.14): at 25% of
+  // the bytes, the default's greedy answer to each is the full cache's for its first 32
+  // tokens (prompt and answer stay under min_length: nothing is pruned). The README's
+  // prompts and six others, 37 to 86 tokens. With the rule off, the same budget must
+  // change some answer: otherwise this check could not fail.
+  {
+    const char* chats[] = {
+        "Write a short story about a lighthouse keeper.",
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "What is the capital of France?",
+        "Explain in two sentences why the sky is blue.",
+        "Give me three tips for a good night's sleep.",
+        "Write a haiku about autumn leaves.",
+        "Translate 'good morning' and 'thank you' into French and Spanish.",
+        "I am planning a week in Italy in May. I like museums, food and long walks, but not "
+        "crowds, and my budget is moderate. Which two cities would you suggest, what should "
+        "I see in each, and how should I travel between them? Please keep it short."};
+    kvgc_heap_options budget = options(KVGC_POLICY_GENERATIONAL, 0);
+    budget.byte_budget_fraction = 0.25;
+    kvgc_heap_options no_rule = budget;
+    no_rule.min_length = 0;
+    int changed_without_rule = 0;
+    for (const char* chat : chats) {
+      const std::vector<int32_t> prompt = tok.encode(engine::apply_chat_template({{"user", chat}}, true));
+      const std::string full = generate(model, tok, options(KVGC_POLICY_FULL, 0), prompt, 32, &err);
+      const std::string kept = generate(model, tok, budget, prompt, 32, &err);
+      changed_without_rule += generate(model, tok, no_rule, prompt, 32, &err) != full;
+      check(!full.empty() && kept == full,
+            "generational at 25% of the bytes, a " + std::to_string(prompt.size()) +
+                "-token chat: the full cache's first 32 tokens (\"" + kept.substr(0, 60) + "...\")");
+    }
+    check(changed_without_rule > 0, "with KVGC_MIN_LENGTH=0 the same budget changes " +
+                                        std::to_string(changed_without_rule) + " of the " +
+                                        std::to_string(std::size(chats)) + " answers");
   }
   std::printf("%d failure(s)\n", failures);
   return failures ? 1 : 0;

@@ -48,7 +48,8 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.byte_budget_fraction == 0);
   CHECK(o.demote == KVGC_DEMOTE_LADDER);  // the full ladder by default (0.4)
   CHECK(o.prefix_charge == KVGC_PREFIX_CHARGE_CACHE);
-  CHECK(option_docs().size() == 19);
+  CHECK(o.min_length == 256);  // a short chat is never pruned (0.14)
+  CHECK(option_docs().size() == 20);
   for (const OptionDoc& d : option_docs()) {
     CHECK(std::string(d.env).rfind("KVGC_", 0) == 0);
     CHECK(std::string(d.doc).size() > 10);

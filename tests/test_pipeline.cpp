@@ -22,6 +22,7 @@ kvgc_heap* range_heap(uint32_t first, uint32_t count, kvgc_policy p, kvgc_layer_
   kvgc_heap_options_init(&o);
   o.flags = KVGC_OPT_IGNORE_ENV;
   o.device = KVGC_DEVICE_CPU;
+  o.min_length = 0;  // short sequences: budgets from the first token
   o.budget_bytes = 32u << 20;
   o.policy = p;
   o.token_budget_fraction = 0.3;

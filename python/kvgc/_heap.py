@@ -83,7 +83,10 @@ class Stats:
     ``pages_migrated`` and ``slabs_evacuated`` (pages moved out of sparse slabs of one
     storage class, and the slabs so emptied, when the arena was short of another's pages);
     version 8 (0.13): ``pages_shrunk`` and ``bytes_shrunk`` (shared pages re-stored at a
-    cheaper class under ``prefix_charge="shrink"``, and the arena bytes that gave back).
+    cheaper class under ``prefix_charge="shrink"``, and the arena bytes that gave back);
+    version 9 (0.14): ``gcs_short_of_pages`` and ``demote_slots_short`` (collections whose
+    demotions found no page in the arena or the tenant's quota, and the slots they lacked:
+    at most that many tokens were evicted instead of demoted).
     """
 
     def __init__(self, fields):
@@ -116,6 +119,8 @@ class Heap(_kvgc.Heap):
         window_min       under a byte budget the young window is an eighth of the budget
                          in fp16 tokens, within window_min (8) .. window (32); window_min
                          >= window keeps it fixed
+        min_length       sequences shorter than this many tokens (256) are never pruned:
+                         no budget applies to them; 0 applies budgets from the first token
         demote           "off", "int4", "int8", "int8,int4" (the ladder, default)
         layer_budget     "uniform", "pyramid", "entropy" (with layer_weights=[...])
         harvest          "deferred" (default) or "immediate"

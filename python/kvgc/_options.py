@@ -26,7 +26,7 @@ _CHOICES = {
 }
 _ENUMS = {"device": Device, "policy": Policy, "demote": Demote, "layer_budget": LayerBudget,
           "harvest": Harvest, "prefix_charge": PrefixCharge}
-_COUNTS = ("sinks", "window", "window_min", "page_tokens", "seed", "slab_bytes", "first_layer",
+_COUNTS = ("sinks", "window", "window_min", "min_length", "page_tokens", "seed", "slab_bytes", "first_layer",
            "total_layers", "cuda_device", "budget_bytes")
 _REALS = ("compact_threshold", "score_noise", "recent_decay", "budget_fraction")
 

@@ -791,7 +791,7 @@ nb::dict Batch::export_view(uint32_t layer) {
   X(slab_bytes, uint32_t) X(verbose, int) X(harvest, kvgc_harvest) X(cpu_threads, uint32_t) \
   X(byte_budget, uint64_t) X(byte_budget_fraction, double) X(recent_decay, double)         \
   X(first_layer, uint32_t) X(total_layers, uint32_t) X(prefix_charge, kvgc_prefix_charge)  \
-  X(window_min, uint32_t)
+  X(window_min, uint32_t) X(min_length, uint32_t)
 
 template <typename T>
 T option_from(nb::handle value, const char* name) {
@@ -893,6 +893,7 @@ nb::dict Heap::stats() {
   KVGC_STAT(cow_copies);
   KVGC_STAT(cached_only_bytes); KVGC_STAT(pages_migrated); KVGC_STAT(slabs_evacuated);
   KVGC_STAT(pages_shrunk); KVGC_STAT(bytes_shrunk);
+  KVGC_STAT(gcs_short_of_pages); KVGC_STAT(demote_slots_short);
 #undef KVGC_STAT
   return d;
 }

@@ -22,6 +22,7 @@ L, QH, KVH, D = 2, 8, 2, 32
 def make_heap(**kw):
     kw.setdefault("budget", "16M")
     kw.setdefault("ignore_env", True)
+    kw.setdefault("min_length", 0)  # budgets from the first token: these sequences are short
     return kvgc.Heap(L, QH, KVH, D, kw.pop("dtype", "float32"), **kw)
 
 
@@ -522,11 +523,11 @@ def keeper_with_prompt(heap, n=30, tenant=0, seed=1):
 
 
 def test_prefix_stats_fields_and_constants():
-    assert kvgc.STATS_VERSION == 8 and kvgc.PAGE_LAYOUT_VERSION == 2
+    assert kvgc.STATS_VERSION == 9 and kvgc.PAGE_LAYOUT_VERSION == 2
     assert kvgc._kvgc.PREFIX_PIN == 1
     with prefix_heap() as heap:
         s = heap.stats()
-        assert s.version == 8
+        assert s.version == 9
         for f in ("shared_pages", "shared_bytes", "shared_refs", "prefixes", "prefixes_pinned",
                   "prefix_lookups", "prefix_hits", "prefix_tokens_attached",
                   "prefix_evictions", "pages_shared", "cow_copies", "cached_only_bytes",

@@ -94,6 +94,38 @@ def test_smollm2_greedy_matches(smollm2, attn):
         assert torch.equal(got, ref), (tok.decode(got[0]), tok.decode(ref[0]))
 
 
+SHORT_CHATS = (  # the README's prompt and five other short chats (under 100 tokens)
+    "Write a short story about a lighthouse keeper.",
+    "Explain in two sentences why the sky is blue.",
+    "Give me three tips for a good night's sleep.",
+    "Write a haiku about autumn leaves.",
+    "Translate 'good morning' and 'thank you' into French and Spanish.",
+    "I am planning a week in Italy in May. I like museums, food and long walks, but not "
+    "crowds, and my budget is moderate. Which two cities would you suggest, what should I "
+    "see in each, and how should I travel between them? Please keep it short.")
+
+
+def test_smollm2_short_chats_keep_their_meaning_under_a_budget(smollm2, attn):
+    # KVGC_MIN_LENGTH (0.14): a sequence under 256 tokens is never pruned, so at 25% of the
+    # bytes a short chat answers as DynamicCache does for its first 32 tokens. With the rule
+    # off the same budget changes some answer: otherwise this test could not fail.
+    model, tok = smollm2
+    changed_without_rule = 0
+    for text in SHORT_CHATS:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True, return_tensors="pt")
+        assert ids.shape[1] < 200
+        ref, _ = gen(attn(model, "sdpa"), ids, DynamicCache(), n=32)
+        got, _ = gen(attn(model, "kvgc"), ids,
+                     kt.KvgcCache(model.config, kv_dtype=torch.float32, byte_budget=0.25), n=32)
+        assert torch.equal(got, ref), (text, tok.decode(got[0]), tok.decode(ref[0]))
+        off, _ = gen(attn(model, "kvgc"), ids,
+                     kt.KvgcCache(model.config, kv_dtype=torch.float32, byte_budget=0.25,
+                                  min_length=0), n=32)
+        changed_without_rule += not torch.equal(off, ref)
+    assert changed_without_rule > 0
+
+
 # ---- no dense copy ---------------------------------------------------------------------
 def test_no_copy_pointers(tiny, attn):
     cache = full_cache(tiny)

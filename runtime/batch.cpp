@@ -708,6 +708,7 @@ Status ManagedHeap::batch_step(BatchPlan& b, void* stream) {
   Status first_short;
   try {
     for (const BatchPlan::Entry& e : b.seqs) {
+      end_lent_orders(*e.s);  // the plan appended to it: a read before is stale (as kvgc_step)
       if (e.defer_step) continue;  // its GC waits for a later step (kvgc_batch_plan_ex)
       Status st = step_prepare(e.id, stream);
       if (st.code == KVGC_EBUDGET) {

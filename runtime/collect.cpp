@@ -131,7 +131,6 @@ void ManagedHeap::gc_flush_after_throw(void* stream) {
 Status ManagedHeap::step_prepare(kvgc_seq seq, void* stream) {
   SequenceState* s;
   KVGC_TRY(find(seq, 0, "kvgc_step", &s));
-  end_lent_orders(*s);
   ++counters_.steps;
   if (opts_.policy == KVGC_POLICY_FULL) return Status::Ok();  // never evicts, never fragments
   const host::vector<LayerBudget> budgets = layer_budgets(*s);

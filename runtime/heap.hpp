@@ -355,8 +355,8 @@ class ManagedHeap : public host::HostAllocated {
   void note_classes(PageId header, uint8_t classes);
   void mark_cheap(PageId header);
   bool shrinkable(PageId shared, const SharedPage& sp) const;
-  // holders whose read order is lent out (Segment::order_lent) keep their pages where
-  // they are: those pages wait for a later pass.
+  // shrink_shared leaves a page where it is while one of its holders has lent out its
+  // read order (Segment::order_lent): it waits for a later pass.
   Status shrink_shared(void* stream);
   static void end_lent_orders(SequenceState& s) {
     for (Segment& seg : s.layers) seg.order_lent = false;

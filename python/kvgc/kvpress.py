@@ -105,7 +105,9 @@ class KvgcPress(BasePress):
             is in the compressed context (query_aware): there the prior dilutes what the
             question attends to.
         heap_options: any other kvgc.Heap option (policy, demote, window, sinks, ...);
-            absent ones are kvgc's defaults.
+            absent ones are kvgc's defaults, but for min_length: 0 here, since a press's
+            compression_ratio applies to every context, as kvpress's presses apply theirs
+            (kvgc's default leaves sequences under 256 tokens whole).
     """
 
     # Not a dataclass (BasePress is one): heap options are free keywords, as for KvgcCache.
@@ -115,6 +117,7 @@ class KvgcPress(BasePress):
         self.kv_dtype, self.prefill, self.prefill_attention = kv_dtype, prefill, prefill_attention
         self.key_prior = key_prior
         self.heap_options = dict(heap_options)
+        self.heap_options.setdefault("min_length", 0)
         if "byte_budget" in self.heap_options:
             raise ValueError("KvgcPress: set compression_ratio (byte_budget = 1 - compression_ratio)")
         self.last = None

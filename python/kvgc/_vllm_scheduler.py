@@ -34,6 +34,19 @@ class KvgcKVCacheManager(KVCacheManager):
             state.commit(request, n)
         return blocks
 
+    def get_computed_blocks(self, request):
+        """vLLM's prefix-cache hit, cut to what kvgc's prefix cache attaches (whole blocks):
+        the request then skips computing exactly the tokens its sequence already holds."""
+        blocks, hit, boundary = super().get_computed_blocks(request)
+        state = _vllm_state.get()
+        if not state.prefix_caching:
+            return blocks, hit, boundary
+        got = state.attach(request, hit)
+        if got < hit:
+            blocks = self.truncate_computed_blocks(blocks, got)
+            boundary = 0
+        return blocks, got, boundary
+
     def free(self, request):
         # A running request freed is a preemption (its status changes afterwards).
         _vllm_state.get().release(request, request.status == RequestStatus.RUNNING)
@@ -60,6 +73,9 @@ class KvgcScheduler(Scheduler):
                                  sched.max_num_seqs * per_request + 1)
         super().__init__(vllm_config, virtual, *args, **kwargs)
         self.kv_cache_manager.__class__ = KvgcKVCacheManager
+        state = _vllm_state.get()
+        state.prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
+        state.block_size = block
 
     def schedule(self, *args, **kwargs):
         _vllm_state.get().new_schedule()

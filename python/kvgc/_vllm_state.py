@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ._errors import InvalidArgument
@@ -45,7 +46,8 @@ def _env_count(name, default, minimum=0):
 class _Request:
     seq: int
     target: int          # tokens the request held when its sequence was created
-    length: int = 0      # tokens appended so far (vLLM's num_computed_tokens)
+    length: int = 0      # tokens appended or attached so far (vLLM's num_computed_tokens)
+    request: object = None   # vLLM's Request (its token ids, for the prefix cache)
 
 
 @dataclass
@@ -64,10 +66,15 @@ class PluginState:
         self.requests: dict[str, _Request] = {}
         self.layer_of: dict[str, int] = {}      # vLLM layer name -> kvgc layer
         self.forward = None
-        self.reserved = 0                       # bytes promised by this schedule()
-        self.free_bytes = 0                     # arena bytes free at schedule()'s start
+        self.reserved = 0                       # fp16 pages promised by this schedule()
+        self.free_pages = 0                     # fp16 pages free at schedule()'s start
         self.observe_tokens = _env_count("KVGC_VLLM_OBSERVE_TOKENS", OBSERVE_TOKENS_DEFAULT)
         self.pool_radius = _env_count("KVGC_VLLM_POOL_RADIUS", POOL_RADIUS_DEFAULT)
+        self.prefix_caching = False  # vLLM's enable_prefix_caching, mapped to kvgc's
+        self.block_size = 0          # vLLM's block size (its prefix hits are whole blocks)
+        self.kept = OrderedDict()    # kvgc prefix handles this plugin kept, oldest first
+        self.prefix_hits = 0         # requests that attached a cached prefix
+        self.prefix_tokens = 0       # tokens they attached
         self.steps = 0          # forwards served
         self.sequences = 0      # kvgc sequences created (requests, and again after preemption)
         self.preemptions = 0    # running requests vLLM preempted (their sequences freed)
@@ -86,7 +93,6 @@ class PluginState:
         self.batch = self.heap.batch()
         o = self.heap.options
         self.page_tokens = int(o["page_tokens"])
-        self.page_bytes_all_layers = _kv_bytes(self.heap, self.page_tokens)
         _log.info("kvgc: heap of %d layers, %d KV heads x %d, %s, arena %.1f MiB, "
                   "policy %s, byte_budget %s, token_budget %s", len(order), n_kv_heads,
                   head_dim, self.heap._kv_name(), arena_bytes / 2**20,
@@ -97,39 +103,104 @@ class PluginState:
             self.heap.close()
         self.heap = self.batch = None
         self.requests.clear()
+        self.kept.clear()
 
     # ---- the scheduler's side ----------------------------------------------------------
     def new_schedule(self):
         """schedule() starts: what the heap holds now, nothing promised yet."""
         self.reserved = 0
         if self.heap is None:
-            self.free_bytes = 0
+            self.free_pages = 0
             return
-        s = self.heap.stats()
-        self.free_bytes = max(0, s.arena_bytes - s.used_bytes)
+        self._read_free()
 
-    def bytes_for(self, n_tokens):
-        """Arena bytes n_tokens more tokens of one sequence may take before its next GC:
-        whole fp16 pages in every layer, plus one page for a partly filled one."""
-        pages = math.ceil(n_tokens / self.page_tokens) + 1
-        return pages * self.page_bytes_all_layers
+    def _read_free(self):
+        """The fp16 pages a new token can take now: free ones in fp16 slabs and those of
+        the slabs no class owns, less one slab's worth (an attach or a keep may take a
+        slab for header pages after a request was admitted). Pages only cached prefixes
+        hold are not counted: an attach can make them a sequence's again. room_for drops
+        cached prefixes, oldest first, when it needs their pages."""
+        s = self.heap.stats()
+        fp16 = s.classes["fp16"]
+        per_slab = s.slab_bytes // fp16["page_bytes"]
+        self.free_pages = fp16["pages_free"] + (s.slabs_free - 1) * per_slab
+
+    def pages_for(self, n_tokens):
+        """fp16 pages n_tokens more tokens of one sequence may take before its next GC:
+        in every layer, plus one per layer for a partly filled page."""
+        return (math.ceil(n_tokens / self.page_tokens) + 1) * self.heap.n_layers
 
     def room_for(self, n_tokens):
         """Whether the arena has room for n_tokens more of one sequence, after what this
         schedule() promised already."""
         if self.heap is None:
             raise RuntimeError("kvgc: the scheduler ran before the worker created the heap")
-        return self.bytes_for(n_tokens) <= self.free_bytes - self.reserved
+        need = self.pages_for(n_tokens)
+        while need > self.free_pages - self.reserved and self.kept:
+            self._drop_oldest_prefix()
+        return need <= self.free_pages - self.reserved
+
+    def _drop_oldest_prefix(self):
+        from ._errors import NotFound
+        handle, _ = self.kept.popitem(last=False)
+        try:
+            self.heap.drop_prefix(handle)
+        except NotFound:      # kvgc evicted it for room already
+            pass
+        self._read_free()
 
     def commit(self, request, n_tokens):
         """vLLM gave request slots for n_tokens: promise their room, and give the request
         its sequence when it has none (its first schedule, or after a preemption)."""
-        self.reserved += self.bytes_for(n_tokens)
+        self.reserved += self.pages_for(n_tokens)
         req_id = request.request_id
         if req_id not in self.requests:
-            seq = self.heap.new_sequence()
-            self.sequences += 1
-            self.requests[req_id] = _Request(seq=seq, target=int(request.num_tokens))
+            self._new_request(request)
+
+    def _new_request(self, request):
+        seq = self.heap.new_sequence()
+        self.sequences += 1
+        r = _Request(seq=seq, target=int(request.num_tokens), request=request)
+        self.requests[request.request_id] = r
+        return r
+
+    def attach(self, request, hit):
+        """vLLM found `hit` tokens of request in its prefix cache (whole blocks): attaches
+        kvgc's cached prefix of them to a new sequence for the request and returns the
+        tokens both hold, whole blocks (vLLM recomputes the rest). kvgc's cache can hold
+        less than vLLM's (a prompt still in its prefill, or a prefix evicted for room)."""
+        r = self.requests.get(request.request_id)
+        if r is not None:         # attached on an earlier try that found no room
+            if r.length <= hit:
+                return r.length   # vLLM computes from there
+            self.release(request) # vLLM's own hit shrank (it evicted blocks): start over
+        r = self._new_request(request)
+        if hit <= 0:
+            return 0
+        from ._errors import Error
+        ids = list(request.all_token_ids[:hit])
+        salt = _salt(request)
+        try:
+            got = self.heap.attach_prefix(r.seq, ids, salt=salt)
+            whole = got // self.block_size * self.block_size
+            if whole != got:      # a partial block: attach exactly the whole blocks
+                self.release(request)
+                r = self._new_request(request)
+                got = self.heap.attach_prefix(r.seq, ids[:whole], salt=salt) if whole else 0
+                if got != whole:
+                    raise RuntimeError(f"kvgc: attach_prefix gave {got} of {whole} tokens")
+        except Error as e:        # no room for the header pages: compute the prompt
+            _log.debug("kvgc: prefix attach failed (%s); computing the prompt", e)
+            self.release(request)
+            self._new_request(request)
+            got = 0
+        r = self.requests[request.request_id]
+        r.length = got
+        if got:
+            self.prefix_hits += 1
+            self.prefix_tokens += got
+            self._read_free()     # the header pages took room
+        return got
 
     def release(self, request, preempted=False):
         """vLLM freed the request's blocks (finished, aborted or preempted)."""
@@ -151,6 +222,7 @@ class PluginState:
             return
         seqs, n_new, scored, defer = [], [], [], []
         fwd = _Forward(req_ids=req_ids)
+        self._by_seq = {}
         for i, req_id in enumerate(req_ids):
             r = self.requests[req_id]
             n = qsl[i + 1] - qsl[i]
@@ -163,6 +235,7 @@ class PluginState:
                 defer.append(True)
                 if last:
                     fwd.prompt_ends.append(r.seq)
+                    self._by_seq[r.seq] = r
             else:
                 scored.append(n)
                 defer.append(False)
@@ -178,10 +251,30 @@ class PluginState:
             return
         self.batch.step()
         for seq in fwd.prompt_ends:
+            if self.prefix_caching:
+                self._keep(seq)
             if self.pool_radius > 0:
                 self._pool(seq)
             self.heap.step(seq)
         self.steps += 1
+
+    def _keep(self, seq):
+        """A prompt just cached whole, before its first GC ranks it: keeps its whole
+        blocks in kvgc's prefix cache, so that a later request vLLM finds them for
+        attaches them (shared pages, each holder pruning its own view)."""
+        r = self._by_seq.get(seq)
+        if r is None or r.request is None:
+            return
+        n = (r.target - 1) // self.block_size * self.block_size
+        if n > 0:
+            from ._errors import Error
+            try:
+                handle = self.heap.keep_prefix(seq, list(r.request.all_token_ids[:n]),
+                                               salt=_salt(r.request))
+                self.kept[handle] = True
+                self.kept.move_to_end(handle)
+            except Error as e:    # no room for it: the prompt is simply not shared
+                _log.debug("kvgc: keeping a prefix failed (%s)", e)
 
     def _pool(self, seq):
         import numpy as np
@@ -198,14 +291,19 @@ class PluginState:
                 _pool_delta(scores, pos, self.pool_radius), dtype=np.float32))
 
 
+def _salt(request):
+    """vLLM's cache_salt as kvgc's prefix salt: 0 (one tenant's prefixes) without one,
+    else 64 bits of its BLAKE2b digest (never 0)."""
+    salt = getattr(request, "cache_salt", None)
+    if not salt:
+        return 0
+    import hashlib
+    return int.from_bytes(hashlib.blake2b(str(salt).encode(), digest_size=8).digest(),
+                          "little") or 1
+
+
 def _numpy(a):
     return a.numpy() if hasattr(a, "numpy") and not hasattr(a, "__array_interface__") else a
-
-
-def _kv_bytes(heap, tokens):
-    from . import kv_bytes
-    return kv_bytes(heap.n_layers, heap.n_kv_heads, heap.head_dim, heap.dtype, tokens,
-                    "fp16", heap.options["page_tokens"])
 
 
 _state = None

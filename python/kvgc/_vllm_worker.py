@@ -37,6 +37,11 @@ class KvgcModelRunner(CPUModelRunner):
         state.create_heap(groups[0].layer_names, n_q_heads, spec.num_kv_heads,
                           spec.head_size, spec.dtype, arena,
                           heap_keywords(self.vllm_config))
+        block = self.cache_config.block_size
+        if self.cache_config.enable_prefix_caching and block % state.page_tokens:
+            raise ValueError(
+                f"kvgc's vLLM plugin with prefix caching: vLLM's block size ({block}) must be "
+                f"a multiple of kvgc's page (KVGC_PAGE_TOKENS={state.page_tokens})")
         return super().initialize_kv_cache_tensors(
             _one_block(kv_cache_config), kernel_block_sizes,
             kv_cache_allocation_context=kv_cache_allocation_context)

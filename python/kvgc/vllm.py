@@ -18,10 +18,16 @@ What it does:
     requests run; preemption (recompute) and finished or aborted requests free the
     request's kvgc sequence.
 
+  - prefix caching (vLLM's enable_prefix_caching, on by default): a prompt's whole blocks
+    are kept in kvgc's prefix cache at its end; when vLLM finds a later request's prefix
+    in its own cache, the request's sequence attaches kvgc's copy (shared pages, no K/V
+    copied) and vLLM skips exactly the whole blocks kvgc attached (fewer when kvgc's
+    cache holds less). vLLM's cache_salt is kvgc's salt. Each holder prunes its own view
+    (KVGC_PREFIX_CHARGE defaults to "shrink" here).
+
 Refused at start-up with the reason (never served wrongly): tensor, pipeline or data
 parallelism, speculative decoding, KV connectors, LoRA, fp8 KV, sliding windows, ALiBi,
-soft-capping, MLA. vLLM's own prefix caching is switched off (its hits would skip K/V
-its blocks do not hold).
+soft-capping, MLA.
 
 The entry points (pyproject.toml): vllm.platform_plugins "kvgc" -> platform_plugin(),
 vllm.general_plugins "kvgc" -> general_plugin().
@@ -80,8 +86,10 @@ def stats():
 def counters():
     """The plugin's counters in this process: forwards (model steps served), sequences
     (kvgc sequences created: requests, and again after each preemption), preemptions
-    (running requests vLLM preempted), requests (requests holding a sequence now)."""
+    (running requests vLLM preempted), requests (requests holding a sequence now),
+    prefix_hits and prefix_tokens (requests that attached a cached prefix, and its tokens)."""
     from . import _vllm_state
     state = _vllm_state.get()
     return {"forwards": state.steps, "sequences": state.sequences,
-            "preemptions": state.preemptions, "requests": len(state.requests)}
+            "preemptions": state.preemptions, "requests": len(state.requests),
+            "prefix_hits": state.prefix_hits, "prefix_tokens": state.prefix_tokens}

@@ -3,7 +3,7 @@
     python run_llm.py SPEC.json OUT.json
 
 SPEC: {"env": {...}, "llm": {LLM keywords}, "prompts": [token id lists],
-       "sampling": {SamplingParams keywords}, "engine_steps": bool}
+       "sampling": {SamplingParams keywords}, "engine_steps": bool, "one_by_one": bool}
 The environment (KVGC_VLLM, KVGC_*) must be set before vLLM picks its platform, so each
 configuration runs in a process of its own. With engine_steps the requests are added to
 LLMEngine and stepped one by one; after every step the kvgc heap (when the plugin is on)
@@ -47,11 +47,19 @@ def main():
     if spec.get("engine_steps"):
         from kvgc import _vllm_state
         engine = llm.llm_engine
-        for i, p in enumerate(prompts):
+        one_by_one = spec.get("one_by_one", False)   # each request after the last ended
+        queue = list(enumerate(prompts))
+        while queue and not (one_by_one and engine.has_unfinished_requests()):
+            i, p = queue.pop(0)
             engine.add_request(str(i), p, sp)
+            if one_by_one:
+                break
         done = {}
         abort_after = spec.get("abort_after_steps")
-        while engine.has_unfinished_requests():
+        while engine.has_unfinished_requests() or queue:
+            if not engine.has_unfinished_requests():
+                i, p = queue.pop(0)
+                engine.add_request(str(i), p, sp)
             for out in engine.step():
                 if out.finished:
                     done[out.request_id] = list(out.outputs[0].token_ids)

@@ -48,7 +48,7 @@ def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None,
     full_env = {"KVGC_VLLM": "1" if kvgc else "0", "HF_HUB_OFFLINE": "1",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     full_env.update(env or {})
-    s = {"env": full_env, "prompts": prompts, "engine_steps": engine_steps,
+    s = {"env": {k: v for k, v in full_env.items() if v is not None}, "prompts": prompts, "engine_steps": engine_steps,
          "sampling": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True},
          "llm": dict({"model": MODEL, "dtype": "bfloat16", "enforce_eager": True,
                       "max_model_len": 4096, "seed": 0}, **(llm or {}))}
@@ -56,18 +56,28 @@ def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None,
     with tempfile.TemporaryDirectory() as d:
         spec_path, out_path = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
         json.dump(s, open(spec_path, "w"))
-        env_all = dict(os.environ, **full_env)
+        env_all = dict(os.environ, **{k: v for k, v in full_env.items() if v is not None})
+        for k in [k for k, v in full_env.items() if v is None]:   # None: unset it
+            env_all.pop(k, None)
         p = subprocess.run([sys.executable, os.path.join(HERE, "run_llm.py"), spec_path,
                             out_path], env=env_all, capture_output=True, text=True,
                            timeout=900)
         if p.returncode != 0:
-            return {"error": p.stderr[-4000:], "returncode": p.returncode}
+            return {"error": p.stderr[-4000:], "returncode": p.returncode,
+                    "stderr": p.stderr}
         return json.load(open(out_path))
 
 
 def _ok(result):
     assert "error" not in result, result.get("error")
     return result
+
+
+def _empty(stats):
+    """Every request's pages went back: what the heap still holds is only what kvgc's
+    prefix cache keeps (vLLM's enable_prefix_caching is on by default)."""
+    assert stats["live_tokens"] == 0, stats
+    assert stats["used_bytes"] == stats["cached_only_bytes"], stats
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +97,11 @@ def test_full_policy_gives_vllms_own_greedy_tokens(prompts, vllm_own):
     """policy=full through the plugin: the same greedy tokens as vLLM's CPU backend, in
     float32, a dtype both compute exactly alike. (In bfloat16 vLLM's CPU kernel rounds
     attention probabilities to bf16 and kvgc's keeps them in f32, so greedy text can part
-    at a near tie; bench/vllm_bench.py reports bf16's agreement.)"""
+    at a near tie.)"""
     ours = _ok(run(prompts, kvgc=True, env={"KVGC_POLICY": "full"}, llm=F32))
     for i, (a, b) in enumerate(zip(vllm_own["tokens"], ours["tokens"])):
         assert a == b, f"prompt {i} ({len(prompts[i])} tokens): {a} != {b}"
-    assert ours["stats_after"]["live_tokens"] == 0
-    assert ours["stats_after"]["used_bytes"] == 0
+    _empty(ours["stats_after"])
 
 
 def test_budget_holds_after_every_step_and_heap_empties(prompts):
@@ -107,22 +116,46 @@ def test_budget_holds_after_every_step_and_heap_empties(prompts):
     checks = r["checks"]
     assert checks["steps"] > 6
     assert 0 < checks["max_budget_ratio"] and checks["max_pages_over"] <= 1.0, checks
-    assert r["stats_after"]["live_tokens"] == 0 and r["stats_after"]["used_bytes"] == 0
+    _empty(r["stats_after"])
     finished = [t for i, t in enumerate(r["tokens"]) if str(i) not in ("1", "7")]
     assert all(t is not None and len(t) == 24 for t in finished)
 
 
-def test_preemption_recomputes_and_frees(prompts):
-    """An arena too small for every request at once: vLLM preempts (recompute), kvgc
-    frees the preempted sequences, and every request still gets policy=full's tokens."""
-    few = prompts[:3] * 2
-    roomy = _ok(run(few, kvgc=True, env={"KVGC_POLICY": "full"}, llm=F32))
-    tight = _ok(run(few, kvgc=True, env={"KVGC_POLICY": "full"}, engine_steps=True,
-                    llm=dict(F32, kv_cache_memory_bytes=48 << 20), max_tokens=32))
+def test_preemption_recomputes_and_frees():
+    """An arena too small for six requests' decodes (64 MiB, about 1,400 float32 tokens):
+    vLLM admits what fits, preempts when the decodes outgrow it (recompute), kvgc frees the
+    preempted sequences, and every request still gets policy=full's tokens."""
+    few = chat_prompts([300, 320, 340]) * 2
+    roomy = _ok(run(few, kvgc=True, env={"KVGC_POLICY": "full"}, llm=F32, max_tokens=160))
+    # VLLM_CPU_KVCACHE_SPACE (GiB) would override kv_cache_memory_bytes: unset.
+    tight = _ok(run(few, kvgc=True, env={"KVGC_POLICY": "full", "VLLM_CPU_KVCACHE_SPACE": None},
+                    engine_steps=True, llm=dict(F32, kv_cache_memory_bytes=64 << 20,
+                                                max_model_len=1280), max_tokens=160))
     assert tight["checks"]["counters"]["preemptions"] > 0, tight["checks"]
     assert tight["tokens"] == roomy["tokens"]
-    assert tight["stats_after"]["used_bytes"] == 0
+    _empty(tight["stats_after"])
     assert tight["checks"]["counters"]["requests"] == 0
+
+
+def test_prefix_caching_attaches_a_shared_prompt():
+    """enable_prefix_caching: a request whose prompt starts with an earlier request's
+    attaches kvgc's cached copy of its whole blocks (vLLM skips computing them), and
+    policy=full still gives vLLM's own greedy tokens; the heap ends empty of sequences."""
+    tok = _tokenizer()
+    preamble = open(os.path.join(ROOT, "bench", "quality_data", "gpl-3.txt")).read()[:3000]
+    prompts = []
+    for q in ("Who wrote it?", "What is it about?", "Summarize it."):
+        msgs = [{"role": "user", "content": preamble + "\n\n" + q}]
+        prompts.append(tok.apply_chat_template(msgs, add_generation_prompt=True,
+                                               tokenize=True, return_dict=False))
+    own = _ok(run(prompts, kvgc=False, llm=F32))
+    ours = _ok(run(prompts, kvgc=True, env={"KVGC_POLICY": "full"}, engine_steps=True,
+                   one_by_one=True, llm=dict(F32, enable_prefix_caching=True)))
+    c = ours["checks"]["counters"]
+    assert c["prefix_hits"] == 2 and c["prefix_tokens"] >= 2 * 512, c
+    assert ours["tokens"] == own["tokens"]
+    assert c["requests"] == 0
+    _empty(ours["stats_after"])
 
 
 @pytest.mark.parametrize("env,needle", [
@@ -179,8 +212,9 @@ def test_vllm_serve_gives_vllms_own_greedy_tokens(prompts, vllm_own):
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             served = list(pool.map(complete, prompts))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
     assert "vLLM's KV cache is kvgc's heap" in open(log.name).read()  # the plugin served
     for i, (a, b) in enumerate(zip(vllm_own["tokens"], served)):
         assert a == b, f"prompt {i}: {a} != {b}"

@@ -31,7 +31,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["gpl-3.txt", "debian-policy.txt", "jargon-intro.txt"]
-MODEL = os.path.expanduser("~/.cache/kvgc/smollm2-hf")
+MODEL = os.path.expanduser("~/.cache/kvgc/smollm2-vllm")
 
 
 def wilson(k, n, z=1.96):
@@ -60,9 +60,8 @@ def make_stream(n, seed, stream, tok):
         if i % 3 == 0:
             key = rng.randint(10000, 99999)
             at = int(len(body) * rng.uniform(0.05, 0.95))
-            body = body[:at] + [f"The pass key is {key}. Remember it. {key} is the pass key."] \
-                + body[at:]
-            question = "What is the pass key? The pass key is"
+            body = body[:at] + [f"\nThe pass key is {key}. Remember it.\n"] + body[at:]
+            question = "What is the pass key?"
         else:
             question = "Summarize the text above in two sentences."
         text = " ".join(body)

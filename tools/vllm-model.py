@@ -1,13 +1,15 @@
 """Converts the SmolLM2 GGUF that `make model` fetches into a checkpoint vLLM loads.
 
-    python tools/vllm-model.py [OUT_DIR]     (default ~/.cache/kvgc/smollm2-hf)
+    python tools/vllm-model.py [OUT_DIR]     (default ~/.cache/kvgc/smollm2-vllm)
 
-Run with the vLLM venv's python (tools/vllm-venv.sh). transformers dequantises the GGUF;
-save_pretrained refuses a model loaded from a GGUF in transformers 5.x, so the weights
-are written with safetensors (the tied lm_head left out, as in the original checkpoint)
-and the config without its quantization_config. Skips when OUT_DIR already holds a
-checkpoint (the torch tests' conftest writes the same directory). Written aside, then
-renamed: a concurrent run never sees half a directory.
+Run with the vLLM venv's python (tools/vllm-venv.sh): the tokenizer must be written by
+the transformers vLLM loads it with (the torch tests' ~/.cache/kvgc/smollm2-hf, written by
+transformers 4.57, loads in 5.x as a tokenizer that drops every space). transformers
+dequantises the GGUF; save_pretrained refuses a model loaded from a GGUF in 5.x, so the
+weights are written with safetensors (the tied lm_head left out, as in the original
+checkpoint) and the config without its quantization_config. Skips when OUT_DIR already
+holds a checkpoint. Written aside, then renamed: a concurrent run never sees half a
+directory.
 """
 import os
 import shutil
@@ -19,7 +21,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(CACHE, "smollm2-hf")
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(CACHE, "smollm2-vllm")
     if os.path.exists(os.path.join(out, "model.safetensors")):
         print(out)
         return

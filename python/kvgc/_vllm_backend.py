@@ -62,11 +62,7 @@ class KvgcAttentionImpl(CPUAttentionBackendImpl):
             k = key[:n].contiguous()
             v = value[:n].contiguous()
             out = output[:n].view(n, self.num_heads, self.head_size)
-            state.batch.append(index, k, v)
-            if out.is_contiguous():
-                state.batch.attend(index, q, out, scale=self.scale)
-            else:
-                out.copy_(state.batch.attend(index, q, scale=self.scale))
+            state.layer(index, q, k, v, out, self.scale)
         if index == len(state.layer_of) - 1:
             state.end_forward()
         return output

@@ -51,10 +51,24 @@ class _Request:
 
 
 @dataclass
+class _Chunk:
+    """A prompt chunk in a forward: rows [row, row + n) of sequence seq, which held `past`
+    tokens before it; its last `tail` rows score (the prompt's end), the rest do not."""
+    seq: int
+    row: int
+    n: int
+    past: int
+    tail: int
+
+
+@dataclass
 class _Forward:
-    """One forward of the model: the planned batch's requests, in vLLM's row order."""
+    """One forward of the model: its decodes (one planned kvgc batch) and prompt chunks."""
     req_ids: list
     prompt_ends: list = field(default_factory=list)   # sequences whose prompt ended here
+    chunks: list = field(default_factory=list)
+    batch_rows: object = None      # torch index of the decode rows (None: no decode)
+    all_rows: bool = False         # every row is a decode row
     dummy: bool = False
 
 
@@ -211,7 +225,8 @@ class PluginState:
 
     # ---- the worker's side: one forward ------------------------------------------------
     def begin_forward(self, attn_metadata):
-        """At the first layer: plans the batch of this forward's requests."""
+        """At the first layer: sorts this forward's requests into decodes (one kvgc batch,
+        planned here) and prompt chunks (per sequence, in layer())."""
         qsl = attn_metadata.query_start_loc.tolist()
         num_reqs = len(qsl) - 1
         req_ids = list(self.runner.input_batch.req_ids[:num_reqs]) if self.runner else []
@@ -220,36 +235,69 @@ class PluginState:
             # nothing for it; its outputs are zeros.
             self.forward = _Forward(req_ids=[], dummy=True)
             return
-        seqs, n_new, scored, defer = [], [], [], []
         fwd = _Forward(req_ids=req_ids)
         self._by_seq = {}
+        seqs, n_new, rows = [], [], []
         for i, req_id in enumerate(req_ids):
             r = self.requests[req_id]
             n = qsl[i + 1] - qsl[i]
-            seqs.append(r.seq)
-            n_new.append(n)
-            end = r.length + n
             if r.length < r.target:  # a prompt (or a recomputed one) arriving in chunks
-                last = end >= r.target
-                scored.append(min(n, self.observe_tokens) if last else 0)
-                defer.append(True)
+                last = r.length + n >= r.target
+                fwd.chunks.append(_Chunk(seq=r.seq, row=qsl[i], n=n, past=r.length,
+                                         tail=min(n, self.observe_tokens) if last else 0))
                 if last:
                     fwd.prompt_ends.append(r.seq)
                     self._by_seq[r.seq] = r
             else:
-                scored.append(n)
-                defer.append(False)
-            r.length = end
-        self.batch.plan(seqs, n_new, scored_rows=scored, defer_step=defer)
+                seqs.append(r.seq)
+                n_new.append(n)
+                rows.extend(range(qsl[i], qsl[i] + n))
+            r.length += n
+        if seqs:
+            import torch
+            self.batch.plan(seqs, n_new)
+            fwd.batch_rows = torch.tensor(rows, dtype=torch.long)
+            fwd.all_rows = len(rows) == qsl[-1]
         self.forward = fwd
 
+    def layer(self, index, q, k, v, out, scale):
+        """One layer of the forward: q [rows, heads, dim], k/v [rows, kv_heads, dim], out
+        like q, rows in vLLM's order.
+
+        Decodes go through the planned batch (scored). A prompt chunk is appended to its
+        sequence; its unscored rows attend through torch's SDPA over the prompt so far (the
+        chunk itself when it is the first; else the sequence's K/V read back: nothing was
+        pruned yet, since a prompt's GC waits for its end), and its scored tail (the last
+        KVGC_VLLM_OBSERVE_TOKENS rows of the prompt) through kvgc, adding its mass."""
+        fwd = self.forward
+        if fwd.batch_rows is not None:
+            if fwd.all_rows:
+                self.batch.append(index, k, v)
+                self.batch.attend(index, q, out, scale=scale)
+            else:
+                rows = fwd.batch_rows
+                self.batch.append(index, k.index_select(0, rows), v.index_select(0, rows))
+                out.index_copy_(0, rows, self.batch.attend(index, q.index_select(0, rows),
+                                                           scale=scale))
+        for c in fwd.chunks:
+            lo, hi = c.row, c.row + c.n
+            self.heap.append(c.seq, index, k[lo:hi], v[lo:hi])
+            m = c.n - c.tail
+            if m > 0:
+                out[lo:lo + m] = _sdpa(self.heap, c, index, q[lo:lo + m], k[lo:hi], v[lo:hi],
+                                       scale)
+            if c.tail > 0:
+                o = self.heap.attend(c.seq, index, q[lo + m:hi].contiguous(), scale=scale)
+                out[lo + m:hi] = o
+
     def end_forward(self):
-        """After the last layer: every sequence's GC; a prompt that ended here is pooled
-        (SnapKV's clustering) and then collected once, as kvgc-run does."""
+        """After the last layer: the decodes' GC; a prompt that ended here is kept (prefix
+        caching), pooled (SnapKV's clustering) and then collected once, as kvgc-run does."""
         fwd, self.forward = self.forward, None
         if fwd is None or fwd.dummy:
             return
-        self.batch.step()
+        if fwd.batch_rows is not None:
+            self.batch.step()
         for seq in fwd.prompt_ends:
             if self.prefix_caching:
                 self._keep(seq)
@@ -289,6 +337,27 @@ class PluginState:
             scores, pos = _numpy(scores), _numpy(pos)
             heap.observe(seq, layer, np.ascontiguousarray(
                 _pool_delta(scores, pos, self.pool_radius), dtype=np.float32))
+
+
+def _sdpa(heap, c, layer, q, k, v, scale):
+    """Causal attention of a prompt chunk's first rows (q, at positions past..) over the
+    prompt so far, through torch's SDPA (GQA: kv heads shared by groups of query heads)."""
+    import torch
+    import torch.nn.functional as F
+    if c.past == 0:   # the chunk is the whole context: square causal
+        m = q.shape[0]
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k[:m].transpose(0, 1).unsqueeze(0),
+            v[:m].transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale,
+            enable_gqa=True)
+        return o.squeeze(0).transpose(0, 1)
+    kk, vv, pos = heap.read(c.seq, layer, like=q)
+    qpos = torch.arange(c.past, c.past + q.shape[0], dtype=torch.int32)
+    mask = pos.unsqueeze(0) <= qpos.unsqueeze(1)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), kk.transpose(0, 1).unsqueeze(0),
+        vv.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.squeeze(0).transpose(0, 1)
 
 
 def _salt(request):

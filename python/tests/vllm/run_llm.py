@@ -85,6 +85,7 @@ def main():
     else:
         outs = llm.generate(prompts, sp, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
+        checks["all_outputs"] = [[list(c.token_ids) for c in o.outputs] for o in outs]
     stats = None
     if plugin:
         import kvgc.vllm

@@ -15,7 +15,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 MODEL = os.environ.get("KVGC_VLLM_MODEL",
-                       os.path.expanduser("~/.cache/kvgc/smollm2-hf"))
+                       os.path.expanduser("~/.cache/kvgc/smollm2-vllm"))
 TEXTS = ["gpl-3.txt", "debian-policy.txt", "jargon-intro.txt"]
 
 if not os.path.isfile(os.path.join(MODEL, "config.json")):
@@ -52,7 +52,7 @@ def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None,
          "sampling": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True},
          "llm": dict({"model": MODEL, "dtype": "bfloat16", "enforce_eager": True,
                       "max_model_len": 4096, "seed": 0}, **(llm or {}))}
-    s.update(spec)
+    s.update(spec)   # a "sampling" key replaces the greedy one
     with tempfile.TemporaryDirectory() as d:
         spec_path, out_path = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
         json.dump(s, open(spec_path, "w"))
@@ -78,6 +78,15 @@ def _empty(stats):
     prefix cache keeps (vLLM's enable_prefix_caching is on by default)."""
     assert stats["live_tokens"] == 0, stats
     assert stats["used_bytes"] == stats["cached_only_bytes"], stats
+
+
+def test_checkpoint_tokenizer_keeps_spaces():
+    """The converted checkpoint's tokenizer, as vLLM loads it, round-trips text: one
+    written by another transformers version dropped every space (then every prompt in
+    the benchmark read as one run-on word)."""
+    tok = _tokenizer()
+    text = "The pass key is 71432. Remember it."
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +165,20 @@ def test_prefix_caching_attaches_a_shared_prompt():
     assert ours["tokens"] == own["tokens"]
     assert c["requests"] == 0
     _empty(ours["stats_after"])
+
+
+def test_sampling_with_n_parallel_samples(prompts):
+    """Sampling (temperature 0.8, n=3 samples a prompt, seeded) under a byte budget: every
+    sample runs to length, samples differ, and the heap ends empty of sequences."""
+    r = _ok(run(prompts[:2], kvgc=True, env={"KVGC_BYTE_BUDGET": "10%"}, max_tokens=24,
+                sampling={"temperature": 0.8, "n": 3, "seed": 7, "max_tokens": 24,
+                          "ignore_eos": True}))
+    outs = r["checks"]["all_outputs"]
+    assert [len(o) for o in outs] == [3, 3]
+    assert all(len(t) == 24 for o in outs for t in o)
+    assert all(len({tuple(t) for t in o}) > 1 for o in outs), outs
+    _empty(r["stats_after"])
+    assert r["checks"]["counters"]["requests"] == 0
 
 
 @pytest.mark.parametrize("env,needle", [

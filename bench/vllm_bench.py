@@ -17,7 +17,6 @@ passkey accuracy with its Wilson 95% interval. Ends with one RESULT line, ratios
 """
 import argparse
 import json
-import math
 import os
 import random
 import re
@@ -30,18 +29,10 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench", "anchors"))
+from report import wilson  # noqa: E402  (the anchors' Wilson interval, one definition)
 TEXTS = ["gpl-3.txt", "debian-policy.txt", "jargon-intro.txt"]
 MODEL = os.path.expanduser("~/.cache/kvgc/smollm2-vllm")
-
-
-def wilson(k, n, z=1.96):
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
 
 
 def make_stream(n, seed, stream, tok):

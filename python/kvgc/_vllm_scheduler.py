@@ -54,11 +54,9 @@ class KvgcKVCacheManager(KVCacheManager):
 
     @property
     def usage(self):
-        state = _vllm_state.get()
-        if state.heap is None:
-            return 0.0
-        s = state.heap.stats()
-        return s.used_bytes / s.arena_bytes if s.arena_bytes else 0.0
+        # The arena's use as read at schedule()'s start: vLLM asks every step, and a
+        # stats() snapshot costs milliseconds on the decode path.
+        return _vllm_state.get().usage
 
 
 class KvgcScheduler(Scheduler):

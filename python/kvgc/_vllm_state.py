@@ -65,7 +65,7 @@ class _Chunk:
 class _Forward:
     """One forward of the model: its decodes (one planned kvgc batch) and prompt chunks."""
     req_ids: list
-    prompt_ends: list = field(default_factory=list)   # sequences whose prompt ended here
+    prompt_ends: list = field(default_factory=list)   # _Requests whose prompt ended here
     chunks: list = field(default_factory=list)
     batch_rows: object = None      # torch index of the decode rows (None: no decode)
     all_rows: bool = False         # every row is a decode row
@@ -82,6 +82,7 @@ class PluginState:
         self.forward = None
         self.reserved = 0                       # fp16 pages promised by this schedule()
         self.free_pages = 0                     # fp16 pages free at schedule()'s start
+        self.usage = 0.0                        # used / arena bytes at that point
         self.observe_tokens = _env_count("KVGC_VLLM_OBSERVE_TOKENS", OBSERVE_TOKENS_DEFAULT)
         self.pool_radius = _env_count("KVGC_VLLM_POOL_RADIUS", POOL_RADIUS_DEFAULT)
         self.prefix_caching = False  # vLLM's enable_prefix_caching, mapped to kvgc's
@@ -135,6 +136,7 @@ class PluginState:
         hold are not counted: an attach can make them a sequence's again. room_for drops
         cached prefixes, oldest first, when it needs their pages."""
         s = self.heap.stats()
+        self.usage = s.used_bytes / s.arena_bytes if s.arena_bytes else 0.0
         fp16 = s.classes["fp16"]
         per_slab = s.slab_bytes // fp16["page_bytes"]
         self.free_pages = fp16["pages_free"] + (s.slabs_free - 1) * per_slab
@@ -236,7 +238,6 @@ class PluginState:
             self.forward = _Forward(req_ids=[], dummy=True)
             return
         fwd = _Forward(req_ids=req_ids)
-        self._by_seq = {}
         seqs, n_new, rows = [], [], []
         for i, req_id in enumerate(req_ids):
             r = self.requests[req_id]
@@ -246,8 +247,7 @@ class PluginState:
                 fwd.chunks.append(_Chunk(seq=r.seq, row=qsl[i], n=n, past=r.length,
                                          tail=min(n, self.observe_tokens) if last else 0))
                 if last:
-                    fwd.prompt_ends.append(r.seq)
-                    self._by_seq[r.seq] = r
+                    fwd.prompt_ends.append(r)
             else:
                 seqs.append(r.seq)
                 n_new.append(n)
@@ -298,26 +298,23 @@ class PluginState:
             return
         if fwd.batch_rows is not None:
             self.batch.step()
-        for seq in fwd.prompt_ends:
+        for r in fwd.prompt_ends:
             if self.prefix_caching:
-                self._keep(seq)
+                self._keep(r)
             if self.pool_radius > 0:
-                self._pool(seq)
-            self.heap.step(seq)
+                self._pool(r.seq)
+            self.heap.step(r.seq)
         self.steps += 1
 
-    def _keep(self, seq):
+    def _keep(self, r):
         """A prompt just cached whole, before its first GC ranks it: keeps its whole
         blocks in kvgc's prefix cache, so that a later request vLLM finds them for
         attaches them (shared pages, each holder pruning its own view)."""
-        r = self._by_seq.get(seq)
-        if r is None or r.request is None:
-            return
         n = (r.target - 1) // self.block_size * self.block_size
         if n > 0:
             from ._errors import Error
             try:
-                handle = self.heap.keep_prefix(seq, list(r.request.all_token_ids[:n]),
+                handle = self.heap.keep_prefix(r.seq, list(r.request.all_token_ids[:n]),
                                                salt=_salt(r.request))
                 self.kept[handle] = True
                 self.kept.move_to_end(handle)

@@ -3,9 +3,10 @@
 vLLM admits a request, and keeps a running one, only while allocate_slots finds blocks
 for its new tokens. Here its block pool is virtual (enough blocks for max_num_seqs
 requests at max_model_len, so it never binds first) and allocate_slots also asks kvgc's
-arena for the pages those tokens take before their next GC. After a prompt's GC a request
-holds fewer pages, so more requests fit. When a running request's decode finds no room,
-vLLM preempts one (recompute): free() destroys its kvgc sequence and its pages return.
+arena for the pages those tokens take before their next GC. A waiting request is admitted
+only when its whole prompt fits beside the prompts in flight and the running decodes'
+headroom (state.admits). After a prompt's GC a request holds fewer pages, so more fit.
+When a running request's decode finds no room, vLLM preempts one (recompute): free() destroys its kvgc sequence and its pages return.
 """
 from __future__ import annotations
 
@@ -25,7 +26,14 @@ class KvgcKVCacheManager(KVCacheManager):
                        new_computed_blocks=None, num_lookahead_tokens=0, *args, **kwargs):
         state = _vllm_state.get()
         n = num_new_tokens + num_lookahead_tokens
-        if not state.room_for(n):
+        if request.request_id in state.deferred:
+            return None       # waits a step for a prompt in flight to keep its blocks
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            room = state.admits(request, n, kwargs.get("full_sequence_must_fit", False),
+                                kwargs.get("has_scheduled_reqs", True))
+        else:
+            room = state.room_for(n)
+        if not room:
             return None
         blocks = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens,
                                         new_computed_blocks, num_lookahead_tokens,
@@ -74,6 +82,7 @@ class KvgcScheduler(Scheduler):
         state = _vllm_state.get()
         state.prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
         state.block_size = block
+        state.watermark = float(getattr(sched, "watermark", 0.0) or 0.0)
 
     def schedule(self, *args, **kwargs):
         _vllm_state.get().new_schedule()

@@ -48,6 +48,8 @@ class _Request:
     target: int          # tokens the request held when its sequence was created
     length: int = 0      # tokens appended or attached so far (vLLM's num_computed_tokens)
     request: object = None   # vLLM's Request (its token ids, for the prefix cache)
+    kept: int = 0        # the cached prefix this request's prompt last kept (0: none)
+    admitted: bool = False   # vLLM scheduled it (else it waits, holding only an attach)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class _Forward:
     """One forward of the model: its decodes (one planned kvgc batch) and prompt chunks."""
     req_ids: list
     prompt_ends: list = field(default_factory=list)   # _Requests whose prompt ended here
+    prompt_parts: list = field(default_factory=list)  # _Requests whose prompt goes on
     chunks: list = field(default_factory=list)
     batch_rows: object = None      # torch index of the decode rows (None: no decode)
     all_rows: bool = False         # every row is a decode row
@@ -82,13 +85,20 @@ class PluginState:
         self.forward = None
         self.reserved = 0                       # fp16 pages promised by this schedule()
         self.free_pages = 0                     # fp16 pages free at schedule()'s start
+        self.cached_pages = 0                   # of the rest, pages only cached prefixes hold
+        self.promised = {}      # req_id -> fp16 pages a prompt in flight takes after this step
+        self.headroom = 0       # fp16 pages kept for the running decodes (admission only)
+        self.watermark = 0.0    # vLLM's scheduler watermark: a fraction of the arena kept free
+        self.arena_pages = 0
         self.usage = 0.0                        # used / arena bytes at that point
         self.observe_tokens = _env_count("KVGC_VLLM_OBSERVE_TOKENS", OBSERVE_TOKENS_DEFAULT)
         self.pool_radius = _env_count("KVGC_VLLM_POOL_RADIUS", POOL_RADIUS_DEFAULT)
         self.prefix_caching = False  # vLLM's enable_prefix_caching, mapped to kvgc's
         self.block_size = 0          # vLLM's block size (its prefix hits are whole blocks)
         self.kept = OrderedDict()    # kvgc prefix handles this plugin kept, oldest first
+        self.deferred = set()        # req_ids waiting this step for a prompt in flight
         self.prefix_hits = 0         # requests that attached a cached prefix
+        self.prefix_waits = 0        # admissions deferred so (counted once a step each)
         self.prefix_tokens = 0       # tokens they attached
         self.steps = 0          # forwards served
         self.sequences = 0      # kvgc sequences created (requests, and again after preemption)
@@ -122,12 +132,18 @@ class PluginState:
 
     # ---- the scheduler's side ----------------------------------------------------------
     def new_schedule(self):
-        """schedule() starts: what the heap holds now, nothing promised yet."""
+        """schedule() starts: what the heap holds now, nothing reserved yet; what the
+        prompts in flight will still take, and the running decodes' headroom."""
         self.reserved = 0
+        self.deferred.clear()
         if self.heap is None:
             self.free_pages = 0
             return
         self._read_free()
+        admitted = [(req_id, r) for req_id, r in self.requests.items() if r.admitted]
+        self.promised = {req_id: self.pages_for(r.target - r.length)
+                         for req_id, r in admitted if r.length < r.target}
+        self.headroom = (len(admitted) - len(self.promised)) * self.heap.n_layers
 
     def _read_free(self):
         """The fp16 pages a new token can take now: free ones in fp16 slabs and those of
@@ -140,6 +156,8 @@ class PluginState:
         fp16 = s.classes["fp16"]
         per_slab = s.slab_bytes // fp16["page_bytes"]
         self.free_pages = fp16["pages_free"] + (s.slabs_free - 1) * per_slab
+        self.cached_pages = s.cached_only_bytes // fp16["page_bytes"]
+        self.arena_pages = s.arena_bytes // fp16["page_bytes"]
 
     def pages_for(self, n_tokens):
         """fp16 pages n_tokens more tokens of one sequence may take before its next GC:
@@ -147,11 +165,32 @@ class PluginState:
         return (math.ceil(n_tokens / self.page_tokens) + 1) * self.heap.n_layers
 
     def room_for(self, n_tokens):
-        """Whether the arena has room for n_tokens more of one sequence, after what this
-        schedule() promised already."""
+        """Whether the arena has room for n_tokens more of a running request, after what
+        this schedule() reserved already."""
+        return self._room(self.pages_for(n_tokens))
+
+    def admits(self, request, n_tokens, whole_prompt, others_running):
+        """Whether a waiting (or preempted) request may start with n_tokens: the pages of
+        its whole prompt (vLLM's scheduler_reserve_full_isl; else of these tokens), on top
+        of what the prompts in flight will still take, one page a layer for each running
+        decode (a prompt's pages are all fp16 until its GC, and a burst of admissions
+        would otherwise end in preemptions that recompute whole prompts), and vLLM's
+        watermark when others run."""
+        r = self.requests.get(request.request_id)
+        if not any(o.admitted for o in self.requests.values()):
+            return self.room_for(n_tokens)  # alone: its chunks' room, as a running request
+        done = r.length if r is not None else 0          # attached from the prefix cache
+        rest = max(n_tokens, int(request.num_tokens) - done) if whole_prompt else n_tokens
+        need = self.pages_for(rest) + sum(self.promised.values()) + self.headroom
+        if others_running:
+            need += int(self.watermark * self.arena_pages)
+        return self._room(need)
+
+    def _room(self, need):
         if self.heap is None:
             raise RuntimeError("kvgc: the scheduler ran before the worker created the heap")
-        need = self.pages_for(n_tokens)
+        if need > self.free_pages - self.reserved + self.cached_pages:
+            return False          # dropping every cached prefix would not make room
         while need > self.free_pages - self.reserved and self.kept:
             self._drop_oldest_prefix()
         return need <= self.free_pages - self.reserved
@@ -170,8 +209,13 @@ class PluginState:
         its sequence when it has none (its first schedule, or after a preemption)."""
         self.reserved += self.pages_for(n_tokens)
         req_id = request.request_id
-        if req_id not in self.requests:
-            self._new_request(request)
+        r = self.requests.get(req_id) or self._new_request(request)
+        r.admitted = True
+        rest = r.target - max(r.length, int(request.num_computed_tokens)) - n_tokens
+        if rest > 0:        # a prompt chunk: the rest of the prompt stays promised
+            self.promised[req_id] = self.pages_for(rest)
+        else:
+            self.promised.pop(req_id, None)
 
     def _new_request(self, request):
         seq = self.heap.new_sequence()
@@ -210,6 +254,14 @@ class PluginState:
             self.release(request)
             self._new_request(request)
             got = 0
+        if got + self.block_size <= hit and self._computing(request, got + self.block_size):
+            # vLLM counts blocks that a prompt in flight computes in this very step (its
+            # blocks are cached when allocated); kvgc keeps them when that chunk is done.
+            # Wait a step (allocate_slots refuses) rather than compute the prefix again.
+            self.release(request)
+            self.deferred.add(request.request_id)
+            self.prefix_waits += 1
+            return 0
         r = self.requests[request.request_id]
         r.length = got
         if got:
@@ -217,6 +269,15 @@ class PluginState:
             self.prefix_tokens += got
             self._read_free()     # the header pages took room
         return got
+
+    def _computing(self, request, upto):
+        """Whether a prompt in flight will compute request's first `upto` tokens."""
+        ids = request.all_token_ids
+        for req_id, r in self.requests.items():
+            if (req_id != request.request_id and r.admitted and r.length < upto <= r.target
+                    and r.request.all_token_ids[:upto] == ids[:upto]):
+                return True
+        return False
 
     def release(self, request, preempted=False):
         """vLLM freed the request's blocks (finished, aborted or preempted)."""
@@ -246,8 +307,7 @@ class PluginState:
                 last = r.length + n >= r.target
                 fwd.chunks.append(_Chunk(seq=r.seq, row=qsl[i], n=n, past=r.length,
                                          tail=min(n, self.observe_tokens) if last else 0))
-                if last:
-                    fwd.prompt_ends.append(r)
+                (fwd.prompt_ends if last else fwd.prompt_parts).append(r)
             else:
                 seqs.append(r.seq)
                 n_new.append(n)
@@ -298,28 +358,43 @@ class PluginState:
             return
         if fwd.batch_rows is not None:
             self.batch.step()
+        if self.prefix_caching:
+            for r in fwd.prompt_parts:
+                self._keep(r, r.length)
         for r in fwd.prompt_ends:
             if self.prefix_caching:
-                self._keep(r)
+                self._keep(r, r.target - 1)
             if self.pool_radius > 0:
                 self._pool(r.seq)
             self.heap.step(r.seq)
         self.steps += 1
 
-    def _keep(self, r):
-        """A prompt just cached whole, before its first GC ranks it: keeps its whole
-        blocks in kvgc's prefix cache, so that a later request vLLM finds them for
-        attaches them (shared pages, each holder pruning its own view)."""
-        n = (r.target - 1) // self.block_size * self.block_size
-        if n > 0:
-            from ._errors import Error
+    def _keep(self, r, upto):
+        """A prompt's first `upto` tokens are cached, before its first GC ranks them:
+        keeps their whole blocks in kvgc's prefix cache, so that a later request vLLM
+        finds them for attaches them (shared pages, each holder pruning its own view).
+        Called as each chunk completes (a request admitted while the prompt is still in
+        its prefill attaches what is done) and at the prompt's end (the last token is
+        computed again by a request with the same prompt, as vLLM does). A longer keep of
+        the same prompt replaces the shorter one: its pages match page by page."""
+        n = upto // self.block_size * self.block_size
+        if n <= 0:
+            return
+        from ._errors import Error, NotFound
+        try:
+            handle = self.heap.keep_prefix(r.seq, list(r.request.all_token_ids[:n]),
+                                           salt=_salt(r.request))
+        except Error as e:    # no room for it: the prompt is simply not shared
+            _log.debug("kvgc: keeping a prefix failed (%s)", e)
+            return
+        if r.kept and r.kept != handle and self.kept.pop(r.kept, None):
             try:
-                handle = self.heap.keep_prefix(r.seq, list(r.request.all_token_ids[:n]),
-                                               salt=_salt(r.request))
-                self.kept[handle] = True
-                self.kept.move_to_end(handle)
-            except Error as e:    # no room for it: the prompt is simply not shared
-                _log.debug("kvgc: keeping a prefix failed (%s)", e)
+                self.heap.drop_prefix(r.kept)
+            except NotFound:  # kvgc evicted it for room already
+                pass
+        r.kept = handle
+        self.kept[handle] = True
+        self.kept.move_to_end(handle)
 
     def _pool(self, seq):
         import numpy as np

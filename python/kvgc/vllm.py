@@ -87,9 +87,12 @@ def counters():
     """The plugin's counters in this process: forwards (model steps served), sequences
     (kvgc sequences created: requests, and again after each preemption), preemptions
     (running requests vLLM preempted), requests (requests holding a sequence now),
-    prefix_hits and prefix_tokens (requests that attached a cached prefix, and its tokens)."""
+    prefix_hits and prefix_tokens (requests that attached a cached prefix, and its tokens),
+    prefix_waits (admissions deferred a step for a prompt in flight that computes their
+    prefix: kvgc keeps its blocks when that chunk is done)."""
     from . import _vllm_state
     state = _vllm_state.get()
     return {"forwards": state.steps, "sequences": state.sequences,
             "preemptions": state.preemptions, "requests": len(state.requests),
-            "prefix_hits": state.prefix_hits, "prefix_tokens": state.prefix_tokens}
+            "prefix_hits": state.prefix_hits, "prefix_tokens": state.prefix_tokens,
+            "prefix_waits": state.prefix_waits}

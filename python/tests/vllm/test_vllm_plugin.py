@@ -165,6 +165,14 @@ def test_prefix_caching_attaches_a_shared_prompt():
     assert ours["tokens"] == own["tokens"]
     assert c["requests"] == 0
     _empty(ours["stats_after"])
+    # All at once: vLLM counts the first prompt's blocks as cached while they are computed
+    # in the same step; the others wait a step for kvgc to keep them, then attach.
+    together = _ok(run(prompts, kvgc=True, env={"KVGC_POLICY": "full"}, engine_steps=True,
+                       llm=dict(F32, enable_prefix_caching=True)))
+    c = together["checks"]["counters"]
+    assert c["prefix_waits"] >= 1 and c["prefix_hits"] == 2, c
+    assert together["tokens"] == own["tokens"]
+    _empty(together["stats_after"])
 
 
 def test_sampling_with_n_parallel_samples(prompts):

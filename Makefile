@@ -8,7 +8,7 @@ KVGC_BUILD_VENV ?= $(HOME)/.cache/kvgc/build-venv
 export KVGC_BUILD_VENV
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo demo-alloc model test test-python test-vllm python-stubs sanitize fuzz fuzz-tokenizer cuda-emu bench clean
+.PHONY: all deps build demo demo-alloc model test test-python test-vllm check-docs python-stubs sanitize fuzz fuzz-tokenizer cuda-emu bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -118,6 +118,10 @@ fuzz: deps
 # generated one).
 fuzz-tokenizer:
 	$(MAKE) fuzz FUZZERS=tokenizer
+
+# Every relative link in the docs resolves, and every section a doc or comment names exists.
+check-docs:
+	python3 tools/check-doc-refs.py
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc

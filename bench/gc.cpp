@@ -20,7 +20,8 @@
 //
 // --census (untimed, no ratios): what generational's collections did, per part and regime:
 // minors that gave something back, minors that only promoted, minors that did neither, and
-// majors, with the tokens each kind ranked (docs/PERF.md: what it does under budget).
+// majors, with the tokens each kind ranked (what generational does under budget:
+// docs/records/perf-2026-12-02-gc-cost.md).
 //
 // Compaction: 32K tokens of the same shape in pages with half the slots dead at random,
 // compacted by the CPU op (restored from a pristine copy before each repetition), against

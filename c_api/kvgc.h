@@ -112,7 +112,8 @@ typedef enum kvgc_storage_class {
   KVGC_CLASS_COUNT = 4
 } kvgc_storage_class;
 
-/* Eviction policies: one GC mechanism with different priority keys (DESIGN.md). */
+/* Eviction policies: one GC mechanism with different priority keys (docs/ARCHITECTURE.md,
+ * "Policies, tiers and budgets"). */
 typedef enum kvgc_policy {
   KVGC_POLICY_GENERATIONAL = 0,
   KVGC_POLICY_FULL = 1,
@@ -150,7 +151,7 @@ typedef enum kvgc_harvest {
 } kvgc_harvest;
 
 /* Who pays for the tokens a sequence attached from the prefix cache (0.7;
- * KVGC_PREFIX_CHARGE=cache|view|prune).
+ * KVGC_PREFIX_CHARGE=cache|view|prune|shrink).
  * CACHE: the cache. The whole pages a sequence attaches stay whole in its view for its
  * life: its GC never ranks, evicts or demotes them, and its budgets are spent only on the
  * tokens it holds itself (a budget fraction is still of its whole length, so a sequence

@@ -62,12 +62,30 @@ GcPlan plan_gc(const PolicyParams& p, const SegmentView& s) {
   }
 
   // Generational: a minor GC per page of new tokens; nothing in between.
+  // Under budget a minor gives nothing back, yet it reads every live mask, walks every
+  // live slot twice, tenures, keys every intermediate token (tokens_ranked), promotes
+  // while long-term has room and ages the survivors; once long-term is full every 8th
+  // minor is a refresh major (promote_blocked). That is upkeep for the next collection
+  // that gives something back, and part of it is wasted (keys nothing compares; a
+  // refresh's split, recomputed by the next). It is not free to drop: the split, the
+  // ages, promote_blocked and the noise epoch carry into later decisions, so skipping
+  // idle minors or refreshes, or tiering lazily at the first collection over budget,
+  // would change which tokens are kept (a policy decision, not made here). Two changes
+  // would keep the decisions: compute no key that nothing compares (tokens_ranked would
+  // count less on both executors: test_cuda_gc compares them), and age by a stamp per
+  // slot so that a minor touches only the pages holding young tokens. What each kind of
+  // collection costs: kvgc-bench-gc --census (docs/records/perf-2026-12-02-gc-cost.md).
   if (s.since_minor < p.page_tokens) return g;
   g.run = true;
   g.key = p.recent ? KeyKind::Recent : KeyKind::Score;
   g.age_intermediate = true;
   g.reclaim = over;
-  // The tiers are sized in fp16 tokens: the budget's worth of them.
+  // The tiers are sized in fp16 tokens: the budget's worth of them. Over budget with
+  // eviction only, generational so ranks about I/page_tokens + budget/(8 x page_tokens)
+  // tokens per token appended (I = intermediate_target), against h2o's budget. A laddered segment holds up to about
+  // 3x its budget in tokens, so there the intermediate tier is most of the segment and a
+  // minor ranks most of it; sizing the tiers in cost units would change decisions, so it
+  // is not done.
   const uint64_t budget =
       s.budget == kNoBudget ? UINT64_MAX / 2 : s.budget / p.unit_cost[KVGC_CLASS_FP16];
   const uint64_t protect = uint64_t(p.sinks) + window;

@@ -41,8 +41,9 @@ struct AppendOp {
 };
 
 // One page of a segment as the ops see it. Read order is the segment's FP16 pages, then
-// its INT4 pages; a page's live slots, in slot order, are rows [out_row, out_row + live)
-// of that order (for gather's outputs and observe's mass).
+// its INT4, INT8 and INT2 pages (kvgc_storage_class order); a page's live slots, in slot
+// order, are rows [out_row, out_row + live) of that order (for gather's outputs and
+// observe's mass). Attention's list (ManagedHeap::attn_pages) has its own order.
 //
 // A shared page (kvgc_prefix_*, kvgc_seq_fork) splits in two: `page` is the holder's own
 // header (live bits, positions, scores, recent scores, generations: the layout's bytes

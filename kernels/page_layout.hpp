@@ -20,6 +20,15 @@
 // Every array starts on a 16-byte boundary, K and V on 128 (one cache line / one
 // coalesced warp transaction); the page size is a multiple of 256 so that page starts
 // stay aligned wherever a slab places them.
+//
+// One page holds every KV head of its layer, so a token's class and its eviction are
+// decided once for all its heads: per-head choices were measured first and read worse on
+// the reference model (docs/QUALITY.md, per-head allocation), so there are no per-head
+// pages. The FP16 class stores the model dtype ("full precision"): f16 and bf16, and f32
+// for f32 models, whose attention accuracy tests need f32 storage. Known cost: the
+// metadata before K (256 bytes at 16 tokens a page) makes a 64 KiB payload page 65,792
+// bytes, so 2 MiB slabs hold 31 such pages (3% tail waste); a per-slab side region would
+// remove it (kvgc_stats.cls[].free_bytes shows it).
 #pragma once
 
 #include <cstddef>

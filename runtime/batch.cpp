@@ -18,6 +18,14 @@
 // every change outside the batch's own calls goes, marks the whole plan stale), so a
 // stale plan fails at every layer instead of writing into pages that moved or leaving a
 // sequence's layers uneven.
+//
+// Host cost (kvgc-bench-batch, docs/PERF.md): a sequence nothing else changed is planned
+// from its mirror (PlanMirror), and a kvgc_step that runs no GC touches nothing, so under
+// generational a mirror survives the steps between GCs. What is left: the op arrays
+// (about 100 bytes a segment); after each GC, a walk that rebuilds every attention list
+// (a list the GC's results update would avoid it); and on a device the copy of every
+// page of the batch (24 + 9 bytes each) for the one upload (persistent device-side page
+// lists updated by deltas would remove it).
 #include "batch.hpp"
 
 #include <algorithm>

@@ -44,10 +44,14 @@ host::vector<ManagedHeap::LayerBudget> ManagedHeap::layer_budgets(const Sequence
   // A fraction is of the whole length, pinned tokens included (what the sequence would
   // cost unshared), so that sharing never leaves a sequence fewer bytes for its own tokens.
   // (Own tokens at the rate the whole length's budget gives them lost the private keys
-  // beside a whole prefix: docs/PERF.md, "Serving with the prefix cache".)
+  // beside a whole prefix: docs/records/perf-2026-12-02-prefix-serve-first-run.md.)
   uint64_t length = 0;
   for (const Segment& seg : s.layers) length = std::max(length, seg.length);
-  if (length < opts_.min_length) return out;  // a short sequence is never pruned (kvgc.h)
+  // A short sequence is never pruned (kvgc.h, min_length). A floor on the budget (never
+  // fewer than N tokens' bytes) would have changed every long prompt at small fractions
+  // too (2.5% of 4K is 102 tokens); a length threshold changes nothing from min_length
+  // on. At min_length a sequence meets its budget at once, as a prompt's prefill does.
+  if (length < opts_.min_length) return out;
   // The split keeps each layer at least its protected tokens (the young window the mean
   // budget gives) where the mean allows.
   auto split = [&](uint64_t mean) {

@@ -59,7 +59,7 @@ struct PendingGc {
   }
 };
 
-// One (sequence, layer): its pages per storage class (read order: FP16, INT4, INT8), and
+// One (sequence, layer): its pages per storage class (read order: FP16, INT4, INT8, INT2), and
 // the host's page-granular view the GC plans from.
 // What a batch plan reads of every segment comes first, in the first two cache lines of
 // an aligned 128-byte pair (the pending GC's flag last): at B x L segments a decode
@@ -84,7 +84,7 @@ struct alignas(128) Segment {
   PageId tail_page = kNoPage;
   uint16_t tail_used = 0;    // the tail page's used slots
   bool tail_header = false;  // the tail is a header page (its K/V in a shared page)
-  // Attention's page list: INT4, INT8, then FP16 pages, the FP16 tail last so that an
+  // Attention's page list: INT2, INT4, INT8, then FP16 pages, the FP16 tail last so that an
   // append only lengthens it, each with its first row (numbered by `used` while a GC is
   // pending, else by `live`). Valid while attn_epoch == epoch (ManagedHeap::attn_pages).
   uint64_t attn_rows = 0;
@@ -197,6 +197,9 @@ struct Counters {
   uint64_t gcs_short_of_pages = 0, demote_slots_short = 0;
 };
 
+// Named ManagedHeap (and SequenceState), not Heap and Sequence: the public C++ wrapper
+// (c_api/kvgc.hpp) owns kvgc::Heap and kvgc::Sequence, and an ODR clash between the two
+// was caught by ASan.
 class ManagedHeap : public host::HostAllocated {
  public:
   // A segment's budget: in units (gc/plan.hpp; kNoBudget: none) and in bytes (0: none).

@@ -310,6 +310,10 @@ void options_defaults(kvgc_heap_options* o) {
   o->demote = KVGC_DEMOTE_LADDER;
   o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
   o->harvest = KVGC_HARVEST_DEFERRED;
+  // One: an engine usually owns its cores and runs its own (BLAS) threads between
+  // attention calls, and more threads than cores cost more than the split saves
+  // (kvgc-run, whose OpenBLAS uses both cores of a 2-core VM, decoded slower with 2:
+  // docs/PERF.md). The CUDA backend ignores it.
   o->cpu_threads = 1;
   o->recent_decay = kDefaultRecentDecay;
   o->seed = kDefaultSeed;

@@ -112,7 +112,8 @@ TEST_CASE("sequences and layers are independent; destroy frees their pages") {
 
 TEST_CASE("slab_bytes 0: 8 fp16 pages up to 64 KiB steps, in whole pages, for a heap that demotes, else 2 MiB; an explicit size is kept") {
   // Small slabs let memory move between classes (heap.cpp: the ladder's cheaper classes
-  // need whole free slabs; kvgc-bench-serve measured the effect, docs/PERF.md).
+  // need whole free slabs; kvgc-bench-serve measured the effect,
+  // docs/records/perf-2026-12-04-prefix-serve-seventh-run.md).
   struct Effective {
     uint64_t slab, slabs, fp16_page, scratch, arena;
   };

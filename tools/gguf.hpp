@@ -8,6 +8,9 @@
 // out; arrays are recorded by element type, count and file offset and decoded on
 // demand, so a 150K-entry tokenizer vocabulary costs nothing unless asked for.
 // Tensor data stays in the mapping: a model loader takes tensor_data() pointers.
+// Hand-written: Debian bookworm has no package that reads GGUF (no ggml or gguf package;
+// ggml's reader is part of llama.cpp, which kvgc does not vendor), and the format is a
+// flat length-prefixed layout.
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@ namespace {
 // four pool dispatches (a few microseconds each when the workers are awake, tens when a
 // sleeping one must be woken), and 256 slots are only about 10-50 microseconds of K/V
 // streaming for one core (hd 64-128, 2-8 KV heads). Measured on 2 Zen 4 cores: see
-// docs/ARCHITECTURE.md, "Threads".
+// docs/PERF.md, "CPU decode attention" (its threads: KVGC_THREADS=2).
 constexpr size_t kSplitMinSlots = 256;
 std::atomic<size_t> g_min{kSplitMinSlots};
 

@@ -1,4 +1,4 @@
-// Quantisation of one head row (head_dim values) for the INT8 and INT4 classes.
+// Quantisation of one head row (head_dim values) for the INT8, INT4 and INT2 classes.
 //
 // int8: symmetric, one 16-bit scale (qparam_dtype) per row: q = round(x / scale) in
 // -127..127, x' = q * scale (exact in f32), with scale = max|x| / 127 rounded up when
@@ -10,6 +10,13 @@
 // (qparam_dtype). zero is rounded down and scale up when stored, so every x of the group
 // stays inside [zero, zero + top * scale] and the error is at most scale / 2 plus the
 // 16-bit rounding of the pair.
+//
+// Groups run along one token's head row, never across tokens: pages are per token, so
+// KIVI's per-channel keys (a scale per channel over a block of tokens) would tie a
+// token's bytes to its neighbours' and break eviction and demotion one token at a time;
+// groups of 32 bound how far one outlier channel widens a step. Relative RMS error
+// measured on Gaussian rows: int8 0.0059-0.0064 mean, 0.0105 worst; int4 0.078 mean,
+// 0.115 worst; int2 0.39 (gc/ladder.hpp's exchange rates).
 #pragma once
 
 #include <cstdint>

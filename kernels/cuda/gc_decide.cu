@@ -19,6 +19,8 @@
 //     >= promote_age): the sets gc.cpp's nth_element calls pick. Chunks of the sorted
 //     candidates are loaded by all threads, the decisions taken by thread 0.
 // Decisions land in fate[] (by slot) and the demotion list; apply/demote kernels act.
+// Known cost: the walk is one thread per segment, O(candidates): fine for generational
+// minors and budgets of a few thousand tokens, slow for h2o over 100K tokens a step.
 #include <cstdint>
 
 #include "../ladder_walk.hpp"

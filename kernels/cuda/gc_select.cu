@@ -543,8 +543,9 @@ cudaError_t launch_set(const SelectOp* ops, const OpSize* sizes, uint32_t n, con
 
 size_t gc_scratch_bytes(uint64_t max_slots, uint32_t page_tokens) {
   // A batch of up to kScratchSegs segments (at most one per page) holding max_slots
-  // slots in all: the per-slot arrays as for one segment, plus each segment's Params and
-  // State, plus the larger of the two sorts' temporary storage.
+  // slots in all: the per-slot arrays as for one segment (with the sort's storage, about
+  // 55 bytes a slot), plus each segment's Params and State (about 600 bytes) and a 4-byte
+  // segment index a page, plus the larger of the two sorts' temporary storage.
   const uint64_t pages = max_slots / std::max(page_tokens, 1u) + 2;
   const uint64_t segs = std::min<uint64_t>(kScratchSegs, pages);
   size_t one = 0, many = 0;

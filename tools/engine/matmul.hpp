@@ -36,7 +36,11 @@ enum class MatmulMode : uint8_t {
   // what llama.cpp does, and the default.
   Quantized,
   // Each weight row dequantised to f32 and multiplied by the f32 activations: no
-  // rounding of the activations (the f32 reference, several times slower).
+  // rounding of the activations (the f32 reference, several times slower). Activation
+  // rounding is chaotic over 30 layers: a 1e-6 difference that moves one activation
+  // across a rounding boundary changes the rest of the run by a quantisation step, so
+  // Quantized's prefill-chunk and decode logits differ by draws of that noise (and
+  // near-ties flip) where Exact's agree to about 3e-6 (tests/test_model.cpp).
   Exact,
 };
 

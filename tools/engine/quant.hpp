@@ -15,6 +15,14 @@
 // `portable` is the specification; AVX2 and AVX-512 (with or without VNNI) compute the
 // same integer sums and differ only in the order of the float sums over blocks. The best
 // level the CPU has is chosen once at start-up (tests may lower it).
+//
+// Why these kernels are written here: Debian 12 has no ggml or llama.cpp package; its
+// oneDNN (2.6, libdnnl-dev) does int8 matmuls with per-output-channel scales only (no
+// 4-bit weights, no scale per group of 32), so Q4_1 would have to be requantised
+// (another model) or dequantised (540 MB of f32); OpenBLAS and BLIS are float only. On
+// PyPI, llama-cpp-python, ggml-python and ctransformers carry ggml as a private shared
+// library inside a wheel, without headers, whose block dot products are internal symbols
+// and whose public API is a compute graph with its own threads.
 #pragma once
 
 #include <cstddef>

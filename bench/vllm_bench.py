@@ -5,15 +5,17 @@ own client, `vllm bench serve`, at the same KV memory, in one run.
     ~/.cache/kvgc/vllm-venv/bin/python bench/vllm_bench.py [--requests 48] [--kv-mib 384]
         [--budget 10%] [--stream mixed|prefix] [--out DIR]
 
-The stream (a custom JSONL dataset, in order, all requests at once so that memory binds):
+The stream (a custom JSONL dataset, in order, all requests at once so that memory binds;
+sent to /v1/completions already in the model's chat template):
 prompts of 512-4K tokens cut from three texts the tree ships (bench/quality_data), outputs of
-64-256 tokens, every third request a passkey prompt (a 5-digit key at a random depth,
-asked after the text) scored from the generated text. --stream prefix gives every request
+64-256 tokens, every other request a passkey prompt (a 5-digit key at a random depth in
+kvgc-bench-quality's form, asked after the text) scored from the generated text. --stream prefix gives every request
 one of two long shared preambles (prefix caching on for vLLM's own side).
 
-Per side: mean and peak running requests and preemptions (sampled from the server's
-/metrics every 0.25 s), output tokens/s, mean TTFT and TPOT (vllm bench serve's JSON),
-passkey accuracy with its Wilson 95% interval. Ends with one RESULT line, ratios first.
+Every request generates exactly its output tokens (--ignore-eos), so both sides decode
+the same number. Per side: mean and peak running requests, preemptions and the prefix cache's hit rate
+(sampled from the server's /metrics every 0.25 s), output tokens/s, mean TTFT and TPOT
+(vllm bench serve's JSON), passkey accuracy with its Wilson 95% interval. Ends with one RESULT line, ratios first.
 """
 import argparse
 import json
@@ -47,30 +49,40 @@ def make_stream(n, seed, stream, tok):
         n_words = int(target / 1.35)             # SmolLM2's tokens per word, about
         start = rng.randrange(0, max(1, len(w) - n_words))
         body = w[start:start + n_words]
+        if stream == "prefix":    # a shared preamble, then half the text: the key is in it
+            body = body[: len(body) // 2]
         key = None
-        if i % 3 == 0:
+        if i % 2 == 0:
             key = rng.randint(10000, 99999)
             at = int(len(body) * rng.uniform(0.05, 0.95))
-            body = body[:at] + [f"\nThe pass key is {key}. Remember it.\n"] + body[at:]
+            # kvgc-bench-quality's needle: the key said twice, the answer begun.
+            body = body[:at] + [f"\nThe pass key is {key}. Remember it. {key} is the pass "
+                                f"key.\n"] + body[at:]
             question = "What is the pass key?"
         else:
             question = "Summarize the text above in two sentences."
         text = " ".join(body)
         if stream == "prefix":
-            text = preambles[i % 2] + "\n\n" + text[: len(text) // 2]
-        rows.append({"prompt": text + "\n\n" + question,
+            text = preambles[i // 2 % 2] + "\n\n" + text
+        # Sent raw to /v1/completions in SmolLM2's chat template, a pass key's answer begun
+        # in the assistant's turn (as kvgc-bench-quality asks it).
+        chat = [{"role": "user", "content": text + "\n\n" + question}]
+        prompt = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        rows.append({"prompt": prompt + ("The pass key is" if key else ""),
                      "output_tokens": rng.randint(64, 256) if key is None else 64})
         keys.append(key)
     return rows, keys
 
 
 class MetricsSampler(threading.Thread):
-    """Samples vllm:num_requests_running and vllm:num_preemptions from /metrics."""
+    """Samples vllm:num_requests_running, vllm:num_preemptions and the prefix cache's
+    queried and hit tokens from /metrics."""
 
     def __init__(self, port):
         super().__init__(daemon=True)
         self.url = f"http://127.0.0.1:{port}/metrics"
         self.running, self.preemptions, self.stop = [], 0.0, False
+        self.prefix_queries = self.prefix_hits = 0.0
 
     def run(self):
         while not self.stop:
@@ -81,6 +93,10 @@ class MetricsSampler(threading.Thread):
                         self.running.append(float(line.rsplit(" ", 1)[1]))
                     elif line.startswith("vllm:num_preemptions_total"):
                         self.preemptions = float(line.rsplit(" ", 1)[1])
+                    elif line.startswith("vllm:prefix_cache_queries_total"):
+                        self.prefix_queries = float(line.rsplit(" ", 1)[1])
+                    elif line.startswith("vllm:prefix_cache_hits_total"):
+                        self.prefix_hits = float(line.rsplit(" ", 1)[1])
             except Exception:
                 pass
             time.sleep(0.25)
@@ -118,11 +134,11 @@ def run_side(side, args, dataset, keys, out_dir, port):
     sampler.start()
     try:
         cmd = [os.path.join(os.path.dirname(sys.executable), "vllm"), "bench", "serve",
-               "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+               "--backend", "openai", "--endpoint", "/v1/completions", "--skip-chat-template",
                "--base-url", f"http://127.0.0.1:{port}", "--model", "smollm2",
                "--tokenizer", args.model, "--dataset-name", "custom",
                "--dataset-path", dataset, "--disable-shuffle", "--num-prompts",
-               str(args.requests), "--request-rate", "inf", "--temperature", "0",
+               str(args.requests), "--request-rate", "inf", "--temperature", "0", "--ignore-eos",
                "--save-result", "--save-detailed", "--result-dir", out_dir,
                "--result-filename", f"bench-{side}.json"]
         with open(os.path.join(out_dir, f"client-{side}.log"), "w") as clog:
@@ -149,6 +165,8 @@ def run_side(side, args, dataset, keys, out_dir, port):
         "running_mean": sum(busy) / len(busy) if busy else 0.0,
         "running_peak": max(sampler.running, default=0.0),
         "preemptions": sampler.preemptions,
+        "prefix_hit_rate": (sampler.prefix_hits / sampler.prefix_queries
+                            if sampler.prefix_queries else 0.0),
         "passkey": right, "passkey_n": len(asked),
         "passkey_ci": wilson(right, len(asked)),
     }
@@ -188,7 +206,7 @@ def main():
               f"{r['output_tok_s']:.1f} out tok/s | TTFT {r['mean_ttft_ms']:.0f} ms | "
               f"TPOT {r['mean_tpot_ms']:.0f} ms | passkey {r['passkey']}/{r['passkey_n']} "
               f"[{r['passkey_ci'][0]:.2f}, {r['passkey_ci'][1]:.2f}] | preemptions "
-              f"{r['preemptions']:.0f} | completed {r['completed']} failed {r['failed']} | "
+              f"{r['preemptions']:.0f} | prefix hits {100 * r['prefix_hit_rate']:.0f}% | completed {r['completed']} failed {r['failed']} | "
               f"{r['duration_s']:.0f} s", flush=True)
     json.dump(results, open(os.path.join(out_dir, "summary.json"), "w"), indent=1)
     if "vllm" in results and "kvgc" in results:
@@ -202,6 +220,7 @@ def main():
               f"running_peak_vllm={v['running_peak']:.0f} running_peak_kvgc={k['running_peak']:.0f} "
               f"preemptions_vllm={v['preemptions']:.0f} preemptions_kvgc={k['preemptions']:.0f} "
               f"passkey_vllm={v['passkey']}/{v['passkey_n']} passkey_kvgc={k['passkey']}/{k['passkey_n']} "
+              f"prefix_hit_rate_vllm={v['prefix_hit_rate']:.2f} prefix_hit_rate_kvgc={k['prefix_hit_rate']:.2f} "
               f"stream={args.stream} requests={args.requests} kv_mib={args.kv_mib} "
               f"budget={args.budget}")
 

@@ -177,7 +177,9 @@ def test_prefix_caching_attaches_a_shared_prompt():
 
 def test_sampling_with_n_parallel_samples(prompts):
     """Sampling (temperature 0.8, n=3 samples a prompt, seeded) under a byte budget: every
-    sample runs to length, samples differ, and the heap ends empty of sequences."""
+    sample runs to length, samples differ, and the heap ends empty of sequences. vLLM
+    runs a prompt's n samples as n requests with one prompt; with prefix caching (vLLM's
+    default) the second and third wait for the first's prompt and attach its pages."""
     r = _ok(run(prompts[:2], kvgc=True, env={"KVGC_BYTE_BUDGET": "10%"}, max_tokens=24,
                 sampling={"temperature": 0.8, "n": 3, "seed": 7, "max_tokens": 24,
                           "ignore_eos": True}))
@@ -186,7 +188,9 @@ def test_sampling_with_n_parallel_samples(prompts):
     assert all(len(t) == 24 for o in outs for t in o)
     assert all(len({tuple(t) for t in o}) > 1 for o in outs), outs
     _empty(r["stats_after"])
-    assert r["checks"]["counters"]["requests"] == 0
+    c = r["checks"]["counters"]
+    assert c["requests"] == 0
+    assert c["prefix_hits"] == 4 and c["prefix_tokens"] >= 4 * 256, c
 
 
 @pytest.mark.parametrize("env,needle", [

@@ -22,7 +22,8 @@ export PATH="$PATH:/usr/local/cuda/bin"
 core_sources() {
   echo allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp kernels/cpu/copy.cpp runtime/options.cpp \
        runtime/model.cpp runtime/heap.cpp runtime/batch.cpp runtime/check.cpp runtime/cpu_backend.cpp \
-       runtime/cuda_backend.cpp c_api/kvgc.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
+       runtime/cuda_backend.cpp kernels/cuda/copy.cu kernels/cuda/attend.cu \
+       c_api/api_heap.cpp c_api/api_batch.cpp c_api/api_prefix.cpp c_api/api_introspect.cpp \
        kernels/cuda/gc.cu kernels/cuda/gc_select.cu kernels/cuda/gc_decide.cu \
        runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/shared.cpp runtime/prefix.cpp runtime/evacuate.cpp runtime/shrink.cpp gc/plan.cpp gc/ladder.cpp gc/compaction.cpp kernels/cpu/gc.cpp kernels/cpu/quant.cpp \
        kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp \

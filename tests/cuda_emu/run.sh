@@ -52,7 +52,8 @@ srcs=(allocator/host_memory.cpp allocator/page_pool.cpp gc/layer_budget.cpp gc/p
       kernels/cpu/attend.cpp kernels/cpu/attend_avx2.cpp kernels/cpu/attend_avx512.cpp
       kernels/cpu/attend_split.cpp kernels/cpu/thread_pool.cpp
       runtime/options.cpp runtime/model.cpp runtime/heap.cpp runtime/batch.cpp runtime/check.cpp
-      runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/shared.cpp runtime/prefix.cpp runtime/evacuate.cpp runtime/shrink.cpp runtime/cpu_backend.cpp c_api/kvgc.cpp
+      runtime/collect.cpp runtime/harvest.cpp runtime/staging_ring.cpp runtime/pinned_pool.cpp runtime/fork.cpp runtime/shared.cpp runtime/prefix.cpp runtime/evacuate.cpp runtime/shrink.cpp runtime/cpu_backend.cpp
+      c_api/api_heap.cpp c_api/api_batch.cpp c_api/api_prefix.cpp c_api/api_introspect.cpp
       kernels/cuda/copy.emu.cpp kernels/cuda/gc.emu.cpp kernels/cuda/gc_select.emu.cpp
       kernels/cuda/gc_decide.emu.cpp kernels/cuda/attend.emu.cpp tests/cuda_main.cpp tests/test_cuda.cpp
       tests/test_cuda_gc.cpp tests/test_cuda_scrub.cpp tests/test_cuda_batch.cpp tests/util.cpp "$here/emu_backend.cpp"

@@ -6,7 +6,8 @@ requests at max_model_len, so it never binds first) and allocate_slots also asks
 arena for the pages those tokens take before their next GC. A waiting request is admitted
 only when its whole prompt fits beside the prompts in flight and the running decodes'
 headroom (state.admits). After a prompt's GC a request holds fewer pages, so more fit.
-When a running request's decode finds no room, vLLM preempts one (recompute): free() destroys its kvgc sequence and its pages return.
+When a running request's decode finds no room, vLLM preempts one (recompute): free()
+destroys its kvgc sequence and its pages return.
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ class _Request:
     length: int = 0      # tokens appended or attached so far (vLLM's num_computed_tokens)
     request: object = None   # vLLM's Request (its token ids, for the prefix cache)
     kept: int = 0        # the cached prefix this request's prompt last kept (0: none)
+    kept_tokens: int = 0     # ... and its tokens
     admitted: bool = False   # vLLM scheduled it (else it waits, holding only an attach)
 
 
@@ -176,9 +177,9 @@ class PluginState:
         decode (a prompt's pages are all fp16 until its GC, and a burst of admissions
         would otherwise end in preemptions that recompute whole prompts), and vLLM's
         watermark when others run."""
-        r = self.requests.get(request.request_id)
         if not any(o.admitted for o in self.requests.values()):
             return self.room_for(n_tokens)  # alone: its chunks' room, as a running request
+        r = self.requests.get(request.request_id)
         done = r.length if r is not None else 0          # attached from the prefix cache
         rest = max(n_tokens, int(request.num_tokens) - done) if whole_prompt else n_tokens
         need = self.pages_for(rest) + sum(self.promised.values()) + self.headroom
@@ -378,8 +379,8 @@ class PluginState:
         computed again by a request with the same prompt, as vLLM does). A longer keep of
         the same prompt replaces the shorter one: its pages match page by page."""
         n = upto // self.block_size * self.block_size
-        if n <= 0:
-            return
+        if n <= 0 or (n <= r.kept_tokens and r.kept in self.kept):
+            return            # no new whole block since the last keep, which still holds
         from ._errors import Error, NotFound
         try:
             handle = self.heap.keep_prefix(r.seq, list(r.request.all_token_ids[:n]),
@@ -392,7 +393,7 @@ class PluginState:
                 self.heap.drop_prefix(r.kept)
             except NotFound:  # kvgc evicted it for room already
                 pass
-        r.kept = handle
+        r.kept, r.kept_tokens = handle, n
         self.kept[handle] = True
         self.kept.move_to_end(handle)
 

@@ -198,7 +198,8 @@ KVGC_FMA_RATE(fma_rate_avx2, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  if (const int status = quick_only_args(argc, argv, &quick); status >= 0) return status;
   const int reps = quick ? 3 : 9;
   std::mt19937 rng(17);
   std::printf("kvgc-bench-attend: CPU decode attention, %u KV heads, %u query heads (GQA %u), f16, "

@@ -15,6 +15,25 @@
 
 namespace kvgc::bench {
 
+// The command line of a benchmark whose one option is --quick (fewer repetitions and
+// sizes). Returns -1 to go on, with *quick set; else the exit status to return after the
+// usage was printed: 0 for --help (on stdout), 2 for anything else (on stderr).
+inline int quick_only_args(int argc, char** argv, bool* quick) {
+  *quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      *quick = true;
+      continue;
+    }
+    const bool help = a == "--help";
+    if (!help) std::fprintf(stderr, "%s: unknown argument '%s'\n", argv[0], a.c_str());
+    std::fprintf(help ? stdout : stderr, "usage: %s [--quick]\n", argv[0]);
+    return help ? 0 : 2;
+  }
+  return -1;
+}
+
 // steady_clock: monotonic, and vDSO-backed on Linux, so reading it costs tens of ns.
 class Timer {
  public:

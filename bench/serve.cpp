@@ -62,6 +62,7 @@ void usage(FILE* out) {
       "                        [--max-prefilling N]\n"
       "                        [--prefill observe|stream] [--shared-prefix N]\n"
       "                        [--private-min N] [--private-max N] [--prefix-charge C]\n"
+      "                        [--answers FILE]\n"
       "  --requests N       requests in the stream (default 64)\n"
       "  --prompt-min/max   prompt tokens, drawn uniformly (default 256..4096)\n"
       "  --output-min/max   generated tokens, drawn uniformly (default 64..512)\n"

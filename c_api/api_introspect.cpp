@@ -28,7 +28,8 @@ kvgc_status kvgc_get_stats(kvgc_heap* heap, kvgc_stats* out) {
     const size_t size = out->struct_size;
     if (size != KVGC_STATS_V1_SIZE && size != KVGC_STATS_V2_SIZE && size != KVGC_STATS_V3_SIZE &&
         size != KVGC_STATS_V4_SIZE && size != KVGC_STATS_V5_SIZE && size != KVGC_STATS_V6_SIZE &&
-        size != KVGC_STATS_V7_SIZE && size != KVGC_STATS_V8_SIZE)
+        size != KVGC_STATS_V7_SIZE && size != KVGC_STATS_V8_SIZE &&
+        size != KVGC_STATS_V9_SIZE)
       KVGC_TRY(check_struct_size(size, sizeof *out, "kvgc_get_stats: out"));
     kvgc_stats full;
     KVGC_TRY(h.stats(&full));

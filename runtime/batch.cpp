@@ -248,6 +248,7 @@ Status ManagedHeap::batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_
   // Shared pages every holder has demoted shrink here (shrink.cpp), where nothing in
   // flight names a page: the previous plan is spent and no GC is queued.
   KVGC_TRY(shrink_shared(stream));
+  KVGC_TRY(unshare_sole_holders(stream));
   // One walk over the batch (below): apply the previous step's GC results, count the
   // pages each segment needs, make its attention list current, and note what the layout
   // below needs, so that nothing after it reads a segment.

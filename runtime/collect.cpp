@@ -98,6 +98,7 @@ Status ManagedHeap::step(kvgc_seq seq, void* stream) {
   if (auto it = seqs_.find(seq); it != seqs_.end()) {
     end_lent_orders(it->second);
     KVGC_TRY(shrink_shared(stream));
+    KVGC_TRY(unshare_sole_holders(stream));
   }
   gc_reserve(model_.n_layers);  // before anything changes: the queue never grows midway
   Status st;

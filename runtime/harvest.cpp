@@ -93,7 +93,7 @@ Status ManagedHeap::settle(uint32_t tenant, Segment& seg) {
     for (uint32_t i = 0; i < p.n_pages[c]; ++i, ++at) {
       const PageId page = seg.table[c].pages[skip + i];
       pool_.desc(page).live = page_live[at];
-      if (shrink_class_ >= 0 && is_header(page)) note_classes(page, page_classes[at]);
+      if (charges_in_place() && is_header(page)) note_classes(page, c, page_classes[at]);
     }
   }
   if (p.n_pages[0]) {

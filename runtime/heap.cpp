@@ -47,6 +47,9 @@ Status ManagedHeap::create(const kvgc_model_desc& model, const kvgc_heap_options
   std::unique_ptr<ManagedHeap> h(new ManagedHeap());
   h->model_ = model;
   h->opts_ = opts;
+  // 0.15: prune is retired into shrink (the same decisions; shrink re-stores the shared
+  // pages every holder demoted). Without a rung below fp16 shrink is prune.
+  if (h->opts_.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE) h->opts_.prefix_charge = KVGC_PREFIX_CHARGE_SHRINK;
   h->layer_weights_.assign(weights.begin(), weights.end());
   h->first_layer_ = opts.first_layer;
   h->total_layers_ = h->opts_.total_layers = total;
@@ -684,6 +687,7 @@ Status ManagedHeap::stats(kvgc_stats* o) {
   o->bytes_shrunk = counters_.bytes_shrunk;
   o->gcs_short_of_pages = counters_.gcs_short_of_pages;
   o->demote_slots_short = counters_.demote_slots_short;
+  o->pages_unshared = counters_.pages_unshared;
   return Status::Ok();
 }
 

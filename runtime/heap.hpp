@@ -195,6 +195,7 @@ struct Counters {
   uint64_t pages_migrated = 0, slabs_evacuated = 0;
   uint64_t pages_shrunk = 0, bytes_shrunk = 0;
   uint64_t gcs_short_of_pages = 0, demote_slots_short = 0;
+  uint64_t pages_unshared = 0;
 };
 
 // Named ManagedHeap (and SequenceState), not Heap and Sequence: the public C++ wrapper
@@ -346,6 +347,13 @@ class ManagedHeap : public host::HostAllocated {
   }
   bool tail_shared(const PageTable& t) const { return tail_of(t).shared(opts_.page_tokens); }
   void unref_shared(PageId shared);
+  // A shared page that only one header page still names (its other holders destroyed,
+  // no cached prefix holding it) becomes that holder's own page again: the header's bytes
+  // are copied into the page's, and the header page goes back to the pool. Run where
+  // shrink_shared runs (nothing in flight names a page, no plan is live); unref_shared
+  // counts the candidates in sole_ready_. Pinned pages and pages charged to another
+  // tenant stay shared.
+  Status unshare_sole_holders(void* stream);
   // Shared pages stored below their class (shrink.cpp, KVGC_PREFIX_CHARGE=shrink).
   // shrink_class_: the class they go to (the ladder's first rung below FP16), -1 when
   // the heap does not shrink. note_classes records a GC's page_classes for the header
@@ -355,7 +363,7 @@ class ManagedHeap : public host::HostAllocated {
     return opts_.prefix_charge == KVGC_PREFIX_CHARGE_PRUNE || opts_.prefix_charge == KVGC_PREFIX_CHARGE_SHRINK;
   }
   struct SharedPage;
-  void note_classes(PageId header, uint8_t classes);
+  void note_classes(PageId header, int page_cls, uint8_t classes);
   void mark_cheap(PageId header);
   bool shrinkable(PageId shared, const SharedPage& sp) const;
   // shrink_shared leaves a page where it is while one of its holders has lent out its
@@ -486,11 +494,16 @@ class ManagedHeap : public host::HostAllocated {
   struct Backing {
     PageId page;         // the shared page a header page reads
     bool cheap = false;  // its holder's last GC counted no live slot above the shrink class
+    // Its holder's last GC counted a live slot below the page's class (charged in place:
+    // prune, shrink). Such a header stays one when its page has no other holder: as its
+    // holder's own page the slot would keep its bytes but be charged less.
+    bool charged = false;
   };
   host::unordered_map<PageId, Backing> backing_;    // header page -> its shared page
   size_t header_bytes_ = 0;                         // a header: the layout's bytes before K
   int shrink_class_ = -1;
   uint64_t shrink_ready_ = 0;  // pages found shrinkable since the last pass (a hint)
+  uint64_t sole_ready_ = 0;    // shared pages left with one holder since the last pass (a hint)
   host::unordered_map<kvgc_prefix, PrefixEntry> prefixes_;
   host::unordered_multimap<uint64_t, kvgc_prefix> prefix_index_;  // page hash -> prefixes
   kvgc_prefix next_prefix_ = 1;

@@ -236,12 +236,13 @@ const Row kRows[] = {
        int v;
        return parse_choice(kHarvests, s, &v) && (o->harvest = kvgc_harvest(v), true);
      }},
-    {{"KVGC_PREFIX_CHARGE", "cache|view|prune|shrink", "cache",
-      "who pays for tokens attached from the prefix cache: the cache (kept whole in every "
-      "holder's view, charged once), each holder (pruned like its own tokens, demoted ones "
-      "copied), or prune: each holder as view decides, a demoted shared token charged at "
-      "its rung but read from the shared page (no copy); shrink: prune, and a shared page "
-      "every holder counts at the ladder's first rung below fp16 or cheaper is re-stored there"},
+    {{"KVGC_PREFIX_CHARGE", "shrink|cache|view (prune: shrink)", "shrink",
+      "who pays for tokens attached from the prefix cache. shrink: each holder prunes them "
+      "as its own tokens and is charged for those it keeps, a demoted shared token charged "
+      "at its rung but read from the shared page (no copy), and a shared page every holder "
+      "counts at the ladder's first rung below fp16 or cheaper is re-stored there; cache: "
+      "kept whole in every holder's view, charged once (a prefix never pruned); view: as "
+      "appending the prompt (a demoted shared token copied; for equivalence tests)"},
      [](const std::string& s, kvgc_heap_options* o) {
        int v;
        return parse_choice(kPrefixCharges, s, &v) && (o->prefix_charge = kvgc_prefix_charge(v), true);
@@ -310,6 +311,10 @@ void options_defaults(kvgc_heap_options* o) {
   o->demote = KVGC_DEMOTE_LADDER;
   o->layer_budget = KVGC_LAYER_BUDGET_UNIFORM;
   o->harvest = KVGC_HARVEST_DEFERRED;
+  // 0.15 (cache before): pruning with sharing served 1.61-1.65x the mean concurrency of
+  // pruning alone on a shared 1K-token prefix, every key the full cache answers kept
+  // (docs/PERF.md, "serving with the prefix cache").
+  o->prefix_charge = KVGC_PREFIX_CHARGE_SHRINK;
   // One: an engine usually owns its cores and runs its own (BLAS) threads between
   // attention calls, and more threads than cores cost more than the split saves
   // (kvgc-run, whose OpenBLAS uses both cores of a 2-core VM, decoded slower with 2:

@@ -14,6 +14,8 @@
 // first write: unshare_tail), demotion targets (the same, for a cheaper class's tail) and
 // compaction (collect.cpp compacts a table's private pages only: moving a holder's live
 // tokens out of a page others hold frees no byte of the arena).
+#include <algorithm>
+
 #include "heap.hpp"
 
 namespace kvgc {
@@ -126,12 +128,62 @@ Status ManagedHeap::unshare_tail(SequenceState& s, uint32_t layer, int cls, void
 void ManagedHeap::unref_shared(PageId p) {
   auto it = shared_.find(p);
   KVGC_ASSERT(it != shared_.end() && it->second.refs > 0);
-  if (--it->second.refs) return;
+  if (--it->second.refs) {
+    if (it->second.refs == 1 && it->second.prefix_refs == 0) ++sole_ready_;  // one holder left
+    return;
+  }
   if (auto t = tenants_.find(it->second.tenant); t != tenants_.end())
     t->second.bytes -= pool_.page_bytes(pool_.class_of(p));
   shared_.erase(it);
   pool_.free(p);
   ++counters_.pages_freed;
+}
+
+Status ManagedHeap::unshare_sole_holders(void* stream) {
+  if (sole_ready_ == 0 || planned_ || !gc_ops_.empty()) return Status::Ok();
+  KVGC_TRY(settle_all());  // a GC in flight writes its segment's header pages
+  sole_ready_ = 0;
+  struct Found {
+    PageId header, page;
+  };
+  host::vector<Found> found;  // may throw: nothing changed yet
+  for (const auto& [h, b] : backing_) {
+    const SharedPage& sp = shared_.find(b.page)->second;
+    if (sp.refs == 1 && sp.prefix_refs == 0 && !b.charged) found.push_back({h, b.page});
+  }
+  const uint64_t hb = pool_.page_bytes(kHeaderClass);
+  for (const Found& f : found) {
+    const SegmentId owner = pool_.desc(f.header).owner;
+    SequenceState& s = *seq_slots_[owner / model_.n_layers];
+    Segment& seg = s.layers[owner % model_.n_layers];
+    const int cls = pool_.class_of(f.page);
+    PageTable& t = seg.table[cls];
+    const auto at = std::find(t.pages.begin(), t.pages.end(), f.header);
+    KVGC_ASSERT(at != t.pages.end());
+    // Pinned pages (KVGC_PREFIX_CHARGE=cache) stay headers: the walker and the GC find
+    // them at the FP16 table's front. A page another tenant created stays charged to it.
+    // (A header whose holder charges a slot below the page's class waits: Backing::charged.)
+    if ((cls == KVGC_CLASS_FP16 && size_t(at - t.pages.begin()) < seg.pinned_pages) ||
+        shared_.find(f.page)->second.tenant != s.tenant)
+      continue;
+    // The holder's metadata goes into the page's own header bytes (only K/V was read from
+    // the page while it was shared); K/V stays where it is.
+    KVGC_TRY(backend_->copy(page_ptr(f.page), page_ptr(f.header), header_bytes_,
+                            CopyKind::DeviceToDevice, stream));
+    PageDesc& d = pool_.desc(f.page);
+    d.owner = owner;
+    d.used = pool_.desc(f.header).used;
+    d.live = pool_.desc(f.header).live;
+    *at = f.page;
+    shared_.erase(f.page);  // the page stays charged to s.tenant, as it was
+    backing_.erase(f.header);
+    if (auto it = tenants_.find(s.tenant); it != tenants_.end()) it->second.bytes -= hb;
+    pool_.free(f.header);
+    ++counters_.pages_freed;
+    ++counters_.pages_unshared;
+    touch(seg);
+  }
+  return Status::Ok();
 }
 
 uint64_t ManagedHeap::tenant_bytes_now(uint32_t tenant) const {

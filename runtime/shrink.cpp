@@ -45,7 +45,15 @@ void ManagedHeap::mark_cheap(PageId header) {
   if (shrinkable(b.page, sp)) ++shrink_ready_;
 }
 
-void ManagedHeap::note_classes(PageId header, uint8_t classes) {
+void ManagedHeap::note_classes(PageId header, int page_cls, uint8_t classes) {
+  Backing& b = backing_.find(header)->second;
+  const bool was = b.charged;
+  b.charged = (classes & ~(1u << page_cls)) != 0;
+  if (was && !b.charged) {  // the charged slots went: a last holder may take it back now
+    const SharedPage& sp = shared_.find(b.page)->second;
+    if (sp.refs == 1 && sp.prefix_refs == 0) ++sole_ready_;
+  }
+  if (shrink_class_ < 0) return;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)
     if (classes >> c & 1 && class_rank(uint32_t(c)) < class_rank(uint32_t(shrink_class_))) return;
   mark_cheap(header);  // no live slot counts above the shrink class (or none is live)

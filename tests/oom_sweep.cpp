@@ -53,16 +53,15 @@ const Workload kWorkloads[] = {
     {"batch-ladder", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, true},
     // The prefix cache (0.7): keep (salted, pinned), attach (full, partial, misses),
     // copy-on-write tails, the ladder beside shared pages, a fork, a drop, and eviction of
-    // cached prefixes for room (run_prefix). The cache pays for attached pages (the
-    // default, KVGC_PREFIX_CHARGE_CACHE: the sequences' GC leaves them whole) ...
+    // cached prefixes for room (run_prefix). The cache pays for attached pages
+    // (KVGC_PREFIX_CHARGE_CACHE: the sequences' GC leaves them whole) ...
     {"prefix", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true},
     // ... or each sequence does (VIEW): its GC evicts and demotes shared tokens too.
     {"prefix-view", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
      KVGC_PREFIX_CHARGE_VIEW},
-    // ... or each decides as VIEW and demotes shared tokens in place (PRUNE, 0.8).
-    {"prefix-prune", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
-     KVGC_PREFIX_CHARGE_PRUNE},
-    // ... and shared pages every holder demoted re-stored at int8 (SHRINK, 0.13).
+    // ... or each decides as VIEW, demotes shared tokens in place, and shared pages every
+    // holder demoted are re-stored at int8 (SHRINK, 0.13; the default since 0.15, which
+    // retired PRUNE into it).
     {"prefix-shrink", KVGC_POLICY_GENERATIONAL, KVGC_DEMOTE_LADDER, true, false, true,
      KVGC_PREFIX_CHARGE_SHRINK},
 };

@@ -490,8 +490,8 @@ int main() {
     // prompt seen: the first keeps the common 100 tokens' whole pages (the others wait
     // behind it), the later two attach them and keep nothing; no request's own part is
     // cached, so its GC's pruning frees its pages. The same under both charges that
-    // prune with sharing (cache, the default; prune, 0.8).
-    for (const kvgc_prefix_charge charge : {KVGC_PREFIX_CHARGE_CACHE, KVGC_PREFIX_CHARGE_PRUNE}) {
+    // prune with sharing (cache; shrink, the default since 0.15).
+    for (const kvgc_prefix_charge charge : {KVGC_PREFIX_CHARGE_CACHE, KVGC_PREFIX_CHARGE_SHRINK}) {
       engine::BatchEngine eng;
       engine::EngineOptions eo;
       eo.threads = 1;
@@ -510,7 +510,7 @@ int main() {
       kvgc_stats_init(&st);
       engine::ServeStats ss;
       ok = ok && serve_all(&eng, so, &reqs, &ss, &err) && kvgc_get_stats(eng.heap(), &st) == KVGC_OK;
-      const std::string mode = charge == KVGC_PREFIX_CHARGE_PRUNE ? " (prune)" : " (cache)";
+      const std::string mode = charge == KVGC_PREFIX_CHARGE_SHRINK ? " (shrink)" : " (cache)";
       check(ok && kvgc_heap_check(eng.heap()) == KVGC_OK,
             "served under a pruning policy with the prefix cache" + mode + ": " + err);
       const uint64_t common_pages = 100 / o.page_tokens;

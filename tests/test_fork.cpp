@@ -5,6 +5,7 @@
 // K/V page more.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "../c_api/kvgc.hpp"
@@ -16,6 +17,27 @@ namespace {
 
 // Everything a segment holds, in read order.
 using Image = Heap::Image;
+// The image with its tokens in position order.
+Image by_position(const Image& im, size_t tb) {
+  std::vector<size_t> order(im.pos.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return im.pos[x] < im.pos[y]; });
+  Image out = im;
+  for (size_t j = 0; j < order.size(); ++j) {
+    const size_t i = order[j];
+    out.pos[j] = im.pos[i];
+    out.score[j] = im.score[i];
+    out.gen[j] = im.gen[i];
+    out.cls[j] = im.cls[i];
+    std::memcpy(&out.k[j * tb], &im.k[i * tb], tb);
+    std::memcpy(&out.v[j * tb], &im.v[i * tb], tb);
+  }
+  return out;
+}
+std::vector<int32_t> sorted(std::vector<int32_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
 Image image(Heap& H, kvgc_seq s, uint32_t layer) { return H.image(s, layer); }
 
 }  // namespace
@@ -72,7 +94,15 @@ TEST_CASE("fork: an exact copy that continues on its own, with the same GC decis
           H.observe(s, layer, [&](int32_t p) { return weight(p * 5 + round); });
           if (layer == 1) REQUIRE(H.step(s) == KVGC_OK);
         }
-    for (uint32_t layer = 0; layer < 2; ++layer) CHECK(image(H, a, layer) == image(H, b, layer));
+    // The same tokens, scores, generations and classes. Without the ladder, in the same
+    // read order too; with it, a page that the demotions left to one holder becomes that
+    // holder's own (kvgc_stats.pages_unshared) and may be compacted a step before the
+    // other's copy would have been: the same tokens, read in another order.
+    for (uint32_t layer = 0; layer < 2; ++layer)
+      if (demote == KVGC_DEMOTE_OFF)
+        CHECK(image(H, a, layer) == image(H, b, layer));
+      else
+        CHECK(by_position(image(H, a, layer), token_bytes(H.m)) == by_position(image(H, b, layer), token_bytes(H.m)));
     H.check();
     // Then they diverge: what one appends, the other never sees.
     const Image a0 = image(H, a, 0);
@@ -87,6 +117,82 @@ TEST_CASE("fork: an exact copy that continues on its own, with the same GC decis
     const kvgc_stats end = H.stats();
     CHECK(end.cls[0].pages_used + end.cls[1].pages_used + end.cls_header.pages_used == 0);
     CHECK(end.shared_pages == 0);
+  }
+}
+
+TEST_CASE("fork: when the last fork goes, its source takes its pages back and the header pages return") {
+  // A sequence forked twice, then both forks destroyed: at its next step every page it
+  // shares with nobody becomes its own again. Beside it, a twin that was never forked
+  // and gets the same input: the same tokens, read the same way, and the same bytes.
+  // Under prune and shrink, a header whose holder charged a slot below the page's class
+  // stays one (Backing::charged): those runs check the bytes go down and the heap holds.
+  struct Config {
+    kvgc_demote demote;
+    kvgc_prefix_charge charge;
+  };
+  for (const Config cfg : {Config{KVGC_DEMOTE_OFF, KVGC_PREFIX_CHARGE_CACHE},
+                           Config{KVGC_DEMOTE_LADDER, KVGC_PREFIX_CHARGE_VIEW},
+                           Config{KVGC_DEMOTE_LADDER, KVGC_PREFIX_CHARGE_SHRINK}}) {
+    CAPTURE(cfg.demote);
+    CAPTURE(cfg.charge);
+    kvgc_heap_options o = gc_options(KVGC_POLICY_GENERATIONAL, 60, 4, 8, 8);
+    o.demote = cfg.demote;
+    o.prefix_charge = cfg.charge;
+    o.compact_threshold = 1.0;  // the twin's pages stay where the source's are
+    Heap H(o, model(2, 2, 32));
+    kvgc_seq a, twin;
+    REQUIRE(kvgc_seq_create(H.h, 0, &a) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(H.h, 0, &twin) == KVGC_OK);
+    int64_t len = 0;
+    auto feed = [&](kvgc_seq s, int64_t at, uint32_t n, int round) {
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        const auto k = gaussian(H.m, a, layer, at, n, false), v = gaussian(H.m, a, layer, at, n, true);
+        REQUIRE(kvgc_append(H.h, s, layer, k.data(), v.data(), n, nullptr) == KVGC_OK);
+        H.observe(s, layer, [&](int32_t p) { return weight(p * 3 + round); });
+      }
+      REQUIRE(H.step(s) == KVGC_OK);
+    };
+    for (int round = 0; round < 6; ++round, len += 20)
+      for (kvgc_seq s : {a, twin}) feed(s, len, 20, round);
+    const uint64_t headers_before = H.stats().cls_header.pages_used;
+    CHECK(headers_before == 0);
+    kvgc_seq b, c;
+    REQUIRE(kvgc_seq_fork(H.h, a, 0, &b, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_seq_fork(H.h, a, 0, &c, nullptr) == KVGC_OK);
+    // While the forks live (and step), nothing is taken back.
+    for (int round = 6; round < 10; ++round, len += 3)
+      for (kvgc_seq s : {a, twin, b, c}) feed(s, len, 3, round);
+    const kvgc_stats forked = H.stats();
+    for (uint32_t layer = 0; layer < 2; ++layer) CHECK(sorted(H.positions(a, layer)) == sorted(H.positions(twin, layer)));
+    CHECK(forked.shared_pages > 0);
+    REQUIRE(forked.cls_header.pages_used > 0);
+    H.check();
+    REQUIRE(kvgc_seq_destroy(H.h, b) == KVGC_OK);
+    REQUIRE(kvgc_seq_destroy(H.h, c) == KVGC_OK);
+    H.check();
+    for (int round = 10; round < 14; ++round, len += 3)
+      for (kvgc_seq s : {a, twin}) feed(s, len, 3, round);
+    H.check();
+    const kvgc_stats after = H.stats();
+    CHECK(after.pages_unshared > forked.pages_unshared);  // (a page every other holder let go of is taken back earlier)
+    CHECK(after.cls_header.pages_used < forked.cls_header.pages_used / 2);
+    for (uint32_t layer = 0; layer < 2; ++layer) CHECK(sorted(H.positions(a, layer)) == sorted(H.positions(twin, layer)));
+    if (cfg.charge != KVGC_PREFIX_CHARGE_SHRINK) {
+      // Every page is the source's own again: no header page, no shared page, and the
+      // source reads and holds what its twin does.
+      CHECK(after.cls_header.pages_used == 0);
+      CHECK(after.shared_pages == 0);
+      for (uint32_t layer = 0; layer < 2; ++layer) CHECK(H.image(a, layer) == H.image(twin, layer));
+      REQUIRE(kvgc_seq_destroy(H.h, twin) == KVGC_OK);
+      const kvgc_stats alone = H.stats();  // a's pages: the twin's were as many, class by class
+      for (int k = 0; k < 2; ++k) CHECK(2 * alone.cls[k].pages_used == after.cls[k].pages_used);
+      CHECK(2 * alone.cls_int8.pages_used == after.cls_int8.pages_used);
+    }
+    REQUIRE(kvgc_seq_destroy(H.h, a) == KVGC_OK);
+    const kvgc_stats end = H.stats();
+    CHECK(end.shared_pages == 0);
+    CHECK(end.cls_header.pages_used == 0);
+    H.check();
   }
 }
 

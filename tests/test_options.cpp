@@ -47,7 +47,7 @@ TEST_CASE("defaults are documented and valid") {
   CHECK(o.byte_budget == 0);
   CHECK(o.byte_budget_fraction == 0);
   CHECK(o.demote == KVGC_DEMOTE_LADDER);  // the full ladder by default (0.4)
-  CHECK(o.prefix_charge == KVGC_PREFIX_CHARGE_CACHE);
+  CHECK(o.prefix_charge == KVGC_PREFIX_CHARGE_SHRINK);
   CHECK(o.min_length == 256);  // a short chat is never pruned (0.14)
   CHECK(option_docs().size() == 20);
   for (const OptionDoc& d : option_docs()) {

@@ -848,14 +848,23 @@ TEST_CASE("plan: a header page is the bytes of a page before its K/V") {
   CHECK(err.find("head_dim") != std::string::npos);
 }
 
+// The sharing tests' plan: SmolLM2 in 1 GiB, and one page of each class in every layer.
+struct SmolShare {
+  kvgc_tools::PlanParams p;
+  uint64_t page = 0, page4 = 0;
+  SmolShare() {
+    p.model = load_sample("SmolLM2-135M-Instruct.json").desc;
+    p.budget_bytes = uint64_t(1) << 30;
+    REQUIRE(kvgc_kv_bytes(&p.model, 16, KVGC_CLASS_FP16, 16, &page) == KVGC_OK);
+    REQUIRE(kvgc_kv_bytes(&p.model, 16, KVGC_CLASS_INT4, 16, &page4) == KVGC_OK);
+  }
+};
+
 TEST_CASE("plan: sharing a prefix, against kvgc_kv_bytes by hand") {
   using kvgc_tools::FitMode;
-  kvgc_tools::PlanParams p;
-  p.model = load_sample("SmolLM2-135M-Instruct.json").desc;
-  p.budget_bytes = uint64_t(1) << 30;
-  uint64_t page = 0, page4 = 0;  // one page in each of the 30 layers
-  REQUIRE(kvgc_kv_bytes(&p.model, 16, KVGC_CLASS_FP16, 16, &page) == KVGC_OK);
-  REQUIRE(kvgc_kv_bytes(&p.model, 16, KVGC_CLASS_INT4, 16, &page4) == KVGC_OK);
+  SmolShare share;
+  kvgc_tools::PlanParams& p = share.p;
+  const uint64_t page = share.page, page4 = share.page4;  // one page in each of the 30 layers
   CHECK(page == 30u * 12544);  // 256 B of header, K and V of 16 x 3 x 64 bf16: 6144 B each
   CHECK(page4 == 30u * 4096);   // 256 + 1536 + 1536 + 2 x 384 (scale/zero pairs)
   const auto kv = [&](uint64_t tokens) {
@@ -870,6 +879,7 @@ TEST_CASE("plan: sharing a prefix, against kvgc_kv_bytes by hand") {
   s.own_tokens = 500;
   s.requests = 8;
   s.header_bytes = 256;
+  s.charge = KVGC_PREFIX_CHARGE_CACHE;  // shrink: the next test
   kvgc_tools::SharePlan sp;
   std::string err;
   REQUIRE_MESSAGE(kvgc_tools::make_share_plan(p, s, &sp, &err), err);
@@ -1060,6 +1070,52 @@ TEST_CASE("plan: bad sharing parameters are refused with a message") {
   refused(bp, s, "page_tokens");
 }
 
+TEST_CASE("plan: sharing a prefix under shrink, the default: the prefix's unkept pages at int4, a request's own tokens bounded") {
+  using kvgc_tools::FitMode;
+  SmolShare share;
+  kvgc_tools::PlanParams& p = share.p;
+  const uint64_t page = share.page, page4 = share.page4;  // one page in each of the 30 layers
+  kvgc_tools::ShareParams s;
+  CHECK(s.charge == KVGC_PREFIX_CHARGE_SHRINK);
+  s.prefix_tokens = 2053;
+  s.own_tokens = 500;
+  s.requests = 8;
+  s.header_bytes = 256;
+  kvgc_tools::SharePlan sp;
+  std::string err;
+  REQUIRE_MESSAGE(kvgc_tools::make_share_plan(p, s, &sp, &err), err);
+  const uint64_t once = 128 * page;
+  // Against cache: the same requests (their own tokens at most as many), the prefix
+  // re-stored only under eviction + int4.
+  kvgc_tools::ShareParams c = s;
+  c.charge = KVGC_PREFIX_CHARGE_CACHE;
+  kvgc_tools::SharePlan cp;
+  REQUIRE(kvgc_tools::make_share_plan(p, c, &cp, &err));
+  for (size_t i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    CHECK(sp.rows[i].per_request == cp.rows[i].per_request);
+    CHECK(sp.rows[i].kept == cp.rows[i].kept);
+    CHECK(sp.rows[i].once_whole == cp.rows[i].once_bytes);
+    if (i != 5) CHECK(sp.rows[i].once_bytes == cp.rows[i].once_bytes);
+    CHECK(cp.rows[i].kept_min == cp.rows[i].kept);
+  }
+  // own = 505: at most min(505, 639) = 505 kept, at least keep x own = ceil(126.25) = 127.
+  const kvgc_tools::ShareRow &evict = sp.rows[3], &int4 = sp.rows[5];
+  CHECK(evict.kept == 505);
+  CHECK(evict.kept_min == 127);
+  CHECK(int4.kept_min == 127);
+  CHECK(evict.once_bytes == once);  // no ladder: nothing re-stored
+  // The prefix's share no request keeps at fp16: 1 - 0.25 x 0.5 of 128 pages; 16 stay.
+  CHECK(int4.once_whole == once);
+  CHECK(int4.once_bytes == 16 * page + 112 * page4);
+  CHECK(int4.total_bytes == int4.once_bytes + 8 * int4.per_request);
+  CHECK(int4.vs_unshared > cp.rows[5].vs_unshared);
+  // View is not planned.
+  s.charge = KVGC_PREFIX_CHARGE_VIEW;
+  CHECK_FALSE(kvgc_tools::make_share_plan(p, s, &sp, &err));
+  CHECK(err.find("view") != std::string::npos);
+}
+
 TEST_CASE("plan: kvgc-plan --shared-prefix prints the sharing table, refuses bad values") {
   const std::string exe = plan_exe();
   if (exe.empty()) {
@@ -1068,26 +1124,27 @@ TEST_CASE("plan: kvgc-plan --shared-prefix prints the sharing table, refuses bad
   }
   const std::string smol = "--config '" + samples_dir() + "/SmolLM2-135M-Instruct.json'";
   std::string out;
-  REQUIRE(run_plan(exe, smol + " --budget 2G --shared-prefix 2053 --requests 8 --own 500",
+  REQUIRE(run_plan(exe, smol + " --budget 2G --shared-prefix 2053 --requests 8 --own 500 --prefix-charge cache",
                    &out) == 0);
   CAPTURE(out);
   CHECK(out.find("Sharing a 2,053-token prefix over 8 requests, each with 500 tokens of its "
                  "own") != std::string::npos);
   CHECK(out.find("256 B header page") != std::string::npos);
-  CHECK(out.find("prefix's 128 pages once (45.94 MiB)") != std::string::npos);
   // The note under the table, its line breaks undone (it is wrapped to the terminal).
-  const size_t note_at = out.find("  shared: the prefix cache");
+  const size_t note_at = out.find("  shared (KVGC_PREFIX_CHARGE=cache): the prefix cache");
   REQUIRE(note_at != std::string::npos);
   std::string note;
   for (size_t i = note_at; i < out.size(); ++i) {
     if (out.compare(i, 3, "\n  ") == 0) i += 2;
     note.push_back(out[i] == '\n' ? ' ' : out[i]);
   }
+  CHECK(note.find("prefix's 128 pages once (45.94 MiB in bf16)") != std::string::npos);
   CHECK(note.find("the prefix's last 5 past its whole pages and its U (own = 505)") !=
         std::string::npos);
   CHECK(note.find("Under eviction a request's budget is --keep of its whole length, as "
-                  "unshared, spent on its own tokens: it keeps min(own, keep x (P+U)); sharing "
-                  "never leaves it fewer of its own tokens.") != std::string::npos);
+                  "unshared, spent on its own tokens (the prefix is never pruned): it keeps "
+                  "min(own, keep x (P+U)); sharing never leaves it fewer of its own tokens.") !=
+        std::string::npos);
   CHECK(note.find("Here it keeps min(505, 639) = 505 (the int4 row: 252 of them int4).") !=
         std::string::npos);
   // The figures of make_share_plan (checked by hand above), printed.
@@ -1099,12 +1156,13 @@ TEST_CASE("plan: kvgc-plan --shared-prefix prints the sharing table, refuses bad
   s.own_tokens = 500;
   s.requests = 8;
   s.header_bytes = 256;
+  s.charge = KVGC_PREFIX_CHARGE_CACHE;
   kvgc_tools::SharePlan sp;
   std::string err;
   REQUIRE(kvgc_tools::make_share_plan(p, s, &sp, &err));
   char tail[256];
   std::snprintf(tail, sizeof tail,
-                " shared_prefix=2053 requests=8 own=500 full_shared_x=%.3f evict_shared_x=%.3f "
+                " prefix_charge=cache shared_prefix=2053 requests=8 own=500 full_shared_x=%.3f evict_shared_x=%.3f "
                 "evict_int4_shared_x=%.3f evict_int4_shared_vs_full_x=%.3f\n",
                 sp.rows[1].vs_unshared, sp.rows[3].vs_unshared, sp.rows[5].vs_unshared,
                 sp.rows[5].vs_full);
@@ -1112,6 +1170,22 @@ TEST_CASE("plan: kvgc-plan --shared-prefix prints the sharing table, refuses bad
   CHECK(out.substr(out.size() - std::strlen(tail)) == tail);
   CHECK(out.find(kvgc_tools::format_count(sp.rows[1].requests_fit)) != std::string::npos);
   CHECK(out.find(kvgc_tools::format_bytes(sp.rows[1].total_bytes)) != std::string::npos);
+
+  // The default charge, shrink: a request keeps keep x own of its own tokens.
+  REQUIRE(run_plan(exe, smol + " --budget 2G --shared-prefix 2053 --requests 8 --own 500", &out) == 0);
+  {
+    std::string flat;  // the note's line breaks undone
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out.compare(i, 3, "\n  ") == 0) i += 2;
+      flat.push_back(out[i] == '\n' ? ' ' : out[i]);
+    }
+    CAPTURE(flat);
+    CHECK(flat.find("shared (KVGC_PREFIX_CHARGE=shrink)") != std::string::npos);
+    CHECK(flat.find("it keeps at most min(own, keep x (P+U)) of its own, as counted here, and at "
+                    "least keep x own = 127") != std::string::npos);
+    CHECK(flat.find("are re-stored at int4: ") != std::string::npos);
+    CHECK(out.find(" prefix_charge=shrink shared_prefix=2053 ") != std::string::npos);
+  }
 
   // --requests defaults to the largest batch; --own to 512. Without --shared-prefix
   // there is no table and the RESULT line is as before.
@@ -1132,6 +1206,8 @@ TEST_CASE("plan: kvgc-plan --shared-prefix prints the sharing table, refuses bad
       {"--shared-prefix 2k --requests 1048577", "--requests: invalid value '1048577'"},
       {"--own 100", "--own describes the requests sharing a prefix: give --shared-prefix"},
       {"--requests 8", "--requests describes the requests sharing a prefix"},
+      {"--prefix-charge cache", "--prefix-charge describes the requests sharing a prefix"},
+      {"--shared-prefix 2k --prefix-charge view", "--prefix-charge: invalid value 'view'"},
   };
   for (const auto& [args, message] : bad) {
     CAPTURE(args);

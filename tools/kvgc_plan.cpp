@@ -44,12 +44,16 @@ options:
   --requests N           requests sharing it (default: the largest --batch)
   --own N                each request's own tokens after the prefix (the rest of its
                          prompt and its output); k = 1024 (default: 512)
+  --prefix-charge shrink|cache
+                         who pays for the shared prefix, as KVGC_PREFIX_CHARGE (default:
+                         shrink, kvgc's default; prune is planned as shrink)
   --help                 print this help and exit
 
 The last output line is machine-readable:
   RESULT model=NAME kv_bytes_per_token=N full_ctx_fit=N evict_ctx_fit=N evict_int4_ctx_fit=N
 with --shared-prefix, followed by the savings of sharing (unshared bytes / shared bytes):
-  shared_prefix=N requests=N own=N full_shared_x=X evict_shared_x=X evict_int4_shared_x=X
+  prefix_charge=shrink|cache shared_prefix=N requests=N own=N full_shared_x=X
+  evict_shared_x=X evict_int4_shared_x=X
   evict_int4_shared_vs_full_x=X (the last: the full cache unshared against eviction + int4
   shared)
 )";
@@ -65,6 +69,7 @@ struct Options {
   double keep = 0.25;
   double demote = 0.5;
   std::optional<uint64_t> shared_prefix, requests, own;
+  std::optional<kvgc_prefix_charge> charge;
   bool help = false;
 };
 
@@ -153,6 +158,12 @@ std::vector<Flag> flags(Options* o) {
        [o](const std::string& v) {
          o->own = kvgc_tools::parse_count(v, kvgc_tools::kMaxContext);
          return o->own.has_value();
+       }},
+      {"--prefix-charge", "shrink, prune or cache (view is not planned)",
+       [o](const std::string& v) {
+         if (v == "shrink" || v == "prune") o->charge = KVGC_PREFIX_CHARGE_SHRINK;
+         else if (v == "cache") o->charge = KVGC_PREFIX_CHARGE_CACHE;
+         return o->charge.has_value();
        }},
   };
 }
@@ -295,12 +306,20 @@ void print_sharing(const kvgc_tools::PlanParams& p, const kvgc_tools::ShareParam
     return;
   }
   // Rows: full, evict, evict + int4, each unshared then shared. The unshared eviction row
-  // keeps keep x (P+U) tokens (its budget); the shared one the lesser of that and its own.
+  // keeps keep x (P+U) tokens (its budget); the shared one the lesser of that and its own
+  // (under shrink, at most).
+  const bool cache = s.charge == KVGC_PREFIX_CHARGE_CACHE;
   const kvgc_tools::ShareRow &budget = sp.rows[2], &evict = sp.rows[3], &int4 = sp.rows[5];
-  std::string note = "shared: the prefix cache holds the prefix's " +
+  std::string note = "shared (KVGC_PREFIX_CHARGE=" + std::string(cache ? "cache" : "shrink") +
+                     "): the prefix cache holds the prefix's " +
                      count_of(sp.shared_pages, "page") + " once (" +
-                     format_bytes(sp.rows[1].once_bytes) + "), whole, in " + dtype +
-                     " (KVGC_PREFIX_CHARGE=cache). Each request holds ";
+                     format_bytes(sp.rows[1].once_bytes) + " in " + dtype + ")";
+  if (!cache)
+    note += "; under eviction + int4, once its requests have ranked it, the pages none keeps "
+            "at " + dtype + " (1\x01-\x01keep\x01x\x01(1\x01-\x01" "demote) of them, if they agree on "
+            "them: one prompt, its heavy hitters) are re-stored at int4: " +
+            format_bytes(int4.once_bytes) + " (" + format_bytes(int4.once_whole) + " before)";
+  note += ". Each request holds ";
   if (s.header_bytes)
     note += "a " + format_bytes(s.header_bytes) +
             " header page per shared page per layer (its live bits, positions and scores; " +
@@ -314,11 +333,19 @@ void print_sharing(const kvgc_tools::PlanParams& p, const kvgc_tools::ShareParam
   if (!s.header_bytes)
     note += " Not counted: its header page per shared page per layer, whose size kvgc did "
             "not give (" + header_err + ").";
-  note += " Under eviction a request's budget is --keep of its whole length, as unshared, "
-          "spent on its own tokens: it keeps min(own,\x01keep\x01x\x01(P+U)); sharing never "
-          "leaves it fewer of its own tokens. Here it keeps min(" + format_count(evict.tokens) +
-          ",\x01" + format_count(budget.kept) + ")\x01=\x01" + format_count(evict.kept) +
-          " (the int4 row: " + format_count(int4.int4) + " of them int4).";
+  note += " Under eviction a request's budget is --keep of its whole length, as unshared, ";
+  if (cache)
+    note += "spent on its own tokens (the prefix is never pruned): it keeps "
+            "min(own,\x01keep\x01x\x01(P+U)); sharing never leaves it fewer of its own tokens.";
+  else
+    note += "spent on the prefix's tokens and its own alike (it decides as unshared; the prefix "
+            "tokens it keeps cost it only the headers): it keeps at most "
+            "min(own,\x01keep\x01x\x01(P+U)) of its own, as counted here, and at least "
+            "keep\x01x\x01own\x01=\x01" + format_count(evict.kept_min) + " (served, a request "
+            "kept mostly its own tokens: docs/PLAN.md).";
+  note += " Here it keeps min(" + format_count(evict.tokens) + ",\x01" + format_count(budget.kept) +
+          ")\x01=\x01" + format_count(evict.kept) + " (the int4 row: " + format_count(int4.int4) +
+          " of them int4).";
   print_wrapped(note);
 }
 
@@ -402,6 +429,7 @@ void print_report(const kvgc_tools::ModelShape& shape, const kvgc_tools::PlanPar
               (unsigned long long)plan.fits[1].max_context_batch1,
               (unsigned long long)plan.fits[2].max_context_batch1);
   if (share) {
+    std::printf(" prefix_charge=%s", share->charge == KVGC_PREFIX_CHARGE_CACHE ? "cache" : "shrink");
     // Rows: full, evict, evict + int4, each unshared then shared.
     const auto& rows = share_plan->rows;
     const auto x = [](double v) { return v > 0 && std::isfinite(v) ? v : 0.0; };
@@ -422,8 +450,8 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  if ((o.requests || o.own) && !o.shared_prefix)
-    return usage_error(std::string(o.requests ? "--requests" : "--own") +
+  if ((o.requests || o.own || o.charge) && !o.shared_prefix)
+    return usage_error(std::string(o.requests ? "--requests" : o.own ? "--own" : "--prefix-charge") +
                        " describes the requests sharing a prefix: give --shared-prefix too");
 
   const bool manual = o.layers || o.heads || o.kv_heads || o.head_dim;
@@ -479,6 +507,7 @@ int run(int argc, char** argv) {
     share->own_tokens = o.own.value_or(512);
     share->requests = o.requests.value_or(p.batches.back());  // sorted: the largest
     share->header_bytes = kvgc_tools::header_page_bytes(p.model, p.page_tokens, &header_err);
+    share->charge = o.charge.value_or(KVGC_PREFIX_CHARGE_SHRINK);
     if (!kvgc_tools::make_share_plan(p, *share, &share_plan, &err)) return usage_error(err);
   }
   print_report(shape, p, plan, share ? &*share : nullptr, &share_plan, header_err);

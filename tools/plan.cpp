@@ -177,6 +177,10 @@ bool make_share_plan(const PlanParams& p, const ShareParams& s, SharePlan* out,
   SharePlan plan;
   plan.shared_pages = s.prefix_tokens / p.page_tokens;
   plan.tail_tokens = s.prefix_tokens % p.page_tokens;
+  if (s.charge != KVGC_PREFIX_CHARGE_SHRINK && s.charge != KVGC_PREFIX_CHARGE_PRUNE &&
+      s.charge != KVGC_PREFIX_CHARGE_CACHE)
+    return fail(err, "prefix charge must be shrink (prune) or cache: view is not planned");
+  const bool cache = s.charge == KVGC_PREFIX_CHARGE_CACHE;
   const uint64_t headers =
       saturating_mul(plan.shared_pages * p.model.n_layers, s.header_bytes);  // 2^44 x ...
   const uint64_t prefix_once =
@@ -192,13 +196,24 @@ bool make_share_plan(const PlanParams& p, const ShareParams& s, SharePlan* out,
       r.shared = shared;
       // Unshared, a request holds every token; shared, what it appends itself (the
       // prefix's tokens past its whole pages, and its own) plus its header pages. Its
-      // budget is that of its whole length either way (KVGC_PREFIX_CHARGE=cache), spent
-      // on the tokens it holds: it keeps all of them if the budget covers them.
+      // budget is that of its whole length either way, spent (cache) on the tokens it
+      // holds, or (shrink) on the prefix's and its own alike: it keeps all of its own if
+      // the budget covers them (shrink: at most), as few as kept_tokens(own) (shrink).
       const uint64_t whole = s.prefix_tokens + s.own_tokens;  // <= 2^33 tokens
       r.tokens = shared ? plan.tail_tokens + s.own_tokens : whole;
       r.kept = std::min(r.tokens, kept_tokens(p, mode, whole));
+      r.kept_min = shared && !cache ? std::min(r.kept, kept_tokens(p, mode, r.tokens)) : r.kept;
       r.int4 = demoted_tokens(p, mode, r.kept);
-      r.once_bytes = shared ? prefix_once : 0;
+      r.once_whole = r.once_bytes = shared ? prefix_once : 0;
+      if (shared && !cache && mode == FitMode::kEvictInt4) {
+        // Holders of one prompt mostly agree on its heavy hitters: the prefix's share
+        // that none keeps at fp16, 1 - keep x (1 - demote), in whole pages, at int4.
+        const double fp16 = std::min(1.0, p.keep * (1 - p.demote));
+        const uint64_t fp16_pages = std::min<uint64_t>(
+            plan.shared_pages, uint64_t(std::ceil(fp16 * double(plan.shared_pages) - kRoundingSlack)));
+        r.once_bytes = saturating_add(saturating_mul(fp16_pages, c.page_model),
+                                      saturating_mul(plan.shared_pages - fp16_pages, c.page_int4));
+      }
       r.header_bytes = shared ? headers : 0;
       r.per_request = saturating_add(kept_bytes(p, r.kept, r.int4), r.header_bytes);
       r.total_bytes =

@@ -91,19 +91,21 @@ uint64_t max_context(const PlanParams& p, FitMode mode, uint64_t batch);
 // ---- sharing a prefix (the prefix cache: kvgc_prefix_keep, kvgc_prefix_attach) ----
 // N requests whose first P tokens are one prompt prefix, each followed by U tokens of
 // its own (the rest of its prompt and its output). Unshared, each request holds all of
-// its P + U tokens. Shared (KVGC_PREFIX_CHARGE=cache, the default), the prefix cache
-// holds the prefix's whole pages once (what kvgc_prefix_keep keeps of a longer prompt
-// since 0.7.1: pages are shared whole), in the model dtype and never pruned, and each
-// request holds:
+// its P + U tokens. Shared, the prefix cache holds the prefix's whole pages once (what
+// kvgc_prefix_keep keeps of a longer prompt: pages are shared whole), in the model dtype,
+// and each request holds:
 //   - a header page (its own live bits, positions, scores, generations) per shared page
 //     per layer;
 //   - the tokens it appends itself (its own): the prefix's last P % page_tokens tokens
 //     and its U tokens. Under eviction its budget is `keep` of its whole length P + U,
-//     as unshared (kept_tokens(P + U)), spent on its own tokens only: it keeps
-//     min(own, kept_tokens(P + U)) of them, `demote` of those int4 (rounded as
-//     int4_tokens rounds). Sharing never leaves it fewer of its own tokens than it
-//     would keep unshared; with own > kept_tokens(P + U) it keeps as many tokens as
-//     unshared, and the prefix comes on top.
+//     as unshared (kept_tokens(P + U)), `demote` of the kept int4 (rounded as int4_tokens
+//     rounds). It keeps min(own, kept_tokens(P + U)) of its own: under cache exactly (the
+//     prefix is never pruned; never fewer than unshared), under shrink (the default;
+//     prune the same) at most, since its budget is spent on the prefix's tokens and its
+//     own alike (down to kept_tokens(own): kept_min), the prefix tokens it keeps costing
+//     it only the headers. Under shrink with eviction + int4, the prefix's pages no
+//     holder keeps at fp16 (1 - keep x (1 - demote) of them, if the holders agree) are
+//     re-stored at int4 once ranked: once_bytes counts them so.
 // (A cached prefix that ends in a partly filled page, a prompt kept whole, would cost
 // that page once more and save nothing: each request copies it on its first append.)
 struct ShareParams {
@@ -113,6 +115,10 @@ struct ShareParams {
   // One header page (one layer), from header_page_bytes(); 0 when unknown: header pages
   // are then not counted.
   uint64_t header_bytes = 0;
+  // Who pays for the attached prefix (kvgc_prefix_charge): SHRINK (the default; PRUNE is
+  // the same) or CACHE. VIEW is not planned (its demoted shared tokens are copies whose
+  // number depends on what the GC ranks).
+  kvgc_prefix_charge charge = KVGC_PREFIX_CHARGE_SHRINK;
 };
 
 struct ShareRow {
@@ -122,6 +128,13 @@ struct ShareRow {
   uint64_t kept = 0;          // of those, kept (all of them in the full cache)
   uint64_t int4 = 0;          // of the kept, stored int4 (0 unless kEvictInt4)
   uint64_t once_bytes = 0;    // the prefix, held once (0 unshared)
+  // The prefix whole, in the model dtype: once_bytes but under shrink with eviction + int4,
+  // where once_bytes is the prefix once its holders ranked it (its pages none keeps at
+  // fp16 re-stored at int4, if they agree on them) and this what it costs before.
+  uint64_t once_whole = 0;
+  // Shrink: the fewest of its own tokens a request keeps (kept_tokens(own): its GC
+  // keeping the prefix's tokens and its own alike); `kept` is the most (its own first).
+  uint64_t kept_min = 0;
   uint64_t per_request = 0;   // bytes each request holds itself, header pages included
   uint64_t header_bytes = 0;  // of per_request: its header pages, all layers
   uint64_t total_bytes = 0;   // once_bytes + requests * per_request; UINT64_MAX: overflow

@@ -6,6 +6,7 @@ __all__ = ["Status", "DType", "Device", "StorageClass", "Policy", "Demote", "Har
 
 
 class Status(enum.IntEnum):
+    """kvgc_status: what a C call returned; a failure raises the kvgc.Error subclass for it."""
     OK = 0
     EINVAL = 1
     ENOMEM = 2
@@ -24,6 +25,7 @@ class DType(enum.IntEnum):
 
 
 class Device(enum.IntEnum):
+    """The backend a heap runs on; AUTO is CUDA when a device answers, else CPU."""
     AUTO = 0
     CPU = 1
     CUDA = 2
@@ -38,6 +40,7 @@ class StorageClass(enum.IntEnum):
 
 
 class Policy(enum.IntEnum):
+    """Eviction policies: one GC mechanism with different priority keys (KVGC_POLICY)."""
     GENERATIONAL = 0
     FULL = 1
     STREAMING = 2
@@ -46,6 +49,7 @@ class Policy(enum.IntEnum):
 
 
 class Demote(enum.IntEnum):
+    """The rungs of the storage ladder a GC may demote to before it evicts (KVGC_DEMOTE)."""
     OFF = 0
     INT4 = 1
     INT8 = 2
@@ -54,6 +58,8 @@ class Demote(enum.IntEnum):
 
 
 class Harvest(enum.IntEnum):
+    """When the host applies a GC's page-level results: at the sequence's next step, or
+    within the same step (KVGC_HARVEST)."""
     DEFERRED = 0
     IMMEDIATE = 1
 
@@ -62,13 +68,15 @@ class PrefixCharge(enum.IntEnum):
     """Who pays for tokens attached from the prefix cache (KVGC_PREFIX_CHARGE, 0.7)."""
     CACHE = 0  # kept whole in every holder's view, never pruned there, held and charged once
     VIEW = 1   # each holder, as if it had appended them: its budgets count them, its GC prunes
-    PRUNE = 2  # 0.8: VIEW's decisions, but a demoted shared token is only charged at its
-               # rung and still read from the shared page: each holder holds its own tokens
-    SHRINK = 3  # 0.13: PRUNE, and a shared page every holder counts at the ladder's first
-                # rung below FP16 or cheaper is re-stored there (its bytes shrink)
+    PRUNE = 2  # 0.8, retired in 0.15: a heap given PRUNE runs (and reports) SHRINK
+    SHRINK = 3  # 0.13, the default since 0.15: VIEW's decisions, but a demoted shared
+                # token is only charged at its rung and read from the shared page (each
+                # holder holds its own tokens), and a shared page every holder counts at
+                # the ladder's first rung below FP16 or cheaper is re-stored there
 
 
 class Generation(enum.IntEnum):
+    """Token generations (tiers): sinks and the young window are never evicted."""
     SINK = 0
     YOUNG = 1
     INTERMEDIATE = 2
@@ -76,6 +84,8 @@ class Generation(enum.IntEnum):
 
 
 class LayerBudget(enum.IntEnum):
+    """How a segment's budget is split across layers: the same for each, PyramidKV's
+    (more for lower layers) or per-layer weights (KVGC_LAYER_BUDGET)."""
     UNIFORM = 0
     PYRAMID = 1
     ENTROPY = 2

@@ -86,7 +86,9 @@ class Stats:
     cheaper class under ``prefix_charge="shrink"``, and the arena bytes that gave back);
     version 9 (0.14): ``gcs_short_of_pages`` and ``demote_slots_short`` (collections whose
     demotions found no page in the arena or the tenant's quota, and the slots they lacked:
-    at most that many tokens were evicted instead of demoted).
+    at most that many tokens were evicted instead of demoted);
+    version 10 (0.15): ``pages_unshared`` (shared pages taken back as its own by their last
+    holder once the other holders were gone; their header pages went back to the pool).
     """
 
     def __init__(self, fields):
@@ -124,15 +126,17 @@ class Heap(_kvgc.Heap):
         demote           "off", "int4", "int8", "int8,int4" (the ladder, default)
         layer_budget     "uniform", "pyramid", "entropy" (with layer_weights=[...])
         harvest          "deferred" (default) or "immediate"
-        prefix_charge    "cache" (default), "view" or "prune": who pays for tokens attached
-                         from the prefix cache (attach_prefix): the cache (kept whole in
-                         every holder's view, never pruned there, held once), each holder
-                         (its budgets count them and its GC prunes them like its own), or
-                         "prune": view's decisions, but a shared token the ladder demotes
-                         is only charged at its rung and read from the shared page, so a
-                         holder holds only its own tokens; or "shrink": prune, and a
-                         shared page every holder counts at int8 or below (the ladder's
-                         first rung under fp16) is re-stored at int8
+        prefix_charge    "shrink" (default), "cache" or "view": who pays for tokens
+                         attached from the prefix cache (attach_prefix). "shrink": each
+                         holder, as if it had appended them (its budgets count them, its
+                         GC prunes them), but a shared token its ladder demotes is only
+                         charged at its rung and read from the shared page, so a holder
+                         holds only its own tokens, and a shared page every holder counts
+                         at int8 or below (the ladder's first rung under fp16) is
+                         re-stored at int8. "cache": kept whole in every holder's view,
+                         never pruned there, held once (a prefix never pruned). "view":
+                         as appending the prompt, a demoted shared token copied (for
+                         equivalence tests). "prune" (0.8) is retired: it means "shrink".
         cpu_threads      int or "auto" (KVGC_THREADS)
         verbose          bool: print the effective configuration to stderr
         first_layer, total_layers   a pipeline rank's range of the model's layers
@@ -229,12 +233,12 @@ class Heap(_kvgc.Heap):
         seq then holds what appending those tokens' K/V would have given it (positions,
         sinks, generations, no score); append token_ids[n:] yourself and go on as with
         any sequence (its first write into a shared partly filled page copies that page).
-        Who pays for the attached tokens is the heap's prefix_charge option: "cache" (the
-        default) keeps the attached whole pages whole in seq's view, never pruned by its
-        GC nor counted by its budgets; "view" prunes them as seq's own tokens; "prune"
-        decides as "view" with no private copy of a demoted shared token; "shrink" is
-        "prune", and pages every holder demoted are stored (and attached) at the
-        ladder's first rung below fp16. Attaching
+        Who pays for the attached tokens is the heap's prefix_charge option: "shrink"
+        (the default) prunes them as seq's own tokens with no private copy of a demoted
+        shared token, and pages every holder demoted are stored (and attached) at the
+        ladder's first rung below fp16; "cache" keeps the attached whole pages whole in
+        seq's view, never pruned by its GC nor counted by its budgets; "view" prunes them
+        as seq's own tokens, copying a demoted one. Attaching
         makes the prefix the most recently used. OutOfMemory / BudgetExceeded (seq's
         tenant pays its header pages) change nothing.
         """
@@ -403,10 +407,16 @@ class Batch(_kvgc.Batch):
                    _stream(stream))
 
     def append(self, layer: int, k: Array, v: Array, stream: Stream = None) -> None:
+        """Appends every planned sequence's new rows to `layer`: k and v [sum n_new,
+        n_kv_heads, head_dim], batch order. Once per layer per plan."""
         self._append(layer, k, v, _stream(stream))
 
     def attend(self, layer: int, q: Array, out: Optional[Array] = None, *, scale: float = 0.0,
                scores: bool = True, stream: Stream = None) -> Array:
+        """Attention of every planned sequence's new rows over its cache at `layer`, fused
+        with the GC's signal: q [sum n_new, n_q_heads, head_dim], batch order, each row a
+        query as in Heap.attend. The layer must have been appended in this plan. Returns
+        out (allocated like q when None)."""
         if out is None:
             out = _empty_like(q, tuple(q.shape))
         self._attend(layer, q, out, scale, 0 if scores else _NO_SCORES, _stream(stream))

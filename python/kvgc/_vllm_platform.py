@@ -38,12 +38,9 @@ def heap_keywords(vllm_config):
                 f"{var}={os.environ[var]!r}: under the vLLM plugin the arena is the KV memory "
                 "vLLM gives its cache (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes) on "
                 "vLLM's device; unset it")
-    opts = dict(opts)
-    if (vllm_config.cache_config.enable_prefix_caching and "prefix_charge" not in opts
-            and not os.environ.get("KVGC_PREFIX_CHARGE")):
-        # Shared prompt pages, each request pruning its own view of them.
-        opts["prefix_charge"] = "shrink"
-    return opts
+    # Shared prompt pages, each request pruning its own view of them: kvgc's default
+    # KVGC_PREFIX_CHARGE (shrink) since 0.15.
+    return dict(opts)
 
 
 def validate_options(vllm_config):

@@ -23,7 +23,7 @@ What it does:
     in its own cache, the request's sequence attaches kvgc's copy (shared pages, no K/V
     copied) and vLLM skips exactly the whole blocks kvgc attached (fewer when kvgc's
     cache holds less). vLLM's cache_salt is kvgc's salt. Each holder prunes its own view
-    (KVGC_PREFIX_CHARGE defaults to "shrink" here).
+    (KVGC_PREFIX_CHARGE=shrink, kvgc's default).
 
 Refused at start-up with the reason (never served wrongly): tensor, pipeline or data
 parallelism, speculative decoding, KV connectors, LoRA, fp8 KV, sliding windows, ALiBi,

@@ -894,6 +894,7 @@ nb::dict Heap::stats() {
   KVGC_STAT(cached_only_bytes); KVGC_STAT(pages_migrated); KVGC_STAT(slabs_evacuated);
   KVGC_STAT(pages_shrunk); KVGC_STAT(bytes_shrunk);
   KVGC_STAT(gcs_short_of_pages); KVGC_STAT(demote_slots_short);
+  KVGC_STAT(pages_unshared);
 #undef KVGC_STAT
   return d;
 }

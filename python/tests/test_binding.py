@@ -176,9 +176,9 @@ def test_every_option_reaches_the_heap():
     assert o["budget_bytes"] == 16 << 20 and o["prefix_charge"] == kvgc.PrefixCharge.VIEW
     heap.close()
     with make_heap() as heap:
-        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.CACHE  # the default
-    with make_heap(prefix_charge="prune") as heap:  # 0.8
-        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.PRUNE
+        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.SHRINK  # the default (0.15)
+    with make_heap(prefix_charge="prune") as heap:  # 0.8; retired into shrink in 0.15
+        assert heap.options["prefix_charge"] == kvgc.PrefixCharge.SHRINK
     with make_heap(prefix_charge="shrink") as heap:  # 0.13
         assert heap.options["prefix_charge"] == kvgc.PrefixCharge.SHRINK
     heap = make_heap(byte_budget="10%", token_budget=100, budget=0.01,
@@ -523,15 +523,16 @@ def keeper_with_prompt(heap, n=30, tenant=0, seed=1):
 
 
 def test_prefix_stats_fields_and_constants():
-    assert kvgc.STATS_VERSION == 9 and kvgc.PAGE_LAYOUT_VERSION == 2
+    assert kvgc.STATS_VERSION == 10 and kvgc.PAGE_LAYOUT_VERSION == 2
     assert kvgc._kvgc.PREFIX_PIN == 1
     with prefix_heap() as heap:
         s = heap.stats()
-        assert s.version == 9
+        assert s.version == 10
         for f in ("shared_pages", "shared_bytes", "shared_refs", "prefixes", "prefixes_pinned",
                   "prefix_lookups", "prefix_hits", "prefix_tokens_attached",
                   "prefix_evictions", "pages_shared", "cow_copies", "cached_only_bytes",
-                  "pages_migrated", "slabs_evacuated", "pages_shrunk", "bytes_shrunk"):
+                  "pages_migrated", "slabs_evacuated", "pages_shrunk", "bytes_shrunk",
+                  "pages_unshared"):
             assert getattr(s, f) == 0, f
         assert set(s.cls_header) == set(s.classes["fp16"]) and s.cls_header["page_bytes"] > 0
         assert s.cls_header["page_bytes"] < s.classes["fp16"]["page_bytes"]
@@ -648,9 +649,10 @@ def attached_and_ranked(heap, n=48):
 
 
 def test_prefix_charge_prune_demotes_shared_tokens_in_place():
-    # prune (0.8): the holder's ladder demotes shared tokens as an unshared sequence's
-    # would (read_classes reports the class it charged), but their K/V stay the shared
-    # fp16 pages': read back exactly as appended, with no private copy.
+    # prune (0.8; shrink since 0.15): the holder's ladder demotes shared tokens as an
+    # unshared sequence's would (read_classes reports the class it charged), but their K/V
+    # stay the shared fp16 pages' until a later step re-stores them (the next test): read
+    # back exactly as appended, with no private copy.
     with prefix_heap(policy="h2o", token_budget=8, window=4, sinks=2, demote="int4",
                      prefix_charge="prune") as heap:
         seq, k = attached_and_ranked(heap)

@@ -8,7 +8,7 @@ KVGC_BUILD_VENV ?= $(HOME)/.cache/kvgc/build-venv
 export KVGC_BUILD_VENV
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps build demo demo-alloc model test test-python test-vllm check-docs python-stubs sanitize fuzz fuzz-tokenizer cuda-emu bench clean
+.PHONY: all deps build demo demo-alloc model test test-python test-vllm check-docs check-doc-commands docs python-stubs sanitize fuzz fuzz-tokenizer cuda-emu bench clean
 FUZZ_SECONDS ?= 60
 
 all: build
@@ -50,7 +50,8 @@ test: build
 	meson test -C $(BUILD) --no-rebuild --print-errorlogs
 
 # The Python package installed with pip into its own venv (torch, transformers 4.57.x,
-# kvpress 0.5.5, gguf; ~6 GB fetched by uv, reused), then the binding's, transformers and kvpress tests.
+# kvpress 0.5.5, gguf; ~6 GB fetched by uv, reused), then the binding's, transformers and kvpress tests;
+# then again with transformers 5.2.x in a second venv (tools/test-python.sh).
 test-python: deps model
 	tools/test-python.sh
 
@@ -122,6 +123,30 @@ fuzz-tokenizer:
 # Every relative link in the docs resolves, and every section a doc or comment names exists.
 check-docs:
 	python3 tools/check-doc-refs.py
+
+# Every shell command README.md and docs/*.md show runs: the fast ones as written, the slow
+# ones in a smoke mode (a few prompts, steps or tokens), those needing another environment
+# (a venv, a GPU, root) checked for their program and flags; tools/check-doc-commands.py
+# holds the table that classifies each, and an unclassified command fails. About 2 minutes
+# with the model (tools/fetch-model.sh; without it those commands skip) and the torch venv
+# (make test-python; without it its commands skip).
+check-doc-commands: build
+	python3 tools/check-doc-commands.py --build $(BUILD)
+
+# The API reference, from the code, warnings as errors (a public symbol without its comment
+# or docstring fails; docs/API.md): the C API (c_api/kvgc.h, kvgc.hpp) by Doxygen
+# (docs/Doxyfile) into $(BUILD)/docs/c, the Python package by pdoc into $(BUILD)/docs/python
+# after tools/check-docstrings.py, importing the built package ($(BUILD)/python) under
+# make test-python's venv (torch, transformers, kvpress, pdoc; created if missing).
+KVGC_PY_VENV ?= $(HOME)/.cache/kvgc/pyvenv
+export KVGC_PY_VENV
+DOC_MODULES = kvgc kvgc.transformers kvgc.kvpress kvgc.vllm
+docs: deps build
+	rm -rf $(BUILD)/docs && mkdir -p $(BUILD)/docs
+	{ cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(BUILD)/docs/c"; } | doxygen -
+	tools/test-python.sh --venv-only
+	PYTHONPATH=$(BUILD)/python $(KVGC_PY_VENV)/bin/python tools/check-docstrings.py \
+	  --html $(BUILD)/docs/python $(DOC_MODULES)
 
 bench: build
 	$(BUILD)/bench/kvgc-bench-alloc

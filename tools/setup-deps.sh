@@ -4,8 +4,8 @@
 set -euo pipefail
 # gnuplot-nox: the PNG plots of bench/quality (kvgc-bench-quality). nlohmann-json3-dev:
 # the config.json reader of kvgc-plan (tools/json.cpp). valgrind: the memcheck test
-# (tests/valgrind.sh; skipped without it).
-pkgs=(meson ninja-build pkg-config g++ clang python3-dev python3-venv libclang-rt-14-dev doctest-dev libboost-dev libgoogle-perftools-dev cmake gnuplot-nox nlohmann-json3-dev valgrind)
+# (tests/valgrind.sh; skipped without it). doxygen: the C API reference (make docs).
+pkgs=(meson ninja-build pkg-config g++ clang python3-dev python3-venv libclang-rt-14-dev doctest-dev libboost-dev libgoogle-perftools-dev cmake gnuplot-nox nlohmann-json3-dev valgrind doxygen)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -25,7 +25,8 @@ prompt, then heap.attach_prefix(new_seq, token_ids) shares its pages with later 
 Submodules: kvgc.transformers (a transformers Cache whose K/V live in kvgc pages, with
 kvgc's attention as attn_implementation="kvgc") and kvgc.kvpress (kvgc inside kvpress's
 pipeline and evaluation harness). Both need torch and transformers; this module needs
-only numpy for its own arrays.
+only numpy for its own arrays. kvgc.vllm is a vLLM platform plugin (KVGC_VLLM=1: vLLM's
+KV cache in kvgc pages).
 """
 from . import _kvgc
 from ._enums import (DType, Demote, Device, Generation, Harvest, LayerBudget, Policy,
@@ -33,7 +34,7 @@ from ._enums import (DType, Demote, Device, Generation, Harvest, LayerBudget, Po
 from ._errors import (BudgetExceeded, DeviceError, Error, InternalError, InvalidArgument,
                       NotFound, OutOfMemory, Unsupported, BY_STATUS as _BY_STATUS)
 from ._heap import Batch, Heap, Stats, kv_bytes
-from ._options import OPTION_NAMES
+from . import _options
 
 _kvgc._set_error_types(dict(_BY_STATUS))
 
@@ -46,7 +47,12 @@ del _cls
 
 __version__ = _kvgc.version()
 PAGE_LAYOUT_VERSION = _kvgc.PAGE_LAYOUT_VERSION
+"""The page layout's version (KVGC_PAGE_LAYOUT_VERSION): Heap.page_layout() and
+Batch.export() describe pages in it."""
 STATS_VERSION = _kvgc.STATS_VERSION
+"""The library's kvgc_stats version (KVGC_STATS_VERSION): which fields Stats has."""
+OPTION_NAMES = _options.OPTION_NAMES
+"""The keyword options Heap() accepts (see Heap), sorted."""
 
 
 def version():

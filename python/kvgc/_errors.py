@@ -26,6 +26,7 @@ class Error(RuntimeError):
 
     @property
     def status_name(self):
+        """The status's name, e.g. ``"KVGC_ENOMEM"`` (kvgc_status_str)."""
         from . import _kvgc
         return _kvgc.status_str(self.status)
 

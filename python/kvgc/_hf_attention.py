@@ -59,15 +59,46 @@ def _real_rows(mask, b, q_len):
     return real.tolist()
 
 
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def _causal_sdpa(q, k, v, scale):
     """Causal attention of rows q [n, H, d] over k, v [n, Hkv, d] (GQA), as [n, H, d]."""
     group = q.shape[1] // k.shape[1]
     q, k, v = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if group > 1:
+    gqa = {}
+    if group > 1 and _SDPA_GQA:  # as transformers' SDPA path: no repeated K/V copy
+        gqa = {"enable_gqa": True}
+    elif group > 1:
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                           scale=scale or None)
+                                                           scale=scale or None, **gqa)
     return out[0].transpose(0, 1)
+
+
+def _chunk_sdpa(q, k, v, old_k, old_v, scale, block=1024):
+    """Attention of a chunk's rows q [n, H, d] over the rows cached before it, old_k/old_v
+    [m, Hkv, d] (every one at an earlier position, in any order), and the chunk's own k, v
+    [n, Hkv, d] causally, as [n, H, d]. SDPA with an explicit mask, `block` queries a call:
+    a block's keys end at its last query, so the masked-out part computed is at most a
+    block's triangle (is_causal cannot say "after m cached rows")."""
+    n, m = q.shape[0], old_k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    keys = torch.cat([old_k, k]).transpose(0, 1)[None]
+    values = torch.cat([old_v, v]).transpose(0, 1)[None]
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    qs = q.transpose(0, 1)[None]
+    out = torch.empty_like(q)
+    kpos = torch.arange(m + n, device=q.device)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        mask = kpos[None, :m + hi] <= kpos[m + lo:m + hi, None]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs[:, :, lo:hi], keys[:, :, :m + hi], values[:, :, :m + hi], attn_mask=mask,
+            scale=scale or None)
+        out[lo:hi] = o[0].transpose(0, 1)
+    return out
 
 
 _warned_fallback = False

@@ -3,7 +3,7 @@
 transformers reworked its cache API twice: 4.56 introduced per-layer cache objects
 (``Cache.layers`` of ``CacheLayerMixin``), which KvgcCache builds on; 5.x keeps the layer
 classes but passes ``get_mask_sizes`` a query length in some releases where 4.56-4.57
-pass ``cache_position``. Everything version-dependent is decided here, in one tested
+(and 5.2) pass ``cache_position``. Everything version-dependent is decided here, in one tested
 place, so that the binding refuses what it was not written for instead of failing deep
 inside ``generate()``.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 # Oldest release with Cache.layers / CacheLayerMixin (the contract KvgcCache implements),
 # and the first major release the binding has not been written against.
 MIN_VERSION = (4, 56)
-TESTED_VERSIONS = ("4.57",)
+TESTED_VERSIONS = ("4.57", "5.2")  # tools/test-python.sh runs the suite on both
 MAX_MAJOR = 5
 
 

@@ -87,25 +87,34 @@ class KvgcLayer(CacheLayerMixin):
 
     @property
     def is_initialized(self):
+        """True once this layer has been fed a token."""
         return self._cache._lengths[self.layer_idx] > 0
 
     def lazy_initialization(self, key_states):
+        """Nothing to set up: the cache creates its heap at its first forward."""
         pass  # the heap is created by the cache at its first forward
 
     def update(self, key_states, value_states, cache_kwargs=None):
+        """Stages the new K/V rows on the owning cache and returns them (only the new
+        rows: the "kvgc" attention attends them over the heap)."""
         return self._cache._stage(self.layer_idx, key_states, value_states)
 
     def get_mask_sizes(self, cache_position):
+        """The attention mask's (kv_length, kv_offset): this layer's positions fed plus the
+        query's, and 0."""
         # 4.56/4.57 pass cache_position (a tensor), later releases a query length.
         return self._cache._lengths[self.layer_idx] + _hf_compat.query_length(cache_position), 0
 
     def get_seq_length(self):
+        """The positions fed to this layer (evicted tokens included)."""
         return self._cache._lengths[self.layer_idx]
 
     def get_max_cache_shape(self):
+        """-1: no fixed maximum length."""
         return -1
 
     def crop(self, max_length):
+        """The owning cache's crop (KvgcCache.crop): every layer's, not this one's."""
         self._cache.crop(max_length)
 
     def reset(self):
@@ -120,7 +129,9 @@ class KvgcLayer(CacheLayerMixin):
         self._cache.reorder_cache(beam_idx)
 
     def batch_repeat_interleave(self, repeats):
+        """The owning cache's (KvgcCache.batch_repeat_interleave)."""
         self._cache.batch_repeat_interleave(repeats)
 
     def batch_select_indices(self, indices):
+        """The owning cache's (KvgcCache.batch_select_indices)."""
         self._cache.batch_select_indices(indices)

@@ -95,8 +95,9 @@ class KvgcPress(BasePress):
             compute in float32).
         prefill: KvgcCache's prefill mode ("observe": the context's last observe_tokens
             queries score, pooled, one GC step; "stream": every query scores).
-        prefill_attention: "sdpa" computes the unscored prefill queries with torch SDPA
-            (exact; the rows still go to kvgc), "kvgc" runs them through kvgc's kernel.
+        prefill_attention: "sdpa" (default, as KvgcCache's) computes the unscored prefill
+            queries with torch SDPA (exact; the rows still go to kvgc, the scored tail
+            through kvgc's kernel), "kvgc" runs them all through kvgc's kernel.
         key_prior: KvgcCache's query-agnostic key-diversity prior (2.0 here, 0 in
             KvgcCache): the pipeline compresses the context before it reads the question,
             so the context's last queries ask nothing. With it, kvgc at 10% of the bytes

@@ -17,8 +17,10 @@ tokens by what the model actually attends to. The GC runs once per sequence afte
 forward's last layer:
 
 - prefill="observe" (default, as kvgc-run): a multi-token forward caches every token,
-  but only its last ``observe_tokens`` queries add mass; each token's score is then
-  max-pooled over +-``pool_radius`` positions (SnapKV's clustering) and the GC steps;
+  but only its last ``observe_tokens`` queries add mass (through kvgc's kernel; the
+  queries before them attend through torch SDPA, exactly: ``prefill_attention``); each
+  token's score is then max-pooled over +-``pool_radius`` positions (SnapKV's
+  clustering) and the GC steps;
 - prefill="stream": every query of every forward scores and the GC steps after it;
 - decode (one new token per sequence): every token scores; a batch of several sequences
   goes through one ``kvgc.Batch`` plan per forward.
@@ -53,8 +55,8 @@ import kvgc
 
 from . import _hf_compat
 from ._options import heap_options as _check_heap_options
-from ._hf_attention import (_causal_sdpa, _pool_delta, _real_rows, kvgc_attention_forward,
-                            kvgc_mask)
+from ._hf_attention import (_causal_sdpa, _chunk_sdpa, _pool_delta, _real_rows,
+                            kvgc_attention_forward, kvgc_mask)
 from ._hf_layer import DenseKV, KvgcLayer, _dense_error
 
 __all__ = ["KvgcCache", "KvgcLayer", "DenseKV", "register", "use_kvgc",
@@ -106,11 +108,18 @@ class KvgcCache(Cache):
             min(max_position_embeddings, 8192)); ignored when budget/budget_bytes is given.
         auto_checkpoint: checkpoint() automatically at the end of the first prefill, so a
             later crop(that length) restores it (kvpress's several questions per context).
-        prefill_attention: "kvgc" (default: every query through kvgc's kernel) or "sdpa":
-            the unscored queries of an observe prefill into an EMPTY sequence attend only
-            the chunk's own rows, which torch SDPA computes exactly and faster on many
-            queries (kvgc's CPU kernel is built for decode); the rows are still appended
-            to kvgc, the scored tail and every later query still run through kvgc.
+        prefill_attention: who attends the queries of an observe prefill that add no
+            mass (all but its last observe_tokens). "sdpa" (default): torch SDPA, exactly
+            and at DynamicCache + SDPA's speed; into an empty sequence (a first prompt)
+            over the chunk's own rows (causal), into one that holds tokens (a second
+            turn, a chunked prefill) also over a dense copy of its live rows (read from
+            kvgc, int8/int4 dequantised; an explicit mask). Every row is still appended
+            to kvgc, and the scored tail (the queries whose mass the GC ranks by) and
+            every decode step run through kvgc's kernel, so the GC's scores are those of
+            "kvgc". "kvgc": every query through kvgc's kernel, which is built for decode
+            (a 4K prompt then prefills at about 0.4x SDPA's speed on a CPU); it is there
+            to test and measure that kernel on prefill. prefill="stream" scores every
+            query, so it runs them all through kvgc whichever is set.
         **heap_options: kvgc.Heap options (policy=, byte_budget=, token_budget=, demote=,
             sinks=, window=, page_tokens=, cpu_threads=, budget= / budget_bytes= for the
             arena, ...; see help(kvgc.Heap)). The default arena holds max_tokens tokens of
@@ -137,7 +146,7 @@ class KvgcCache(Cache):
 
     def __init__(self, config, *, kv_dtype=None, device="cpu", prefill="observe",
                  observe_tokens=32, pool_radius=5, key_prior=0.0, max_tokens=None,
-                 auto_checkpoint=False, prefill_attention="kvgc", **heap_options):
+                 auto_checkpoint=False, prefill_attention="sdpa", **heap_options):
         self.hf = _hf_compat.profile()
         cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         _check_full_attention(cfg)
@@ -224,6 +233,8 @@ class KvgcCache(Cache):
         raise _dense_error("per-layer (keys, values) tensors")
 
     def to_legacy_cache(self):
+        """Raises kvgc.Unsupported: the K/V live only in kvgc pages, so there is no legacy
+        (dense) cache to return."""
         raise _dense_error("legacy (dense) cache")
 
     def reorder_cache(self, beam_idx):
@@ -487,16 +498,26 @@ class KvgcCache(Cache):
             ki, vi, qi, oi = kr[i, lo:], vr[i, lo:], qr[i, lo:], out[i, lo:]
             self._hand("k", layer, ki, k)
             split = r - self.observe_tokens if observe and r > self.observe_tokens else 0
+            if split and self.prefill_attention == "sdpa":
+                # The unscored queries through SDPA: over the chunk's own rows, causally, in
+                # an empty sequence (a first prompt); else also over every live cached row (a
+                # dense copy, int8/int4 dequantised: what kvgc's kernel would attend).
+                # kvgc gets every row and attends (and scores) the tail.
+                if heap.tokens(seq, layer)[1] == 0:
+                    oi[:split] = _causal_sdpa(qi[:split], ki[:split], vi[:split], scale)
+                else:
+                    old_k, old_v, _ = heap.read(seq, layer, stream=s, like=ki)
+                    oi[:split] = _chunk_sdpa(qi[:split], ki[:split], vi[:split], old_k, old_v,
+                                             scale)
+                heap.append(seq, layer, ki, vi, stream=s)
+                heap.attend(seq, layer, qi[split:], oi[split:], scale=scale, stream=s)
+                continue
             if split:
                 # kvgc's queries are the segment's LAST n_q appended tokens: append the
                 # unscored part, attend it, then the scored tail.
-                fresh = self.prefill_attention == "sdpa" and heap.tokens(seq, layer)[1] == 0
                 heap.append(seq, layer, ki[:split], vi[:split], stream=s)
-                if fresh:  # nothing cached before: causal attention over the chunk itself
-                    oi[:split] = _causal_sdpa(qi[:split], ki[:split], vi[:split], scale)
-                else:
-                    heap.attend(seq, layer, qi[:split], oi[:split], scale=scale, scores=False,
-                                stream=s)
+                heap.attend(seq, layer, qi[:split], oi[:split], scale=scale, scores=False,
+                            stream=s)
             heap.append(seq, layer, ki[split:], vi[split:], stream=s)
             heap.attend(seq, layer, qi[split:], oi[split:], scale=scale, stream=s)
 

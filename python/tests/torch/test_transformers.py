@@ -30,19 +30,32 @@ def gen(model, ids, cache, n=12, **kw):
     return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
 
 
+def chat_ids(tok, text):
+    """A one-message chat's prompt ids [1, n] (transformers 5 returns a BatchEncoding by
+    default where 4.57 returned the tensor: ask for the dict on both)."""
+    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                   return_tensors="pt", return_dict=True)["input_ids"]
+
+
 def full_cache(model, **kw):
     kw.setdefault("kv_dtype", torch.float32)
     return kt.KvgcCache(model.config, policy="full", **kw)
 
 
+def attention_opts(prefill_attention):
+    """KvgcCache keywords: None = the cache's default prefill ("sdpa"); "kvgc" = every
+    prefill query through kvgc's own kernel."""
+    return {} if prefill_attention is None else {"prefill_attention": prefill_attention}
+
+
 # ---- equality with DynamicCache + SDPA ---------------------------------------------------
 @pytest.mark.parametrize("prefill,prefill_attention",
-                         [("observe", "kvgc"), ("stream", "kvgc"), ("observe", "sdpa")])
+                         [("observe", "kvgc"), ("stream", "kvgc"), ("observe", None)])
 def test_full_policy_matches_dynamic_cache(tiny, attn, prefill, prefill_attention):
     for i, n in enumerate(PROMPT_LENS):
         ids = prompt(n, i)
         ref_tok, ref_logits = gen(attn(tiny, "sdpa"), ids, DynamicCache())
-        cache = full_cache(tiny, prefill=prefill, prefill_attention=prefill_attention)
+        cache = full_cache(tiny, prefill=prefill, **attention_opts(prefill_attention))
         tok, logits = gen(attn(tiny, "kvgc"), ids, cache)
         assert torch.equal(tok, ref_tok), f"prompt {n}: {tok} != {ref_tok}"
         assert (logits - ref_logits).abs().max().item() < 1e-3
@@ -87,8 +100,7 @@ def test_plain_forward_loop_matches(tiny, attn):
 def test_smollm2_greedy_matches(smollm2, attn):
     model, tok = smollm2
     for text in ("What is the capital of France?", "Write a haiku about memory."):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                      add_generation_prompt=True, return_tensors="pt")
+        ids = chat_ids(tok, text)
         ref, _ = gen(attn(model, "sdpa"), ids, DynamicCache(), n=16)
         got, _ = gen(attn(model, "kvgc"), ids, full_cache(model), n=16)
         assert torch.equal(got, ref), (tok.decode(got[0]), tok.decode(ref[0]))
@@ -112,8 +124,7 @@ def test_smollm2_short_chats_keep_their_meaning_under_a_budget(smollm2, attn):
     model, tok = smollm2
     changed_without_rule = 0
     for text in SHORT_CHATS:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                      add_generation_prompt=True, return_tensors="pt")
+        ids = chat_ids(tok, text)
         assert ids.shape[1] < 200
         ref, _ = gen(attn(model, "sdpa"), ids, DynamicCache(), n=32)
         got, _ = gen(attn(model, "kvgc"), ids,
@@ -188,8 +199,7 @@ def test_smollm2_passkey_under_byte_budget(smollm2, attn):
     text = ("There is an important pass key hidden inside a lot of irrelevant text. Find it "
             "and memorize it. " + filler + "The pass key is 71432. Remember it. 71432 is the "
             "pass key. " + filler + "What is the pass key?")
-    ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                  add_generation_prompt=True, return_tensors="pt")
+    ids = chat_ids(tok, text)
     cache = kt.KvgcCache(model.config, kv_dtype=torch.float16, byte_budget=0.25,
                          prefill_attention="sdpa")  # generational, the int8/int4 ladder
     out, _ = gen(attn(model, "kvgc"), ids, cache, n=10)
@@ -246,8 +256,8 @@ def test_observe_scores_only_last_queries(tiny, attn):
     # Each query head's probabilities sum to 1, so a segment's total score is
     # (scoring queries) x n_q_heads: observe scores the last 32 rows, stream all of them.
     for prefill, scoring, pa in (("observe", 32, "kvgc"), ("stream", 100, "kvgc"),
-                                 ("observe", 32, "sdpa")):
-        cache = full_cache(tiny, prefill=prefill, pool_radius=0, prefill_attention=pa)
+                                 ("observe", 32, None)):
+        cache = full_cache(tiny, prefill=prefill, pool_radius=0, **attention_opts(pa))
         with torch.no_grad():
             attn(tiny, "kvgc")(prompt(100, 6), past_key_values=cache)
         for layer in range(2):
@@ -292,6 +302,87 @@ def test_key_prior_adds_key_diversity(tiny, attn):
     assert abs(float(after[~old].sum()) - (32 * 4 - gained) - 32 * 4) < 1e-2
 
 
+def _scores_by_position(cache):
+    out = []
+    for layer in range(cache.n_layers):
+        scores, _ = cache.heap.read_scores(cache._seqs[0], layer)
+        _, _, pos = cache.heap.read(cache._seqs[0], layer)
+        out.append(np.asarray(scores)[np.argsort(np.asarray(pos))].copy())
+    return out
+
+
+def test_default_prefill_scores_equal_kvgc_prefill(tiny, attn, monkeypatch):
+    # The default prefill computes the queries that add no mass with SDPA; the observe
+    # window (the last 32 queries) still goes through kvgc's kernel. So the GC's scores
+    # after a first prompt and after a second multi-token forward into the same sequence
+    # (SDPA over its live rows) equal those of prefill_attention="kvgc" token by token: a
+    # scored tail that went through SDPA would leave them zero.
+    used = []
+    for name in ("_causal_sdpa", "_chunk_sdpa"):
+        fn = getattr(kt, name)
+        monkeypatch.setattr(kt, name, lambda *a, fn=fn, name=name: used.append(name) or fn(*a))
+    m = attn(tiny, "kvgc")
+    for n, more in ((33, 0), (64, 40), (150, 100)):
+        ids, chunk = prompt(n, 50 + n), prompt(more, 60 + n)
+        got = {}
+        for pa in (None, "kvgc"):
+            cache = full_cache(tiny, **attention_opts(pa))
+            with torch.no_grad():
+                m(ids, past_key_values=cache)
+                first = _scores_by_position(cache)
+                if more:
+                    m(chunk, past_key_values=cache, cache_position=torch.arange(n, n + more))
+            got[pa] = first, _scores_by_position(cache)
+        for (a, b) in zip(got[None], got["kvgc"]):
+            for layer in range(2):
+                assert b[layer].sum() > 0
+                np.testing.assert_allclose(a[layer], b[layer], rtol=1e-4, atol=1e-5)
+    assert used.count("_causal_sdpa") == 3 * 2 and used.count("_chunk_sdpa") == 2 * 2
+
+
+@pytest.mark.parametrize("prefill_attention", ["kvgc", None])
+def test_chunked_prefill_matches_dynamic_cache(tiny, attn, prefill_attention):
+    # A prompt fed in chunks (each one a multi-token forward into a sequence that holds
+    # tokens): the same logits and greedy continuation as DynamicCache + SDPA.
+    ids = prompt(190, 70)
+    outs = []
+    for name, cache in (("sdpa", DynamicCache()),
+                        ("kvgc", full_cache(tiny, **attention_opts(prefill_attention)))):
+        m = attn(tiny, name)
+        with torch.no_grad():
+            logits = [m(ids[:, lo:lo + 64], past_key_values=cache,
+                        cache_position=torch.arange(lo, min(lo + 64, 190))).logits
+                      for lo in range(0, 190, 64)]
+        outs.append(torch.cat(logits, 1))
+        got, _ = gen(m, torch.cat([ids, outs[-1][:, -1:].argmax(-1)], 1), cache, n=6)
+        outs.append(got)
+    assert (outs[0] - outs[2]).abs().max().item() < 1e-3
+    assert torch.equal(outs[1], outs[3])
+
+
+def test_default_prefill_after_eviction_matches_kvgc_prefill(attn, make_tiny):
+    # A second prompt into a sequence the GC has pruned and demoted (int8/int4 rows): the
+    # default reads the live rows (dequantised) for SDPA; the same tokens, classes and
+    # continuation as kvgc's own kernel.
+    model = attn(make_tiny(layers=2, seed=3), "kvgc")
+    first, second = prompt(300, 80), prompt(120, 81)
+    got = {}
+    for pa in (None, "kvgc"):
+        cache = kt.KvgcCache(model.config, kv_dtype=torch.float32, byte_budget=0.15, min_length=0,
+                             **attention_opts(pa))
+        t1, _ = gen(model, first, cache, n=8)
+        assert cache.live_tokens()[0] < cache.get_seq_length()
+        ids = torch.cat([first, t1, second], 1)
+        t2, logits = gen(model, ids, cache, n=8)
+        got[pa] = (t1, t2, logits, [cache.positions(0, layer).tolist() for layer in range(2)],
+                   sorted(cache.heap.read_classes(cache._seqs[0], 0).tolist()))
+    a, b = got[None], got["kvgc"]
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert (a[2] - b[2]).abs().max().item() < 1e-3
+    assert a[3] == b[3] and a[4] == b[4]
+    assert len(set(a[4])) > 1, "nothing demoted: the dequantised read is not exercised"
+
+
 def test_pool_delta_matches_window_max():
     rng = np.random.default_rng(0)
     pos = rng.permutation(np.r_[0:50, 60:80, 200:205]).astype(np.int32)
@@ -303,7 +394,8 @@ def test_pool_delta_matches_window_max():
 
 
 # ---- batches and padding ---------------------------------------------------------------
-def test_batch_left_padding_equals_alone(tiny, attn):
+@pytest.mark.parametrize("prefill_attention", ["kvgc", None])
+def test_batch_left_padding_equals_alone(tiny, attn, prefill_attention):
     attn(tiny, "kvgc")
     lens = (9, 40, 23)
     prompts = [prompt(n, 10 + i)[0] for i, n in enumerate(lens)]
@@ -312,10 +404,10 @@ def test_batch_left_padding_equals_alone(tiny, attn):
     mask = torch.zeros(3, width, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    cache = full_cache(tiny)
+    cache = full_cache(tiny, **attention_opts(prefill_attention))
     toks, logits = gen(tiny, ids, cache, attention_mask=mask)
     for i, p in enumerate(prompts):
-        alone = full_cache(tiny)
+        alone = full_cache(tiny, **attention_opts(prefill_attention))
         t, lg = gen(tiny, p[None], alone)
         assert torch.equal(toks[i], t[0]), f"row {i}"
         assert (logits[i] - lg[0]).abs().max().item() < 1e-3
@@ -343,10 +435,13 @@ def test_padding_token_in_decode_is_skipped(tiny, attn):
 
 
 # ---- turns, checkpoints, errors --------------------------------------------------------
-def test_second_multi_token_turn(tiny, attn):
-    first, second = prompt(50, 20), prompt(20, 21)
+@pytest.mark.parametrize("second_len", [20, 70])  # 70: more than observe_tokens' 32
+@pytest.mark.parametrize("prefill_attention", ["kvgc", None])
+def test_second_multi_token_turn(tiny, attn, prefill_attention, second_len):
+    first, second = prompt(50, 20), prompt(second_len, 21)
     results = []
-    for name, cache in (("sdpa", DynamicCache()), ("kvgc", full_cache(tiny))):
+    for name, cache in (("sdpa", DynamicCache()),
+                        ("kvgc", full_cache(tiny, **attention_opts(prefill_attention)))):
         m = attn(tiny, name)
         t1, _ = gen(m, first, cache, n=6)
         ids = torch.cat([first, t1, second], 1)
@@ -513,6 +608,11 @@ def test_version_gate():
     assert _hf_compat.mask_sizes_arg(Old) == "cache_position"
     assert _hf_compat.mask_sizes_arg(New) == "query_length"
     assert _hf_compat.query_length(torch.arange(7)) == 7 == _hf_compat.query_length(7)
+    import transformers
+
     prof = _hf_compat.profile()
-    assert prof.mask_sizes_arg == "cache_position" and prof.version[:2] == (4, 57)
+    # The suite runs on 4.57.x and 5.2.x (tools/test-python.sh): both pass cache_position.
+    assert prof.version == _hf_compat.parse_version(transformers.__version__)
+    assert prof.version[:2] in ((4, 57), (5, 2)) and prof.tested
+    assert prof.mask_sizes_arg == "cache_position"
     assert kt.register() == "kvgc" and kt.register() == "kvgc"  # idempotent

@@ -86,8 +86,9 @@ kvgc_status kvgc_batch_attend(kvgc_batch* batch, uint32_t layer, const void* q, 
   return with_batch(batch, "kvgc_batch_attend", [&](kvgc::ManagedHeap& h, kvgc::BatchPlan& p) -> Status {
     float scale;
     bool scores;
-    KVGC_TRY(attend_options(h, params, "kvgc_batch_attend", &scale, &scores));
-    return h.batch_attend(p, layer, q, out, scale, scores, stream);
+    float* mass_out;
+    KVGC_TRY(attend_options(h, params, "kvgc_batch_attend", &scale, &scores, &mass_out));
+    return h.batch_attend(p, layer, q, out, scale, scores, mass_out, stream);
   });
 }
 

@@ -127,12 +127,24 @@ kvgc_status with_heap(kvgc_heap* h, const char* fn, F&& f, Mutates m = Mutates::
   });
 }
 
+// The options of kvgc_attend and kvgc_batch_attend; mass_out (kvgc_batch_attend's only:
+// null for kvgc_attend, which refuses one) is params->mass_out where the caller's struct
+// has the field.
 inline Status attend_options(const kvgc::ManagedHeap& h, const kvgc_attend_params* params, const char* fn,
-                             float* scale, bool* scores) {
+                             float* scale, bool* scores, float** mass_out = nullptr) {
   *scale = 1.0f / std::sqrt(float(h.model().head_dim));
   *scores = true;
+  if (mass_out) *mass_out = nullptr;
   if (!params) return Status::Ok();
-  KVGC_TRY(check_struct_size(params->struct_size, sizeof *params, (std::string(fn) + ": params").c_str()));
+  const bool v1 = params->struct_size == KVGC_ATTEND_PARAMS_V1_SIZE;
+  if (!v1)
+    KVGC_TRY(check_struct_size(params->struct_size, sizeof *params, (std::string(fn) + ": params").c_str()));
+  float* const mass = v1 ? nullptr : params->mass_out;
+  if (mass && !mass_out)
+    return fail(KVGC_EINVAL, std::string(fn) + ": params->mass_out is for kvgc_batch_attend only (set it to NULL)");
+  if (mass && (params->flags & KVGC_ATTEND_NO_SCORES))
+    return fail(KVGC_EINVAL, std::string(fn) + ": params->mass_out with KVGC_ATTEND_NO_SCORES (no mass to write)");
+  if (mass_out) *mass_out = mass;
   if (!(params->scale >= 0 && std::isfinite(params->scale)))
     return fail(KVGC_EINVAL, std::string(fn) + ": params->scale must be finite and >= 0 (0 = default)");
   if (params->flags & ~KVGC_ATTEND_NO_SCORES)

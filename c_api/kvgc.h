@@ -568,7 +568,24 @@ typedef struct kvgc_attend_params {
   size_t struct_size; /**< sizeof(kvgc_attend_params) (set by the init) */
   float scale;     /**< softmax scale; 0 (the default) means 1/sqrt(head_dim) */
   uint32_t flags;  /**< KVGC_ATTEND_* */
+  /** Added in 0.15, kvgc_batch_attend only (kvgc_attend: KVGC_EINVAL): NULL (the default)
+   * adds the scored rows' attention mass to the scores; else the mass is written here
+   * instead, float32 [view.n_pages][page_tokens] on the heap's device, slot-indexed in
+   * kvgc_batch_export's page order: exactly the array kvgc_batch_observe takes (dead
+   * slots and unscored sequences' pages get 0), and no score or recent score changes.
+   * For tensor parallelism: each rank's heap holds its own KV heads, so its mass covers
+   * only its query heads; sum the ranks' arrays in one fixed order and hand every rank
+   * the same sum with kvgc_batch_observe, and every rank's GC makes the same decisions.
+   * With one scored row per sequence (decode), attend with mass_out then
+   * kvgc_batch_observe of that array leaves the scores bit for bit as the fused attend
+   * does (kvgc_batch_observe decays the recent scores once; the fused attend by
+   * recent_decay to the power of a sequence's scored rows). KVGC_EINVAL with
+   * KVGC_ATTEND_NO_SCORES. */
+  float* mass_out;
 } kvgc_attend_params;
+
+/** sizeof(kvgc_attend_params) before 0.15 (without mass_out), still accepted. */
+#define KVGC_ATTEND_PARAMS_V1_SIZE (offsetof(kvgc_attend_params, mass_out))
 
 /** Zeroes *params (defaults) and sets struct_size. */
 KVGC_API kvgc_status kvgc_attend_params_init(kvgc_attend_params* params);

@@ -265,6 +265,11 @@ struct AttendOp {
   // call over these queries saw (attend_seq_ops' first part; the CPU's query blocks
   // and thread split depend on the slot count).
   bool trim_future = false;
+  // With add_scores, a batch's mass goes here instead of to the scores (no score and no
+  // recent score changes): mass_out[p * page_tokens + slot] += the mass of slot `slot`
+  // of the op's page p (`pages`' order, kvgc_batch_export's); zeroed by the caller.
+  // One-segment ops (attend_seq_op) point it at their first page's row.
+  float* mass_out = nullptr;
 };
 
 // The one-segment op that sequence i of a batch amounts to (its pages, queries, rows).
@@ -280,6 +285,7 @@ inline AttendOp attend_seq_op(const AttendOp& op, uint32_t i) {
   one.n_q = s.n_q;
   one.q_pos0 = s.q_pos0;
   one.recent_decay = s.recent_decay;
+  if (op.mass_out) one.mass_out = op.mass_out + size_t(s.first_page) * op.layout[0].page_tokens;
   one.seqs = nullptr;
   one.n_seqs = 0;
   one.dev_pages = nullptr;

@@ -604,12 +604,19 @@ Status ManagedHeap::batch_append(BatchPlan& b, uint32_t layer, const void* k, co
 }
 
 Status ManagedHeap::batch_attend(BatchPlan& b, uint32_t layer, const void* q, void* out, float scale,
-                                 bool add_scores, void* stream) {
+                                 bool add_scores, float* mass_out, void* stream) {
   const char* fn = "kvgc_batch_attend";
   KVGC_TRY(batch_live(b, layer, fn));
   if (!b.appended[layer])
     return fail(KVGC_EINVAL, std::string(fn) + ": layer " + std::to_string(layer) +
                                  " has not been appended in this plan (kvgc_batch_append first)");
+  const uint32_t p0 = b.page_off[layer], n_pages = b.page_off[layer + 1] - p0;
+  if (mass_out && add_scores && n_pages) {  // the kernels add into it: zeroed first
+    KVGC_TRY(backend_->check_pointer(mass_out, "kvgc_batch_attend: params->mass_out"));
+    if (uintptr_t(mass_out) % alignof(float))
+      return fail(KVGC_EINVAL, std::string(fn) + ": params->mass_out must be 4-byte aligned");
+    KVGC_TRY(backend_->fill(mass_out, 0, size_t(n_pages) * opts_.page_tokens * sizeof(float), stream));
+  }
   if (b.n_rows == 0) return Status::Ok();
   KVGC_TRY(backend_->check_pointer(q, "kvgc_batch_attend: q"));
   KVGC_TRY(backend_->check_pointer(out, "kvgc_batch_attend: out"));
@@ -617,13 +624,14 @@ Status ManagedHeap::batch_attend(BatchPlan& b, uint32_t layer, const void* q, vo
   if (uintptr_t(q) % elem || uintptr_t(out) % elem)
     return fail(KVGC_EINVAL, std::string(fn) + ": q and out must be aligned to the dtype's " +
                                  std::to_string(elem) + " bytes");
+
   const uint32_t B = uint32_t(b.seqs.size());
-  const uint32_t p0 = b.page_off[layer];
-  AttendOp op{{}, b.host.pages + p0, b.page_off[layer + 1] - p0, 0,
+  AttendOp op{{}, b.host.pages + p0, n_pages, 0,
               q, 0, model_.n_q_heads, 0, scale, out, add_scores, 1.0f, scratch_, scratch_bytes_};
   set_layouts(op.layout);
   op.seqs = b.host.aseqs + size_t(layer) * B;
   op.n_seqs = B;
+  op.mass_out = add_scores ? mass_out : nullptr;
   if (batch_region_) {
     op.dev_pages = b.dev.pages + p0;
     op.dev_seqs = b.dev.aseqs + size_t(layer) * B;

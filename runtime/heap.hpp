@@ -259,8 +259,9 @@ class ManagedHeap : public host::HostAllocated {
   Status batch_plan(BatchPlan& b, const kvgc_seq* seqs, const uint32_t* n_new, uint32_t n,
                     const uint32_t* scored, const uint32_t* flags, uint32_t* failed, void* stream);
   Status batch_append(BatchPlan& b, uint32_t layer, const void* k, const void* v, void* stream);
+  // mass_out (null: the mass goes to the scores): kvgc_attend_params.mass_out.
   Status batch_attend(BatchPlan& b, uint32_t layer, const void* q, void* out, float scale,
-                      bool add_scores, void* stream);
+                      bool add_scores, float* mass_out, void* stream);
   Status batch_observe(BatchPlan& b, uint32_t layer, const float* mass, void* stream);
   Status batch_step(BatchPlan& b, void* stream);
   Status batch_export(BatchPlan& b, uint32_t layer, kvgc_batch_view* out);

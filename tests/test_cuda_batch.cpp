@@ -33,6 +33,21 @@ using kvgc::SegPage;
 
 namespace {
 
+// Random f16 K, V and Q rows (standard normal) on the host, and copies on the device.
+struct F16Rows {
+  std::vector<uint16_t> k, v, q;
+  DeviceBuffer dk, dv, dq;
+  F16Rows(std::mt19937& rng, size_t kv_elems, size_t q_elems)
+      : k(kv_elems), v(kv_elems), q(q_elems), dk(kv_elems * 2), dv(kv_elems * 2), dq(q_elems * 2) {
+    std::normal_distribution<float> g(0.f, 1.f);
+    for (auto* a : {&k, &v, &q})
+      for (auto& x : *a) kvgc::cpu::store(reinterpret_cast<uint8_t*>(&x), KVGC_DTYPE_F16, g(rng));
+    REQUIRE(cudaMemcpy(dk.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dv.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+};
+
 // An arena of pages mirrored on the host and the device: the CPU runs on the host copy,
 // CUDA on the device copy, and the two are compared after.
 struct Arena {
@@ -578,14 +593,10 @@ TEST_CASE("the batch API on a CUDA heap equals a CPU heap (plan, append, attend,
         REQUIRE(kvgc_batch_plan(bg, sg, n_new, B, &failed, stream) == KVGC_OK);
       }
       for (uint32_t layer = 0; layer < m.n_layers; ++layer) {
-        std::vector<uint16_t> k(rows * kv_row), v(rows * kv_row), q(rows * q_row);
-        std::normal_distribution<float> g(0.f, 1.f);
-        for (auto* a : {&k, &v, &q})
-          for (auto& x : *a) kvgc::cpu::store(reinterpret_cast<uint8_t*>(&x), KVGC_DTYPE_F16, g(rng));
-        DeviceBuffer dk(k.size() * 2), dv(v.size() * 2), dq(q.size() * 2), dout(q.size() * 2);
-        REQUIRE(cudaMemcpy(dk.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-        REQUIRE(cudaMemcpy(dv.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-        REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        const F16Rows r(rng, rows * kv_row, rows * q_row);
+        const std::vector<uint16_t>&k = r.k, &v = r.v, &q = r.q;
+        const DeviceBuffer &dk = r.dk, &dv = r.dv, &dq = r.dq;
+        DeviceBuffer dout(q.size() * 2);
         REQUIRE(cudaMemset(dout.p, 0xA5, q.size() * 2) == cudaSuccess);  // poison
         std::vector<uint16_t> out_c(q.size());
         REQUIRE(kvgc_batch_append(bc, layer, k.data(), v.data(), nullptr) == KVGC_OK);
@@ -1103,4 +1114,90 @@ TEST_CASE("the prefix cache and fork on a CUDA heap equal a CPU heap (attach, co
   kvgc_heap_destroy(cpu);
   kvgc_heap_destroy(gpu);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("kvgc_batch_attend's mass_out on CUDA equals the CPU's, and leaves the scores alone") {
+  // Sequences long enough to split, decode rows, a sequence without rows, a chunk that
+  // scores only its last rows: the mass written out per page slot (the device's buffer
+  // poisoned) against the CPU heap's; the scores unchanged until the mass is observed.
+  std::mt19937 rng(fresh_seed("mass_out"));
+  const kvgc_model_desc m = model(1, 2, 64, KVGC_DTYPE_F16, 4);
+  kvgc_heap_options o = cpu_options(64 << 20, 16);
+  o.policy = KVGC_POLICY_FULL;
+  kvgc_heap* cpu = make_heap(m, KVGC_DEVICE_CPU, 16, 64 << 20, &o);
+  kvgc_heap* gpu = make_heap(m, KVGC_DEVICE_CUDA, 16, 64 << 20, &o);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  kvgc_batch *bc, *bg;
+  REQUIRE(kvgc_batch_create(cpu, &bc) == KVGC_OK);
+  REQUIRE(kvgc_batch_create(gpu, &bg) == KVGC_OK);
+  constexpr uint32_t B = 4;
+  kvgc_seq sc[B], sg[B];
+  for (uint32_t i = 0; i < B; ++i) {
+    REQUIRE(kvgc_seq_create(cpu, 0, &sc[i]) == KVGC_OK);
+    REQUIRE(kvgc_seq_create(gpu, 0, &sg[i]) == KVGC_OK);
+  }
+  const size_t kv_row = 2 * 64, q_row = 8 * 64;
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    uint32_t n_new[B] = {step ? 1u : 900u + uint32_t(rng() % 300), step ? 1u : 1 + uint32_t(rng() % 200),
+                         step == 1 ? 0u : 1u, step ? 1u : 90u};
+    uint32_t scored[B] = {step ? UINT32_MAX : 1u, UINT32_MAX, UINT32_MAX, step ? UINT32_MAX : 7u}, flags[B] = {};
+    uint32_t rows = 0, failed = 0;
+    for (uint32_t n : n_new) rows += n;
+    kvgc_batch_plan_options po;
+    REQUIRE(kvgc_batch_plan_options_init(&po) == KVGC_OK);
+    po.scored_rows = scored;
+    po.seq_flags = flags;
+    REQUIRE(kvgc_batch_plan_ex(bc, sc, n_new, B, &po, &failed, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_plan_ex(bg, sg, n_new, B, &po, &failed, stream) == KVGC_OK);
+    const F16Rows r(rng, rows * kv_row, rows * q_row);
+    std::vector<uint16_t> out(r.q.size());
+    DeviceBuffer dout(r.q.size() * 2);
+    REQUIRE(kvgc_batch_append(bc, 0, r.k.data(), r.v.data(), nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_append(bg, 0, r.dk.p, r.dv.p, stream) == KVGC_OK);
+    kvgc_batch_view view;
+    std::memset(&view, 0, sizeof view);
+    view.struct_size = sizeof view;
+    REQUIRE(kvgc_batch_export(bc, 0, &view) == KVGC_OK);
+    const size_t n = size_t(view.n_pages) * view.page_tokens;
+    std::vector<float> mc(n, NAN), mg(n);
+    DeviceBuffer dm(n * 4);
+    REQUIRE(cudaMemset(dm.p, 0xFF, n * 4) == cudaSuccess);  // NaN: every entry must be written
+    std::vector<float> before(1 << 13), after(1 << 13);
+    uint64_t nb = 0, na = 0;
+    DeviceBuffer ds(before.size() * 4);
+    REQUIRE(kvgc_read_scores(gpu, sg[0], 0, ds.get<float>(), nullptr, before.size(), &nb, stream) == KVGC_OK);
+    REQUIRE(cudaMemcpyAsync(before.data(), ds.p, nb * 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    kvgc_attend_params p;
+    REQUIRE(kvgc_attend_params_init(&p) == KVGC_OK);
+    p.mass_out = mc.data();
+    REQUIRE(kvgc_batch_attend(bc, 0, r.q.data(), out.data(), &p, nullptr) == KVGC_OK);
+    p.mass_out = dm.get<float>();
+    REQUIRE(kvgc_batch_attend(bg, 0, r.dq.p, dout.p, &p, stream) == KVGC_OK);
+    REQUIRE(kvgc_read_scores(gpu, sg[0], 0, ds.get<float>(), nullptr, after.size(), &na, stream) == KVGC_OK);
+    REQUIRE(cudaMemcpyAsync(after.data(), ds.p, na * 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(mg.data(), dm.p, n * 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(std::memcmp(before.data(), after.data(), nb * 4) == 0);  // the scores untouched
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      REQUIRE(!std::isnan(mg[i]));
+      CHECK(mg[i] == doctest::Approx(mc[i]).epsilon(2e-3).scale(1e-6));
+      total += mg[i];
+    }
+    uint32_t scoring_rows = 0;
+    for (uint32_t i = 0; i < B; ++i) scoring_rows += std::min(scored[i], n_new[i]);
+    CHECK(total == doctest::Approx(double(scoring_rows) * m.n_q_heads).epsilon(1e-3));
+    REQUIRE(kvgc_batch_observe(bc, 0, mc.data(), nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_observe(bg, 0, dm.get<float>(), stream) == KVGC_OK);
+    REQUIRE(kvgc_batch_step(bc, nullptr) == KVGC_OK);
+    REQUIRE(kvgc_batch_step(bg, stream) == KVGC_OK);
+    require_check(gpu);
+  }
+  kvgc_batch_destroy(bc);
+  kvgc_batch_destroy(bg);
+  kvgc_heap_destroy(cpu);
+  kvgc_heap_destroy(gpu);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }

@@ -177,7 +177,16 @@ void attend_one(const AttendOp& op, ThreadPool* pool) {
         }
     }
   }
-  if (op.add_scores)
+  if (op.add_scores && op.mass_out) {  // the slots were gathered in this order
+    size_t j = 0;
+    for (uint32_t p = 0; p < op.n_pages; ++p) {
+      const SegPage& sp = op.pages[p];
+      const PageLayout& L = op.layout[sp.cls];
+      const auto* words = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
+      for (uint32_t s = 0; s < L.page_tokens; ++s)
+        if (words[s / 32] >> (s % 32) & 1u) op.mass_out[size_t(p) * L.page_tokens + s] += mass[j++];
+    }
+  } else if (op.add_scores)
     for (size_t j = 0; j < n; ++j) {
       const PageLayout& L = op.layout[slots[j].cls];
       float& score = reinterpret_cast<float*>(slots[j].page + L.score_off)[slots[j].slot];
@@ -191,7 +200,7 @@ void attend_one(const AttendOp& op, ThreadPool* pool) {
 // scores still take the op's decay (recent_decay^0 = 1 for the runtime's batches), as
 // the CUDA executor does.
 void decay_only(const AttendOp& one) {
-  if (!one.add_scores || one.recent_decay == 1.0f) return;
+  if (!one.add_scores || one.mass_out || one.recent_decay == 1.0f) return;
   for (uint32_t p = 0; p < one.n_pages; ++p) {
     const SegPage& sp = one.pages[p];
     const PageLayout& L = one.layout[sp.cls];

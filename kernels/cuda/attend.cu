@@ -78,6 +78,7 @@ struct Common {
   float* logits;   // null without scores
   float* part;     // [slot][q_heads][hd + 2]
   float* ml;       // [unit][q_heads][2]; null without scores
+  float* mass_out; // AttendOp::mass_out: [page][page_tokens], or null (into the scores)
   uint32_t n_entries;
 };
 
@@ -554,7 +555,8 @@ template <uint32_t N>
 __global__ void mass_kernel(const __grid_constant__ Params<N> prm) {
   const Common& p = prm.c;
   const Entry& e = entry_of(prm, blockIdx.x, &Entry::block0);
-  const SegPage sp = p.pages[e.first_page + (blockIdx.x - e.block0)];
+  const uint32_t page = e.first_page + (blockIdx.x - e.block0);
+  const SegPage sp = p.pages[page];
   const PageLayout& L = p.L[sp.cls];
   const uint32_t* live = reinterpret_cast<const uint32_t*>(sp.page + L.live_off);
   const uint32_t rows = (e.qb - e.qa) * p.q_heads;
@@ -568,6 +570,10 @@ __global__ void mass_kernel(const __grid_constant__ Params<N> prm) {
       const float x = p.logits[e.log_off0 + size_t(r) * e.n_live + idx];
       const float* ml = p.ml + (size_t(e.unit0) * p.q_heads + r) * 2;
       if (x > -INFINITY && ml[1] > 0.f) mass += expf(x - ml[0]) / ml[1];
+    }
+    if (p.mass_out) {  // a page is one block's in a launch; passes run one after another
+      p.mass_out[size_t(page) * L.page_tokens + slot] += mass;
+      continue;
     }
     float& score = reinterpret_cast<float*>(sp.page + L.score_off)[slot];
     score = accumulate_score(score, mass);  // the CPU's rule (kernels/score.hpp)
@@ -785,6 +791,7 @@ cudaError_t attend(const AttendOp& op, void* scratch, size_t scratch_bytes, int 
   c.group = op.q_heads / c.kv_heads;
   c.hd = hd;
   c.scale = op.scale;
+  c.mass_out = op.add_scores ? op.mass_out : nullptr;
   const uint32_t dpl = hd <= 64 ? 2 : hd <= 128 ? 4 : 8;
 
   if (pages_bytes && op.n_pages)  // pinned when the runtime passes it (its staging ring)

@@ -412,15 +412,26 @@ class Batch(_kvgc.Batch):
         self._append(layer, k, v, _stream(stream))
 
     def attend(self, layer: int, q: Array, out: Optional[Array] = None, *, scale: float = 0.0,
-               scores: bool = True, stream: Stream = None) -> Array:
+               scores: bool = True, mass: Optional[Array] = None,
+               stream: Stream = None) -> Array:
         """Attention of every planned sequence's new rows over its cache at `layer`, fused
         with the GC's signal: q [sum n_new, n_q_heads, head_dim], batch order, each row a
         query as in Heap.attend. The layer must have been appended in this plan. Returns
-        out (allocated like q when None)."""
+        out (allocated like q when None).
+
+        mass: a float32 array [pages(layer), page_tokens] on the heap's device; the scored
+        rows' attention mass is written there, as observe() takes it, instead of added to
+        the scores (tensor parallelism: sum the ranks' arrays, then observe() the sum on
+        every rank). Not with scores=False."""
         if out is None:
             out = _empty_like(q, tuple(q.shape))
-        self._attend(layer, q, out, scale, 0 if scores else _NO_SCORES, _stream(stream))
+        self._attend(layer, q, out, scale, 0 if scores else _NO_SCORES, mass, _stream(stream))
         return out
+
+    def pages(self, layer: int) -> int:
+        """The pages of `layer` in this plan (export(layer)'s n_pages, without its
+        arrays): the rows of the mass arrays attend() writes and observe() takes."""
+        return self._pages(layer)
 
     def observe(self, layer: int, mass: Array, stream: Stream = None) -> None:
         """Mass per page slot, float32 [n_pages, page_tokens] of export(layer)'s pages."""

@@ -1,8 +1,9 @@
 """The kvgc platform: vLLM's CPU platform with its KV cache in kvgc.
 
 check_and_update_config wires the three pieces (attention backend, worker, scheduler),
-makes the executor "uni" (the scheduler and the worker share the heap in one process),
-and refuses what the plugin cannot serve correctly, each with the reason.
+makes the executor "uni" (the scheduler and the worker share the heap in one process;
+tensor parallelism keeps vLLM's external launcher, a process per rank), and refuses what
+the plugin cannot serve correctly, each with the reason.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def validate_options(vllm_config):
     try:
         _vllm_state._env_count("KVGC_VLLM_OBSERVE_TOKENS", 0)
         _vllm_state._env_count("KVGC_VLLM_POOL_RADIUS", 0)
+        _vllm_state._env_flag("KVGC_VLLM_CHECK_RANKS")
         Heap(1, 1, 1, 16, "float32", device="cpu", budget_bytes=8 << 20,
              **heap_keywords(vllm_config)).close()
     except (Error, TypeError) as e:
@@ -72,10 +74,18 @@ class KvgcCpuPlatform(CpuPlatform):
             return
         par = vllm_config.parallel_config
         refuse = []
-        if par.tensor_parallel_size != 1 or par.pipeline_parallel_size != 1:
-            refuse.append(f"tensor_parallel_size={par.tensor_parallel_size}, "
-                          f"pipeline_parallel_size={par.pipeline_parallel_size} (the plugin "
-                          "runs one worker in the engine's process)")
+        launcher = par.distributed_executor_backend == "external_launcher"
+        if par.tensor_parallel_size != 1 and not launcher:
+            refuse.append(f"tensor_parallel_size={par.tensor_parallel_size} with the "
+                          f"{par.distributed_executor_backend or 'mp'} executor (a rank's "
+                          "scheduler admits by its own heap, in its own process: run the "
+                          "ranks under torchrun with distributed_executor_backend="
+                          "'external_launcher', offline)")
+        if par.pipeline_parallel_size != 1:
+            refuse.append(f"pipeline_parallel_size={par.pipeline_parallel_size} (each "
+                          "rank's heap holds its layers, but the ranks' schedulers would "
+                          "admit by different heaps; and vLLM's CPU runner does not run "
+                          "pipeline parallelism)")
         if getattr(par, "data_parallel_size", 1) != 1:
             refuse.append(f"data_parallel_size={par.data_parallel_size}")
         if vllm_config.speculative_config is not None:
@@ -93,8 +103,10 @@ class KvgcCpuPlatform(CpuPlatform):
             raise ValueError("kvgc's vLLM plugin (KVGC_VLLM=1) cannot serve: " +
                              "; ".join(refuse))
         validate_options(vllm_config)
-        # The scheduler and the worker share the heap: one process.
-        par.distributed_executor_backend = "uni"
+        # The scheduler and the worker share the heap: one process (a rank's, under the
+        # external launcher: every rank schedules alike, its GC deciding as the others').
+        if not launcher:
+            par.distributed_executor_backend = "uni"
         par.worker_cls = WORKER
         vllm_config.scheduler_config.scheduler_cls = SCHEDULER
         _log.info("kvgc: vLLM's KV cache is kvgc's heap (attention %s, scheduler %s)",

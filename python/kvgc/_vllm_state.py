@@ -1,8 +1,9 @@
 """The kvgc vLLM plugin's per-process state: one heap, the requests' sequences, one step.
 
-vLLM's engine core runs the scheduler and (the plugin makes the executor "uni") the
-worker in one process, one after the other: schedule(), then the model's forward, then
-the scheduler's update. So both sides share this object, with no lock:
+vLLM's engine core runs the scheduler and (the plugin makes the executor "uni"; under
+tensor parallelism vLLM's external launcher makes every rank such an engine) the worker
+in one process, one after the other: schedule(), then the model's forward, then the
+scheduler's update. So both sides share this object, with no lock:
   - the worker's model runner creates the heap over the KV memory vLLM would have given
     its own blocks (create_heap), and the attention backend plans, appends, attends and
     steps one kvgc batch per forward (begin_forward / end_forward);
@@ -42,6 +43,13 @@ def _env_count(name, default, minimum=0):
     return value
 
 
+def _env_flag(name):
+    raw = os.environ.get(name, "")
+    if raw not in ("", "0", "1"):
+        raise InvalidArgument(f"{name}={raw!r}: expected 0 or 1")
+    return raw == "1"
+
+
 @dataclass
 class _Request:
     seq: int
@@ -74,6 +82,9 @@ class _Forward:
     batch_rows: object = None      # torch index of the decode rows (None: no decode)
     all_rows: bool = False         # every row is a decode row
     dummy: bool = False
+    # Tensor parallelism: this rank's attention mass, observed once summed over the ranks.
+    batch_mass: dict = field(default_factory=dict)   # layer -> [pages, page_tokens]
+    tail_mass: list = field(default_factory=list)    # (seq, layer, mass in read order)
 
 
 class PluginState:
@@ -101,28 +112,43 @@ class PluginState:
         self.prefix_hits = 0         # requests that attached a cached prefix
         self.prefix_waits = 0        # admissions deferred so (counted once a step each)
         self.prefix_tokens = 0       # tokens they attached
+        self.tp = None          # vLLM's tensor-parallel group when it has several ranks
+        self.check_ranks = False  # KVGC_VLLM_CHECK_RANKS=1: ranks compared after each step
         self.steps = 0          # forwards served
         self.sequences = 0      # kvgc sequences created (requests, and again after preemption)
         self.preemptions = 0    # running requests vLLM preempted (their sequences freed)
 
     # ---- the heap (worker side) --------------------------------------------------------
     def create_heap(self, layer_names, n_q_heads, n_kv_heads, head_dim, dtype, arena_bytes,
-                    options):
+                    options, total_layers=None, tp_group=None):
+        """The heap of this rank: its layers (a pipeline rank's range of the model's
+        total_layers: first_layer, total_layers) and its KV heads (a tensor-parallel
+        rank's share, with tp_group the ranks whose mass it sums before every GC)."""
         from . import Heap
         from vllm.model_executor.models.utils import extract_layer_index
         if self.heap is not None:   # a second initialize_kv_cache (profiling): start over
             self.close()
         order = sorted(layer_names, key=extract_layer_index)
+        index = [extract_layer_index(n) for n in order]
+        if index != list(range(index[0], index[0] + len(index))):
+            raise NotImplementedError(f"kvgc's vLLM plugin: this rank's attention layers "
+                                      f"{index} are not one contiguous range")
+        if total_layers and (index[0] != 0 or len(order) != total_layers):
+            options = dict(options, first_layer=index[0], total_layers=int(total_layers))
         self.layer_of = {name: i for i, name in enumerate(order)}
         self.heap = Heap(len(order), n_q_heads, n_kv_heads, head_dim, dtype,
                          device="cpu", budget_bytes=int(arena_bytes), **options)
         self.batch = self.heap.batch()
+        self.tp = tp_group if tp_group is not None and tp_group.world_size > 1 else None
+        self.check_ranks = _env_flag("KVGC_VLLM_CHECK_RANKS")
         o = self.heap.options
         self.page_tokens = int(o["page_tokens"])
-        _log.info("kvgc: heap of %d layers, %d KV heads x %d, %s, arena %.1f MiB, "
-                  "policy %s, byte_budget %s, token_budget %s", len(order), n_kv_heads,
-                  head_dim, self.heap._kv_name(), arena_bytes / 2**20,
-                  o["policy"].name.lower(), o.get("byte_budget"), o.get("token_budget"))
+        _log.info("kvgc: heap of %d layers (from %d), %d KV heads x %d, %s, arena %.1f MiB, "
+                  "policy %s, byte_budget %s, token_budget %s%s", len(order), index[0],
+                  n_kv_heads, head_dim, self.heap._kv_name(), arena_bytes / 2**20,
+                  o["policy"].name.lower(), o.get("byte_budget"), o.get("token_budget"),
+                  f", tensor-parallel rank {self.tp.rank_in_group} of {self.tp.world_size}"
+                  if self.tp else "")
 
     def close(self):
         if self.heap is not None:
@@ -332,14 +358,21 @@ class PluginState:
         KVGC_VLLM_OBSERVE_TOKENS rows of the prompt) through kvgc, adding its mass."""
         fwd = self.forward
         if fwd.batch_rows is not None:
-            if fwd.all_rows:
+            rows = None if fwd.all_rows else fwd.batch_rows
+            if rows is None:
                 self.batch.append(index, k, v)
-                self.batch.attend(index, q, out, scale=scale)
             else:
-                rows = fwd.batch_rows
                 self.batch.append(index, k.index_select(0, rows), v.index_select(0, rows))
+            mass = None
+            if self.tp is not None:   # this rank's mass, summed over the ranks at the end
+                import torch
+                mass = fwd.batch_mass[index] = torch.empty(
+                    (self.batch.pages(index), self.page_tokens), dtype=torch.float32)
+            if rows is None:
+                self.batch.attend(index, q, out, scale=scale, mass=mass)
+            else:
                 out.index_copy_(0, rows, self.batch.attend(index, q.index_select(0, rows),
-                                                           scale=scale))
+                                                           scale=scale, mass=mass))
         for c in fwd.chunks:
             lo, hi = c.row, c.row + c.n
             self.heap.append(c.seq, index, k[lo:hi], v[lo:hi])
@@ -347,7 +380,11 @@ class PluginState:
             if m > 0:
                 out[lo:lo + m] = _sdpa(self.heap, c, index, q[lo:lo + m], k[lo:hi], v[lo:hi],
                                        scale)
-            if c.tail > 0:
+            if c.tail > 0 and self.tp is not None:
+                o, mass = _tail_with_mass(self.heap, c, index, q[lo + m:hi], scale)
+                out[lo + m:hi] = o
+                fwd.tail_mass.append((c.seq, index, mass))
+            elif c.tail > 0:
                 o = self.heap.attend(c.seq, index, q[lo + m:hi].contiguous(), scale=scale)
                 out[lo + m:hi] = o
 
@@ -357,6 +394,8 @@ class PluginState:
         fwd, self.forward = self.forward, None
         if fwd is None or fwd.dummy:
             return
+        if self.tp is not None:
+            self._observe_summed(fwd)
         if fwd.batch_rows is not None:
             self.batch.step()
         if self.prefix_caching:
@@ -369,6 +408,54 @@ class PluginState:
                 self._pool(r.seq)
             self.heap.step(r.seq)
         self.steps += 1
+        if self.check_ranks and self.tp is not None:
+            self._check_ranks()
+
+    def _observe_summed(self, fwd):
+        """Tensor parallelism: each rank attended its own KV heads, so its mass covers
+        only its query heads. The ranks' arrays, gathered and summed in rank order (the
+        same bits on every rank), are observed by every rank: their GCs then make the
+        same decisions, and their heaps hold the same tokens at the same classes (vLLM's
+        external launcher schedules every rank alike from its own heap)."""
+        import torch
+        parts = [fwd.batch_mass[i].reshape(-1) for i in sorted(fwd.batch_mass)]
+        parts += [m for _, _, m in fwd.tail_mass]
+        if not parts:
+            return
+        flat = torch.cat(parts)
+        gathered = [torch.empty_like(flat) for _ in range(self.tp.world_size)]
+        torch.distributed.all_gather(gathered, flat, group=self.tp.cpu_group)
+        total = gathered[0].clone()
+        for g in gathered[1:]:
+            total += g
+        at = 0
+        for i in sorted(fwd.batch_mass):
+            n = fwd.batch_mass[i].numel()
+            self.batch.observe(i, total[at:at + n].reshape(fwd.batch_mass[i].shape))
+            at += n
+        for seq, layer, m in fwd.tail_mass:
+            self.heap.observe(seq, layer, total[at:at + m.numel()])
+            at += m.numel()
+
+    def _check_ranks(self):
+        """KVGC_VLLM_CHECK_RANKS=1 (tests): every tensor-parallel rank holds the same live
+        positions, generations and scores, bit for bit, in every sequence and layer."""
+        import hashlib
+        import torch
+        h = hashlib.blake2b(digest_size=8)
+        for req_id in sorted(self.requests):
+            seq = self.requests[req_id].seq
+            for layer in range(self.heap.n_layers):
+                _, _, pos = self.heap.read(seq, layer)
+                scores, gen = self.heap.read_scores(seq, layer)
+                for a in (pos, scores, gen, self.heap.read_classes(seq, layer)):
+                    h.update(memoryview(_numpy(a)).cast("B"))
+        mine = torch.tensor([int.from_bytes(h.digest(), "little", signed=True)])
+        every = [torch.empty_like(mine) for _ in range(self.tp.world_size)]
+        torch.distributed.all_gather(every, mine, group=self.tp.cpu_group)
+        if any(int(e) != int(mine) for e in every):
+            raise RuntimeError(f"kvgc: tensor-parallel ranks hold different tokens after "
+                               f"forward {self.steps} (digests {[int(e) for e in every]})")
 
     def _keep(self, r, upto):
         """A prompt's first `upto` tokens are cached, before its first GC ranks them:
@@ -431,6 +518,25 @@ def _sdpa(heap, c, layer, q, k, v, scale):
         q.transpose(0, 1).unsqueeze(0), kk.transpose(0, 1).unsqueeze(0),
         vv.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
+
+
+def _tail_with_mass(heap, c, layer, q, scale):
+    """A prompt's scored tail under tensor parallelism: its rows' attention over the
+    sequence's cache (read back: nothing was pruned yet) through torch, with each token's
+    mass (summed over this rank's query heads and the tail's rows) in kvgc_read order,
+    as kvgc's fused attend would have added it; the caller sums it over the ranks."""
+    import torch
+    kk, vv, pos = heap.read(c.seq, layer, like=q)
+    t, heads = q.shape[0], q.shape[1]
+    group = heads // kk.shape[1]
+    kf = kk.float().repeat_interleave(group, dim=1).transpose(0, 1)   # [heads, L, d]
+    vf = vv.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    logits = torch.matmul(q.float().transpose(0, 1), kf.transpose(1, 2)) * scale
+    qpos = torch.arange(c.past + c.n - t, c.past + c.n, dtype=pos.dtype)
+    logits.masked_fill_((pos.unsqueeze(0) > qpos.unsqueeze(1)).unsqueeze(0), float("-inf"))
+    p = torch.softmax(logits, dim=-1)                                   # [heads, t, L]
+    out = torch.matmul(p, vf).transpose(0, 1).to(q.dtype)
+    return out, p.sum(dim=(0, 1)).contiguous()
 
 
 def _salt(request):

@@ -34,9 +34,12 @@ class KvgcModelRunner(CPUModelRunner):
         arena = sum(t.size for t in kv_cache_config.kv_cache_tensors)
         n_q_heads = self.model_config.get_num_attention_heads(self.parallel_config)
         state.runner = self
+        from vllm.distributed import get_tp_group
         state.create_heap(groups[0].layer_names, n_q_heads, spec.num_kv_heads,
                           spec.head_size, spec.dtype, arena,
-                          heap_keywords(self.vllm_config))
+                          heap_keywords(self.vllm_config),
+                          total_layers=self.model_config.get_total_num_hidden_layers(),
+                          tp_group=get_tp_group())
         block = self.cache_config.block_size
         if self.cache_config.enable_prefix_caching and block % state.page_tokens:
             raise ValueError(

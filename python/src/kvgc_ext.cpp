@@ -675,7 +675,7 @@ class Batch {
   }
 
   void attend(uint32_t layer, nb::handle q_obj, nb::handle out_obj, float scale, uint32_t flags,
-              uintptr_t stream) {
+              nb::handle mass_obj, uintptr_t stream) {
     const View q(q_obj, "q", false), out(out_obj, "out", true);
     kvgc_heap* h = heap();
     const kvgc_model_desc& m = heap_->model();
@@ -687,6 +687,16 @@ class Batch {
     kvgc_attend_params_init(&params);
     params.scale = scale;
     params.flags = flags;
+    std::optional<View> mass;
+    if (!mass_obj.is_none()) {  // [n_pages, page_tokens] of this layer's view
+      kvgc_batch_view view;
+      std::memset(&view, 0, sizeof view);
+      view.struct_size = sizeof view;
+      check_status(kvgc_batch_export(batch_, layer, &view), h, "kvgc_batch_attend");
+      mass.emplace(mass_obj, "mass", true);
+      params.mass_out = static_cast<float*>(
+          checked(*mass, "mass", kF32, {int64_t(view.n_pages), int64_t(view.page_tokens)}, heap_->where()));
+    }
     kvgc_status st = without_gil([&] { return kvgc_batch_attend(batch_, layer, qp, op, &params, reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_batch_attend");
   }
@@ -703,6 +713,16 @@ class Batch {
     kvgc_status st = without_gil([&] { return kvgc_batch_observe(batch_, layer, static_cast<const float*>(mp),
                               reinterpret_cast<void*>(stream)); });
     check_status(st, h, "kvgc_batch_observe");
+  }
+
+  // The pages of `layer`'s view (kvgc_batch_export's n_pages), without its arrays.
+  uint32_t pages(uint32_t layer) {
+    kvgc_heap* h = heap();
+    kvgc_batch_view view;
+    std::memset(&view, 0, sizeof view);
+    view.struct_size = sizeof view;
+    check_status(kvgc_batch_export(batch_, layer, &view), h, "kvgc_batch_export");
+    return view.n_pages;
   }
 
   int step(uintptr_t stream) {
@@ -1022,7 +1042,9 @@ NB_MODULE(_kvgc, m) {
       .def_prop_ro("closed", &Batch::closed, "True once closed (or its heap was).")
       .def("_plan", &Batch::plan, "seqs"_a, "n_new"_a, "scored_rows"_a, "seq_flags"_a, "stream"_a)
       .def("_append", &Batch::append, "layer"_a, "k"_a, "v"_a, "stream"_a)
-      .def("_attend", &Batch::attend, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a, "stream"_a)
+      .def("_attend", &Batch::attend, "layer"_a, "q"_a, "out"_a, "scale"_a, "flags"_a, "mass"_a.none(),
+           "stream"_a)
+      .def("_pages", &Batch::pages, "layer"_a)
       .def("_observe", &Batch::observe, "layer"_a, "mass"_a, "stream"_a)
       .def("_step", &Batch::step, "stream"_a)
       .def("_export", &Batch::export_view, "layer"_a);

@@ -358,6 +358,44 @@ def test_batch_equals_per_sequence_calls():
                 np.testing.assert_array_equal(u, w)
 
 
+def test_batch_attend_writes_mass_out_for_tensor_parallel_ranks():
+    """Batch.attend(mass=): the mass goes to the array (one row of page_tokens per page
+    of the layer), not to the scores; observe() of it gives the fused attend's scores,
+    bit for bit, one row a sequence. Shapes and scores=False are refused."""
+    fused, split = make_heap(policy="h2o"), make_heap(policy="h2o")
+    seqs = {}
+    for heap in (fused, split):
+        seqs[id(heap)] = [heap.new_sequence() for _ in range(2)]
+        for i, s in enumerate(seqs[id(heap)]):
+            fill(heap, s, 20 + 7 * i, seed=i)
+    k, v, q = rand(2, KVH, D, seed=1), rand(2, KVH, D, seed=2), rand(2, QH, D, seed=3)
+    batch_step(fused, seqs[id(fused)], [1, 1], k, v, q)
+    with split.batch() as batch:
+        batch.plan(seqs[id(split)], [1, 1])
+        for layer in range(split.n_layers):
+            batch.append(layer, k, v)
+            before = [split.read_scores(s, layer)[0].copy() for s in seqs[id(split)]]
+            mass = np.full((batch.pages(layer), split.options["page_tokens"]), np.nan,
+                           dtype=np.float32)
+            with pytest.raises(kvgc.InvalidArgument, match="mass"):
+                batch.attend(layer, q, mass=mass[:1])
+            with pytest.raises(kvgc.InvalidArgument, match="mass_out"):
+                batch.attend(layer, q, scores=False, mass=mass)
+            batch.attend(layer, q, mass=mass)
+            assert not np.isnan(mass).any()
+            np.testing.assert_allclose(mass.sum(), 2 * QH, rtol=1e-4)
+            for s, b in zip(seqs[id(split)], before):
+                np.testing.assert_array_equal(split.read_scores(s, layer)[0], b)
+            batch.observe(layer, mass)
+        batch.step()
+    for a, b in zip(seqs[id(fused)], seqs[id(split)]):
+        for layer in range(L):
+            for x, y in zip(fused.read_scores(a, layer), split.read_scores(b, layer)):
+                np.testing.assert_array_equal(x, y)
+    fused.close()
+    split.close()
+
+
 def test_batch_plan_names_the_sequence_that_does_not_fit():
     with make_heap(budget=128 << 10, slab_bytes=64 << 10, policy="full") as heap:
         small, big = heap.new_sequence(), heap.new_sequence()

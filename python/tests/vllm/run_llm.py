@@ -9,6 +9,8 @@ configuration runs in a process of its own. With engine_steps the requests are a
 LLMEngine and stepped one by one; after every step the kvgc heap (when the plugin is on)
 is checked: every sequence's bytes against its byte budget, and the heap's invariants.
 OUT: {"tokens": [[ids]...], "stats_after": {...} | null, "checks": {...}}
+Under torchrun (tensor parallelism through vLLM's external launcher) every rank runs this
+and writes OUT.<rank>.
 """
 import json
 import os
@@ -94,8 +96,11 @@ def main():
         stats.pop("device", None)
         stats.pop("classes", None)
         stats.pop("cls_header", None)
+    out = sys.argv[2]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        out += "." + os.environ["RANK"]
     json.dump({"tokens": tokens, "stats_after": stats, "checks": checks},
-              open(sys.argv[2], "w"), default=str)
+              open(out, "w"), default=str)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,18 @@ def chat_prompts(lengths, question="What is this text about? Answer in one sente
     return out
 
 
-def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None, **spec):
-    """Runs one configuration in a fresh process; returns run_llm.py's JSON."""
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None, ranks=1,
+        **spec):
+    """Runs one configuration in a fresh process (ranks > 1: that many under torchrun,
+    tensor parallel through vLLM's external launcher); returns run_llm.py's JSON (rank
+    0's, with every rank's under "ranks")."""
     full_env = {"KVGC_VLLM": "1" if kvgc else "0", "HF_HUB_OFFLINE": "1",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     full_env.update(env or {})
@@ -59,13 +69,19 @@ def run(prompts, *, kvgc, env=None, max_tokens=32, engine_steps=False, llm=None,
         env_all = dict(os.environ, **{k: v for k, v in full_env.items() if v is not None})
         for k in [k for k, v in full_env.items() if v is None]:   # None: unset it
             env_all.pop(k, None)
-        p = subprocess.run([sys.executable, os.path.join(HERE, "run_llm.py"), spec_path,
-                            out_path], env=env_all, capture_output=True, text=True,
-                           timeout=900)
+        launch = [sys.executable]
+        if ranks > 1:
+            launch += ["-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+                       f"--master-port={_free_port()}"]
+        p = subprocess.run(launch + [os.path.join(HERE, "run_llm.py"), spec_path, out_path],
+                           env=env_all, capture_output=True, text=True, timeout=900)
         if p.returncode != 0:
             return {"error": p.stderr[-4000:], "returncode": p.returncode,
                     "stderr": p.stderr}
-        return json.load(open(out_path))
+        if ranks == 1:
+            return json.load(open(out_path))
+        every = [json.load(open(f"{out_path}.{r}")) for r in range(ranks)]
+        return dict(every[0], ranks=every)
 
 
 def _ok(result):
@@ -193,11 +209,69 @@ def test_sampling_with_n_parallel_samples(prompts):
     assert c["prefix_hits"] == 4 and c["prefix_tokens"] >= 4 * 256, c
 
 
+# SmolLM2 has 9 query heads and 3 KV heads: tensor parallelism over 3 ranks, one KV head
+# each, the ranks' OpenMP threads bound to this machine's cores in turn.
+TP = {"tensor_parallel_size": 3, "distributed_executor_backend": "external_launcher"}
+TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+          "OMP_NUM_THREADS": "1"}
+
+
+def test_tensor_parallel_ranks_decide_alike_and_match_vllm(prompts):
+    """Three tensor-parallel ranks (torchrun, vLLM's external launcher), one KV head each:
+    policy=full gives vLLM's own tensor-parallel greedy tokens (float32); under
+    KVGC_BYTE_BUDGET=10% every rank's heap holds the same tokens, classes and scores
+    after every forward (KVGC_VLLM_CHECK_RANKS: the ranks sum their attention mass
+    before each GC), every rank gives the same tokens, and every heap ends empty."""
+    few = prompts[:3]
+    own = _ok(run(few, kvgc=False, llm=dict(F32, **TP), env=TP_ENV, ranks=3))
+    full = _ok(run(few, kvgc=True, llm=dict(F32, **TP), ranks=3,
+                   env=dict(TP_ENV, KVGC_POLICY="full")))
+    assert full["tokens"] == own["tokens"]
+    pruned = _ok(run(few, kvgc=True, llm=TP, ranks=3, max_tokens=48,
+                     env=dict(TP_ENV, KVGC_BYTE_BUDGET="10%", KVGC_VLLM_CHECK_RANKS="1")))
+    for rank in pruned["ranks"]:
+        assert rank["tokens"] == pruned["tokens"]
+        _empty(rank["stats_after"])
+        assert rank["stats_after"]["tokens_evicted"] > 0   # the GC pruned, alike on each
+    assert pruned["checks"]["counters"]["forwards"] >= 48
+
+
+def test_parallelism_the_plugin_cannot_serve_is_refused():
+    """Tensor parallelism through vLLM's multiprocess executor (each rank's scheduler
+    must read its own heap) and pipeline parallelism are refused at start-up, naming
+    what to run instead."""
+    r = run(chat_prompts([300]), kvgc=True, max_tokens=2,
+            llm={"tensor_parallel_size": 3}, env=TP_ENV)
+    assert "error" in r and "external_launcher" in r["error"], r.get("error", "")[-1500:]
+    r = run(chat_prompts([300]), kvgc=True, max_tokens=2,
+            llm={"pipeline_parallel_size": 2}, env=TP_ENV)
+    assert "error" in r and "pipeline_parallel_size=2" in r["error"], r.get("error", "")[-1500:]
+
+
+def test_a_ranks_heap_holds_its_layer_range():
+    """A pipeline rank's attention layers (vLLM's layer names) become its heap's
+    first_layer and total_layers; layers that are not one range are refused."""
+    from kvgc import _vllm_state
+    state = _vllm_state.PluginState()
+    names = [f"model.layers.{i}.self_attn.attn" for i in (17, 15, 16)]
+    state.create_heap(names, 9, 3, 64, "bfloat16", 64 << 20, {}, total_layers=30)
+    assert state.layer_of == {names[1]: 0, names[2]: 1, names[0]: 2}
+    assert (state.heap.options["first_layer"], state.heap.options["total_layers"]) == (15, 30)
+    whole = [f"model.layers.{i}.self_attn.attn" for i in (1, 0)]
+    state.create_heap(whole, 9, 3, 64, "bfloat16", 64 << 20, {}, total_layers=2)
+    assert state.heap.options["first_layer"] == 0 and state.heap.n_layers == 2
+    with pytest.raises(NotImplementedError, match="contiguous"):
+        state.create_heap(names[:2] + ["model.layers.19.self_attn.attn"], 9, 3, 64,
+                          "bfloat16", 64 << 20, {}, total_layers=30)
+    state.close()
+
+
 @pytest.mark.parametrize("env,needle", [
     ({"KVGC_BYTE_BUDGET": "lots"}, "KVGC_BYTE_BUDGET"),
     ({"KVGC_POLICY": "lru"}, "KVGC_POLICY"),
     ({"KVGC_BUDGET": "1G"}, "KVGC_BUDGET"),
     ({"KVGC_VLLM": "maybe"}, "KVGC_VLLM"),
+    ({"KVGC_VLLM_CHECK_RANKS": "yes"}, "KVGC_VLLM_CHECK_RANKS"),
 ])
 def test_bad_options_fail_at_start_up_naming_them(env, needle):
     r = run(chat_prompts([300]), kvgc=True, env=env, max_tokens=2)

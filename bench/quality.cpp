@@ -4,7 +4,8 @@
 //
 //   Retrieval (bench/quality_retrieval.cpp, prompts in bench/quality_tasks.cpp): passkey
 //   (5 digits; also with stream prefill), passkey-word, multikey (three keys, one asked),
-//   needle (Jargon File), needle2 (Debian Policy Manual). One observe prefill per prompt,
+//   needle (Jargon File), needle2 (Debian Policy Manual), kinds (three texts x three key
+//   formats, bench/quality_kinds.cpp). One observe prefill per prompt,
 //   replayed into every configuration's heap (bench/quality_replay.hpp).
 //   Perplexity (bench/quality_perplexity.cpp): streaming, cache bounded to 256 / 512
 //   tokens; and prefix perplexity (a compressed prefix, then its continuation scored), the
@@ -41,6 +42,7 @@ struct Args {
   std::string results, export_path;
   bool full = false, plots = true, observe_only = false, check_replay = false;
   unsigned jobs = 2;
+  size_t prompts = 0;
   std::vector<uint32_t> contexts;
   std::vector<double> depths, fractions;
   std::vector<uint32_t> offsets;
@@ -63,6 +65,7 @@ void usage(FILE* out) {
   std::fprintf(out,
       "usage: kvgc-bench-quality [--quick|--full] [--only PART]... [--configs NAME,...]\n"
       "         [--fractions F,F] [--contexts N,N] [--depths D,D] [--offsets N,N]\n"
+      "         [--prompts N]\n"
       "         [--observe-only]\n"
       "         [--check-replay] [--export FILE] [--results FILE] [--model PATH]\n"
       "         [--text FILE] [--text2 FILE] [--out DIR] [--jobs N] [--no-plots]\n"
@@ -78,7 +81,10 @@ void usage(FILE* out) {
       "                 for [tokens] rows, of its f16 full-cache bytes for [bytes] rows\n"
       "  --contexts N,N retrieval prompt / ppl-prefix prefix lengths (replace the mode's;\n"
       "                 the streaming perplexity part ignores it)\n"
-      "  --depths D,D   retrieval depths in 0..1 (replace the mode's)\n"
+      "  --depths D,D   retrieval depths in 0..1 (replace the mode's; kinds spreads its own\n"
+      "                 over 0.05..0.95)\n"
+      "  --prompts N    kinds: prompts per cell (text x key format) and length (default 3,\n"
+      "                 --full 20; quick ~1K tokens, full ~4K and ~8K)\n"
       "  --offsets N,N  ppl-prefix: where in the text each prefix starts, in tokens\n"
       "                 (default 0,6144)\n"
       "  --observe-only no stream-prefill rows (the passkey's; each costs a prefill)\n"
@@ -149,6 +155,9 @@ bool parse_args(int argc, char** argv, Args* args) {
     } else if (arg == "--depths" && (v = value())) {
       ok = parse_list(v, &args->depths);
       for (const double d : args->depths) ok = ok && d <= 1;
+    } else if (arg == "--prompts" && (v = value())) {
+      ok = std::atoi(v) > 0;
+      args->prompts = size_t(std::max(0, std::atoi(v)));
     } else if (arg == "--offsets" && (v = value())) {
       ok = parse_list(v, &args->offsets);
     } else if (arg == "--fractions" && (v = value())) {
@@ -266,6 +275,7 @@ int main(int argc, char** argv) {
   bench.depths = args.depths;
   bench.offsets = args.offsets;
   bench.fractions = args.fractions;
+  bench.prompts_per_cell = args.prompts;
   bench.config_names = args.configs;
   bench.text_path = args.text;
   bench.text2_path = args.text2;

@@ -98,6 +98,7 @@ struct Bench {
   std::vector<double> depths;      // --depths: replaces the retrieval parts' depths
   std::vector<uint32_t> offsets;   // --offsets: where ppl-prefix's prefixes start (tokens)
   std::vector<double> fractions;   // --fractions: replaces the budgets
+  size_t prompts_per_cell = 0;     // --prompts: the kinds task's prompts a cell (0: the mode's)
   std::vector<std::string> config_names;  // --configs (empty: all)
   std::string text_path;        // prose: needle haystack, perplexity, entropy profile
   std::string text2_path;       // the second haystack (needle2)
@@ -172,6 +173,7 @@ std::string lower(std::string s);
 struct Cell {
   int correct = 0;
   int total = 0;
+  int kept = 0;  // correct where the full cache was correct too (the full row: its correct)
   double kv_fraction_sum = 0;  // KV bytes held / f16 full cache, summed over the runs
   double accuracy() const { return total ? double(correct) / total : 0.0; }
   double kv_fraction() const { return total ? kv_fraction_sum / total : 0.0; }
@@ -187,12 +189,14 @@ struct RetrievalResult {
   // All prompts together; full (row 0) is the same run in every column and mode.
   CellTable cells;
   std::vector<CellTable> by_context;      // [context] -> the same, for that length only
+  std::vector<std::string> cell_names;    // tasks with cells (kinds): "TEXT/FORMAT"
+  std::vector<std::vector<CellTable>> by_cell;  // [cell][context] -> the same
   size_t replays_checked = 0, replay_mismatches = 0, answer_mismatches = 0;
   double seconds = 0;
 };
 
 // The retrieval tasks: passkey (digits, stream mode too), passkey-word, multikey, needle
-// (Jargon File), needle2 (the second haystack).
+// (Jargon File), needle2 (the second haystack), kinds (texts x key formats).
 std::vector<std::string> retrieval_task_names();
 bool run_retrieval(const Bench& bench, const std::string& task, RetrievalResult* out,
                    std::string* err);

@@ -38,6 +38,76 @@ std::string wilson_95(int correct, int total) {
   return fmt("%.0f-%.0f%%", 100 * std::max(0.0, mid - half), 100 * std::min(1.0, mid + half));
 }
 
+void add(Cell* a, const Cell& b) {
+  a->correct += b.correct;
+  a->total += b.total;
+  a->kept += b.kept;
+  a->kv_fraction_sum += b.kv_fraction_sum;
+}
+
+// One cell of the per-cell tables: "k/n lo-hi%", and for a bounded row "kept k/K": of the
+// full cache's K correct answers, the k this row gave too (the issue's "kept of full's").
+std::string cell_text(const Cell& c, const Cell* full) {
+  std::string s = std::to_string(c.correct) + "/" + std::to_string(c.total) + " " +
+                  wilson_95(c.correct, c.total);
+  if (full) s += " kept " + std::to_string(c.kept) + "/" + std::to_string(full->correct);
+  return s;
+}
+
+// Tasks with cells (kinds): per configuration, one row per cell and length, then the same
+// summed over texts (per format), over formats (per text) and over all cells.
+void report_cells(const RetrievalResult& r) {
+  const size_t m = 0;  // the observe prefill; cell tasks have no stream rows
+  struct Row {
+    std::string name;
+    std::vector<size_t> cells;
+  };
+  std::vector<Row> rows;
+  std::vector<std::string> texts, formats;
+  for (size_t i = 0; i < r.cell_names.size(); ++i) {
+    const std::string& n = r.cell_names[i];
+    rows.push_back({n, {i}});
+    const std::string text = n.substr(0, n.find('/')), format = n.substr(n.find('/') + 1);
+    if (std::find(texts.begin(), texts.end(), text) == texts.end()) texts.push_back(text);
+    if (std::find(formats.begin(), formats.end(), format) == formats.end()) formats.push_back(format);
+  }
+  auto group = [&](const std::string& name, auto&& pick) {
+    Row row{name, {}};
+    for (size_t i = 0; i < r.cell_names.size(); ++i)
+      if (pick(r.cell_names[i])) row.cells.push_back(i);
+    rows.push_back(row);
+  };
+  for (const std::string& f : formats)
+    group("all texts/" + f, [&](const std::string& n) { return n.substr(n.find('/') + 1) == f; });
+  for (const std::string& t : texts)
+    group(t + "/all formats", [&](const std::string& n) { return n.substr(0, n.find('/')) == t; });
+  group("all", [](const std::string&) { return true; });
+
+  for (size_t p = 1; p < r.policies.size(); ++p) {
+    std::printf("%s by cell, %s [%s]: correct/total, its 95%% (Wilson) interval, and kept: of "
+                "the full cache's correct answers, how many this configuration gave too\n",
+                r.task.c_str(), r.policies[p].c_str(), r.budget_kinds[p].c_str());
+    std::printf("%-36s  %-24s", "cell @ tokens", "full");
+    for (const double f : r.fractions) std::printf("  %-28s", fmt("%g%%", 100.0 * f).c_str());
+    std::printf("\n");
+    for (size_t c = 0; c < r.contexts.size(); ++c) {
+      for (const Row& row : rows) {
+        Cell full;
+        std::vector<Cell> bounded(r.fractions.size());
+        for (const size_t i : row.cells) {
+          add(&full, r.by_cell[i][c][m][0][0]);
+          for (size_t f = 0; f < r.fractions.size(); ++f) add(&bounded[f], r.by_cell[i][c][m][p][f]);
+        }
+        std::printf("%-36s  %-24s", (row.name + " @" + std::to_string(r.contexts[c])).c_str(),
+                    cell_text(full, nullptr).c_str());
+        for (const Cell& b : bounded) std::printf("  %-28s", cell_text(b, &full).c_str());
+        std::printf("\n");
+      }
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 bool report_retrieval(const Bench& bench, const RetrievalResult& r, std::string* err) {
@@ -81,6 +151,7 @@ bool report_retrieval(const Bench& bench, const RetrievalResult& r, std::string*
         std::printf("\n");
       }
     }
+    if (m == 0 && !r.cell_names.empty()) report_cells(r);
     if (m == 0 && r.replays_checked > 0) {
       std::printf("replay check: %zu replays against a fresh prefill each: %zu caches differ, "
                   "%zu answers differ\n", r.replays_checked, r.replay_mismatches,
@@ -164,6 +235,30 @@ std::string result_line(const std::vector<RetrievalResult>& retrieval, const Per
           raw += " " + key + "=" + std::to_string(c.correct) + "/" + std::to_string(c.total) +
                  " " + key + "_kv=" + fmt("%.3f", c.kv_fraction());
         }
+      }
+    }
+    // Cell tasks: the share of the full cache's correct answers each row kept (a ratio),
+    // then every cell's counts over all lengths.
+    if (!r.cell_names.empty()) {
+      const Cell& full = r.cells[0][0][0];
+      for (size_t p = 1; p < r.policies.size(); ++p)
+        for (size_t f = 0; f < r.fractions.size(); ++f)
+          ratios += " " + task + "_" + key_name(r.policies[p]) + "_" + pct(r.fractions[f]) +
+                    "_kept=" + fmt("%.2f", full.correct ? double(r.cells[0][p][f].kept) / full.correct : 0.0);
+      for (size_t i = 0; i < r.cell_names.size(); ++i) {
+        std::vector<std::vector<Cell>> sum(r.policies.size(), std::vector<Cell>(r.fractions.size()));
+        for (const CellTable& t : r.by_cell[i])
+          for (size_t p = 0; p < r.policies.size(); ++p)
+            for (size_t f = 0; f < r.fractions.size(); ++f) add(&sum[p][f], t[0][p][f]);
+        const std::string cell = task + "_" + key_name(r.cell_names[i]);
+        raw += " " + cell + "_full=" + std::to_string(sum[0][0].correct) + "/" + std::to_string(sum[0][0].total);
+        for (size_t p = 1; p < r.policies.size(); ++p)
+          for (size_t f = 0; f < r.fractions.size(); ++f) {
+            const std::string key = cell + "_" + key_name(r.policies[p]) + "_" + pct(r.fractions[f]);
+            raw += " " + key + "=" + std::to_string(sum[p][f].correct) + "/" +
+                   std::to_string(sum[p][f].total) + " " + key + "_kept=" +
+                   std::to_string(sum[p][f].kept) + "/" + std::to_string(sum[0][0].correct);
+          }
       }
     }
     raw += " " + task + "_seconds=" + fmt("%.0f", r.seconds);

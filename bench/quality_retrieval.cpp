@@ -26,10 +26,10 @@ struct Outcome {
 };
 
 // Greedy answer from the prefill's last logits: stops at an end-of-turn token, at
-// answer_tokens, or as soon as the answer contains `expect` (a correct answer stays
+// answer_tokens, or as soon as the answer holds the prompt's key (a correct answer stays
 // correct with more tokens: containment).
 bool decode(const Bench& bench, engine::Engine* engine, const std::vector<float>& first,
-            uint32_t answer_tokens, const std::string& expect, std::string* text,
+            uint32_t answer_tokens, const Prompt& prompt, std::string* text,
             std::string* err) {
   const uint32_t n_vocab = bench.model->config.n_vocab;
   const std::vector<int32_t> stops = stop_tokens(*bench.tokenizer);
@@ -41,7 +41,7 @@ bool decode(const Bench& bench, engine::Engine* engine, const std::vector<float>
     if (std::find(stops.begin(), stops.end(), token) != stops.end()) break;
     generated.push_back(token);
     *text = bench.tokenizer->decode(generated);
-    if (lower(*text).find(expect) != std::string::npos) break;
+    if (answer_has_key(*text, prompt)) break;
     if (i + 1 < answer_tokens && !engine->forward(&token, 1, logits.data(), err)) return false;
   }
   return true;
@@ -150,9 +150,9 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
           !engine.prefill(prompt.tokens.data(), uint32_t(n), logits.data(), e,
                           PrefillMode::Stream) ||
           !kv_held(engine, layers, n, &held, e) ||
-          !decode(bench, &engine, logits, task.answer_tokens, prompt.expect, &o.text, e))
+          !decode(bench, &engine, logits, task.answer_tokens, prompt, &o.text, e))
         return false;
-      o.ok = lower(o.text).find(prompt.expect) != std::string::npos;
+      o.ok = answer_has_key(o.text, prompt);
       o.kv_fraction = held.fraction();
       record(task, prompt, "stream", config, fraction, o);
       progress("  %s stream %-24s %3.0f%% %s: %s kv %5.1f%% (%.1f s) \"%s\"", name.c_str(),
@@ -196,7 +196,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
               !compare_replay(bench, *engine, offset, fresh,
                               config.demote != KVGC_DEMOTE_OFF || config.library_defaults,
                               &same, &what, e) ||
-              !decode(bench, &fresh, logits, task.answer_tokens, prompt.expect, &fresh_text, e))
+              !decode(bench, &fresh, logits, task.answer_tokens, prompt, &fresh_text, e))
             return false;
           ++checked;
           if (!same) {
@@ -204,7 +204,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
             progress("  REPLAY MISMATCH %s %s %.0f%%: %s", prompt.id.c_str(),
                      config.name.c_str(), 100 * fraction, what.c_str());
           }
-          if (!decode(bench, engine.get(), snap.logits, task.answer_tokens, prompt.expect,
+          if (!decode(bench, engine.get(), snap.logits, task.answer_tokens, prompt,
                       &o.text, e))
             return false;
           if (o.text != fresh_text) {
@@ -213,11 +213,11 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
                      prompt.id.c_str(), config.name.c_str(), 100 * fraction,
                      one_line(o.text).c_str(), one_line(fresh_text).c_str());
           }
-        } else if (!decode(bench, engine.get(), snap.logits, task.answer_tokens, prompt.expect,
+        } else if (!decode(bench, engine.get(), snap.logits, task.answer_tokens, prompt,
                            &o.text, e)) {
           return false;
         }
-        o.ok = lower(o.text).find(prompt.expect) != std::string::npos;
+        o.ok = answer_has_key(o.text, prompt);
         o.kv_fraction = h.fraction();
         record(task, prompt, "observe", config, fraction, o);
         progress("  %s observe %-24s %3.0f%% %s: %s kv %5.1f%% (%.2f s) \"%s\"", name.c_str(),
@@ -228,9 +228,9 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
     }
     // The full row, from the prefill engine itself.
     Outcome& o = outcomes[job.prompt][0][0][0];
-    if (!decode(bench, &full, snap.logits, task.answer_tokens, prompt.expect, &o.text, e))
+    if (!decode(bench, &full, snap.logits, task.answer_tokens, prompt, &o.text, e))
       return false;
-    o.ok = lower(o.text).find(prompt.expect) != std::string::npos;
+    o.ok = answer_has_key(o.text, prompt);
     o.kv_fraction = held.fraction();
     record(task, prompt, "observe", full_config(), 1.0, o);
     progress("  %s full %s: %s kv %5.1f%% (prefill %.1f s, all %.1f s) \"%s\"", name.c_str(),
@@ -243,15 +243,22 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
   const CellTable empty(modes.size(), std::vector<std::vector<Cell>>(C + 1, std::vector<Cell>(F)));
   out->cells = empty;
   out->by_context.assign(task.contexts.size(), empty);
+  out->cell_names = task.cells;
+  out->by_cell.assign(task.cells.size(), std::vector<CellTable>(task.contexts.size(), empty));
   for (size_t p = 0; p < P; ++p) {
+    const Prompt& prompt = task.prompts[p];
+    const bool full_ok = outcomes[p][0][0][0].ok;
+    std::vector<CellTable*> tables = {&out->cells, &out->by_context[prompt.context]};
+    if (!task.cells.empty()) tables.push_back(&out->by_cell[prompt.cell][prompt.context]);
     for (size_t m = 0; m < modes.size(); ++m) {
       for (size_t c = 0; c <= C; ++c) {
         for (size_t f = 0; f < F; ++f) {
           // The full cache never evicts: its one run is every column's and mode's baseline.
           const Outcome& o = c == 0 ? outcomes[p][0][0][0] : outcomes[p][m][c][f];
-          for (CellTable* t : {&out->cells, &out->by_context[task.prompts[p].context]}) {
+          for (CellTable* t : tables) {
             Cell& cell = (*t)[m][c][f];
             cell.correct += o.ok;
+            cell.kept += o.ok && full_ok;
             cell.total += 1;
             cell.kv_fraction_sum += o.kv_fraction;
           }

@@ -5,6 +5,7 @@
 #include "quality_tasks.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,24 +22,13 @@ struct Grid {
 const std::vector<double> kNineDepths = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9};
 
 // Quick: ~1K at 3 depths; full: the grid, 1K/2K/4K x 9 depths; or --contexts /
-// --depths. Lengths capped so prompt + answer stays inside the trained context.
+// --depths.
 std::vector<Grid> grid(const Bench& bench, uint32_t answer_tokens, const std::string& task) {
-  std::vector<uint32_t> contexts = bench.full ? std::vector<uint32_t>{1024, 2048, 4096}
-                                              : std::vector<uint32_t>{1024};
   std::vector<double> depths = bench.full ? kNineDepths : std::vector<double>{0.1, 0.5, 0.9};
-  if (!bench.contexts.empty()) contexts = bench.contexts;
   if (!bench.depths.empty()) depths = bench.depths;
-  const uint64_t cap = bench.n_ctx > answer_tokens + 16 ? bench.n_ctx - answer_tokens - 16 : 0;
   std::vector<Grid> g;
-  for (const uint32_t c : contexts) {
-    const uint32_t capped = uint32_t(std::min<uint64_t>(c, cap));
-    if (capped != c) {
-      std::printf("(%s: %u-token context capped at %u: the model's trained context is %llu "
-                  "tokens%s)\n", task.c_str(), c, capped, (unsigned long long)bench.n_ctx,
-                  bench.n_ctx_from_gguf ? ", from the GGUF metadata" : ", assumed");
-    }
-    g.push_back({capped, depths});
-  }
+  for (const uint32_t c : retrieval_contexts(bench, answer_tokens, task, {1024}, {1024, 2048, 4096}))
+    g.push_back({c, depths});
   return g;
 }
 
@@ -103,6 +93,8 @@ constexpr Needle kPolicyNeedle = {"the Debian Policy Manual",
                                   "What is the lighthouse keeper's favourite colour?",
                                   "vermilion"};
 
+}  // namespace
+
 std::vector<std::string> paragraphs(const std::string& text) {
   std::vector<std::string> out;
   size_t at = 0;
@@ -117,23 +109,26 @@ std::vector<std::string> paragraphs(const std::string& text) {
   return out;
 }
 
-// A chat prompt of about `target` tokens: the first paragraphs of the prose with the
-// needle sentence as a paragraph of its own at the boundary nearest `depth`, then the
-// question. The assistant's turn starts empty: the answer's words (not only its first
-// token, which the prefill computes before any eviction) come from the evicted cache.
-std::vector<int32_t> needle_prompt(const engine::Tokenizer& tokenizer,
-                                   const std::vector<std::string>& paras, const Needle& n,
-                                   uint32_t target, double depth) {
-  const std::string task = std::string("Below is an excerpt from ") + n.text_name +
+// The assistant's turn starts empty: the answer's words (not only its first token, which
+// the prefill computes before any eviction) come from the evicted cache.
+std::vector<int32_t> prose_prompt(const engine::Tokenizer& tokenizer,
+                                  const std::vector<std::string>& paras, size_t first,
+                                  const std::string& text_name, const std::string& sentence,
+                                  const std::string& question_text, uint32_t target,
+                                  double depth) {
+  const std::string task = "Below is an excerpt from " + text_name +
                            ". Read it carefully, then answer the question that follows it.\n\n";
-  const std::string question = std::string("\n\nQuestion: ") + n.question;
+  const std::string question = "\n\nQuestion: " + question_text;
   auto wrap = [&](const std::string& prose) {
     return engine::apply_chat_template({{"user", task + prose + question}}, true);
   };
-  const size_t fixed = tokenizer.encode(wrap(std::string(n.needle) + "\n\n")).size();
+  const size_t fixed = tokenizer.encode(wrap(sentence + "\n\n")).size();
   std::vector<size_t> lengths;
   size_t total = 0;
-  for (const std::string& p : paras) {
+  // Paragraph k of the excerpt is paras[(first + k) % size]: each paragraph at most once.
+  auto para = [&](size_t k) -> const std::string& { return paras[(first + k) % paras.size()]; };
+  for (size_t k = 0; k < paras.size(); ++k) {
+    const std::string& p = para(k);
     // +1: inside the prose the blank line before the next paragraph is two tokens ("\n",
     // "\n"), not the one it is when the paragraph is encoded alone.
     const size_t len = tokenizer.encode(p + "\n\n", false).size() + 1;
@@ -152,14 +147,12 @@ std::vector<int32_t> needle_prompt(const engine::Tokenizer& tokenizer,
   }
   std::string prose;
   for (size_t i = 0; i <= lengths.size(); ++i) {
-    if (i == at) prose += std::string(n.needle) + "\n\n";
-    if (i < lengths.size()) prose += paras[i] + "\n\n";
+    if (i == at) prose += sentence + "\n\n";
+    if (i < lengths.size()) prose += para(i) + "\n\n";
   }
   while (!prose.empty() && prose.back() == '\n') prose.pop_back();
   return tokenizer.encode(wrap(prose));
 }
-
-}  // namespace
 
 std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t target,
                                     double depth, std::string* expect) {
@@ -172,7 +165,38 @@ std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t
 }
 
 std::vector<std::string> retrieval_task_names() {
-  return {"passkey", "passkey-word", "multikey", "needle", "needle2"};
+  return {"passkey", "passkey-word", "multikey", "needle", "needle2", "kinds"};
+}
+
+std::vector<uint32_t> retrieval_contexts(const Bench& bench, uint32_t answer_tokens,
+                                         const std::string& task,
+                                         const std::vector<uint32_t>& quick,
+                                         const std::vector<uint32_t>& full) {
+  std::vector<uint32_t> contexts = bench.full ? full : quick;
+  if (!bench.contexts.empty()) contexts = bench.contexts;
+  const uint64_t cap = bench.n_ctx > answer_tokens + 16 ? bench.n_ctx - answer_tokens - 16 : 0;
+  for (uint32_t& c : contexts) {
+    const uint32_t capped = uint32_t(std::min<uint64_t>(c, cap));
+    if (capped != c) {
+      std::printf("(%s: %u-token context capped at %u: the model's trained context is %llu "
+                  "tokens%s)\n", task.c_str(), c, capped, (unsigned long long)bench.n_ctx,
+                  bench.n_ctx_from_gguf ? ", from the GGUF metadata" : ", assumed");
+    }
+    c = capped;
+  }
+  return contexts;
+}
+
+bool answer_has_key(const std::string& answer, const Prompt& prompt) {
+  const std::string a = lower(answer);
+  if (!prompt.word_key) return a.find(prompt.expect) != std::string::npos;
+  std::string joined;
+  for (const char c : a) {
+    const bool sep = c == '-' || std::isspace(static_cast<unsigned char>(c));
+    if (!sep) joined += c;
+    else if (joined.empty() || joined.back() != '-') joined += '-';
+  }
+  return joined.find(prompt.expect) != std::string::npos;
 }
 
 std::vector<int32_t> stop_tokens(const engine::Tokenizer& tokenizer) {
@@ -185,6 +209,7 @@ std::vector<int32_t> stop_tokens(const engine::Tokenizer& tokenizer) {
 
 bool build_retrieval_task(const Bench& bench, const std::string& name, RetrievalTask* out,
                           std::string* err) {
+  if (name == "kinds") return build_kinds_task(bench, out, err);
   const engine::Tokenizer& tok = *bench.tokenizer;
   out->name = name;
   out->prompts.clear();
@@ -246,7 +271,8 @@ bool build_retrieval_task(const Bench& bench, const std::string& name, Retrieval
                                      " pass key is");
         p.expect = kColourKeys[asked].key;
       } else {
-        p.tokens = needle_prompt(tok, paras, *n, g[c].context, d);
+        p.tokens = prose_prompt(tok, paras, 0, n->text_name, n->needle, n->question,
+                                g[c].context, d);
         p.expect = n->answer;
       }
       out->prompts.push_back(std::move(p));
@@ -342,7 +368,10 @@ bool export_tasks(const Bench& bench, const std::vector<std::string>& tasks, boo
                     json_string(name).c_str(), json_string(p.id).c_str(),
                     task.contexts[p.context], p.depth, json_string(p.expect).c_str(),
                     task.answer_tokens, engine::Engine::kObserveTokens);
-      std::fprintf(f, "%s\"stop\":%s,\"tokens\":%s}\n", head, stops.c_str(),
+      // "match":"words": the anchors accept the key's words separated by hyphens or
+      // blanks, as answer_has_key does.
+      std::fprintf(f, "%s%s\"stop\":%s,\"tokens\":%s}\n", head,
+                   p.word_key ? "\"match\":\"words\"," : "", stops.c_str(),
                    ids_json(p.tokens).c_str());
       ++n;
     }

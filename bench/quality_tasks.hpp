@@ -25,7 +25,15 @@ struct Prompt {
   size_t context = 0;           // index into RetrievalTask::contexts
   double depth = 0;
   std::string expect;           // lowercase; the greedy answer must contain it
+  // expect is hyphenated words ("amber-falcon-river"): the answer may separate them by
+  // hyphens or spaces.
+  bool word_key = false;
+  size_t cell = 0;              // index into RetrievalTask::cells (tasks that have cells)
 };
+
+// Whether a greedy answer holds the prompt's key: case-insensitive containment, and for
+// word keys any run of hyphens and blanks in the answer reads as one hyphen.
+bool answer_has_key(const std::string& answer, const Prompt& prompt);
 
 struct RetrievalTask {
   std::string name;
@@ -34,9 +42,33 @@ struct RetrievalTask {
   bool stream_rows = false;     // also measured with stream prefill (unless --observe-only)
   std::vector<uint32_t> contexts;
   std::vector<Prompt> prompts;
+  // Tasks reported per cell as well ("kinds": "TEXT/FORMAT"); empty for the others.
+  std::vector<std::string> cells;
 };
 bool build_retrieval_task(const Bench& bench, const std::string& name, RetrievalTask* out,
                           std::string* err);
+
+// The "kinds" task (bench/quality_kinds.cpp): prompt kinds nobody tuned for, texts x key
+// formats, each prompt its own key, excerpt and depth.
+bool build_kinds_task(const Bench& bench, RetrievalTask* out, std::string* err);
+
+// The prompt lengths of a retrieval task: --contexts, else the mode's (quick or full),
+// each capped so that prompt + answer stays inside the model's trained context.
+std::vector<uint32_t> retrieval_contexts(const Bench& bench, uint32_t answer_tokens,
+                                         const std::string& task,
+                                         const std::vector<uint32_t>& quick,
+                                         const std::vector<uint32_t>& full);
+
+// A text's paragraphs (split at blank lines).
+std::vector<std::string> paragraphs(const std::string& text);
+
+// A chat prompt of about `target` tokens: an excerpt of `paras` from paragraph `first` on
+// (wrapping to the text's start at most once), `sentence` as a paragraph of its own at the
+// boundary nearest `depth`, then `question`; the assistant's turn starts empty.
+std::vector<int32_t> prose_prompt(const engine::Tokenizer& tokenizer,
+                                  const std::vector<std::string>& paras, size_t first,
+                                  const std::string& text_name, const std::string& sentence,
+                                  const std::string& question, uint32_t target, double depth);
 
 // Prefix perplexity: `prefix` tokens of prose, compressed, then tokens [score_from, end)
 // each predicted from the position before it (score_from = prefix + 1: the continuation's

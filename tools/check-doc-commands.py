@@ -659,7 +659,7 @@ def shrink_quality(ctx, args):
         return None  # the perplexity part has no length flag (1K scored tokens a config)
     config = value.get("--configs", "default@bytes").split(",")[0]
     out = [f"--only {parts[0]}", f"--configs {config}", "--fractions 0.1", "--contexts 64",
-           "--depths 0.5", "--offsets 0"] + sorted(keep)
+           "--depths 0.5", "--offsets 0", "--prompts 1"] + sorted(keep)
     out += [f"{f} {value[f]}" for f in ("--text", "--text2", "--model") if f in value]
     out += ["--jobs 1", f"--out {ctx.tmp}/quality", "--no-plots"]
     return " " + " ".join(out)

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -62,8 +63,14 @@ class Results:
         self.f.flush()
 
 
-def contains(text, expect):
-    return expect in text.lower()
+def contains(text, expect, match=None):
+    """Whether an answer holds the key, as kvgc-bench-quality scores it: case-insensitive
+    containment; match "words" (hyphenated word keys): any run of hyphens and blanks in the
+    answer reads as one hyphen."""
+    text = text.lower()
+    if match == "words":
+        text = re.sub(r"[-\s]+", "-", text)
+    return expect in text
 
 
 def nll_of(logits_rows, targets):

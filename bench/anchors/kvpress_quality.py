@@ -149,7 +149,7 @@ def answer(model, logits, cache, n, t):
                 break
             generated.append(token)
             text = DECODE(generated)
-            if ac.contains(text, t["expect"]):
+            if ac.contains(text, t["expect"], t.get("match")):
                 break
             out = model(input_ids=torch.tensor([[token]]), past_key_values=cache,
                         position_ids=torch.tensor([[pos]]), use_cache=True)
@@ -223,7 +223,7 @@ def main():
                     logits, cache = prefill(model, press, ids, q)
                     frac = held_share(name, k, q, cache, len(ids))
                     text = answer(model, logits, cache, len(ids), t)
-                    ok = ac.contains(text, t["expect"])
+                    ok = ac.contains(text, t["expect"], t.get("match"))
                     out.write(task=t["task"], id=t["id"], context=t["context"],
                               depth=t["depth"], mode="observe", config=name,
                               **budget_fields(k, q, frac), correct=ok, kv_fraction=frac, answer=text)

@@ -59,10 +59,10 @@ def main():
                         break
                     generated.append(token)
                     text = llm.detokenize(generated).decode("utf-8", "replace")
-                    if ac.contains(text, t["expect"]):
+                    if ac.contains(text, t["expect"], t.get("match")):
                         break
                     llm.eval([token])
-                ok = ac.contains(text, t["expect"])
+                ok = ac.contains(text, t["expect"], t.get("match"))
                 out.write(task=t["task"], id=t["id"], context=t["context"], depth=t["depth"],
                           mode="observe", config=cache, budget="dtype", fraction=kv,
                           correct=ok, kv_fraction=kv, answer=text)

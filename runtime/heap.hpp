@@ -490,6 +490,9 @@ class ManagedHeap : public host::HostAllocated {
     bool judged = false;
     bool cached_only() const { return refs == prefix_refs; }  // evicting prefixes frees it
     uint32_t holders() const { return refs - prefix_refs; }
+    // One header names it and no cached prefix holds it: its holder may take it back
+    // (unshare_sole_holders, shared.cpp).
+    bool sole_holder() const { return refs == 1 && prefix_refs == 0; }
   };
   host::unordered_map<PageId, SharedPage> shared_;  // shared page -> its holders
   struct Backing {

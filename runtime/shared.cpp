@@ -129,7 +129,7 @@ void ManagedHeap::unref_shared(PageId p) {
   auto it = shared_.find(p);
   KVGC_ASSERT(it != shared_.end() && it->second.refs > 0);
   if (--it->second.refs) {
-    if (it->second.refs == 1 && it->second.prefix_refs == 0) ++sole_ready_;  // one holder left
+    if (it->second.sole_holder()) ++sole_ready_;  // one holder left
     return;
   }
   if (auto t = tenants_.find(it->second.tenant); t != tenants_.end())
@@ -149,7 +149,7 @@ Status ManagedHeap::unshare_sole_holders(void* stream) {
   host::vector<Found> found;  // may throw: nothing changed yet
   for (const auto& [h, b] : backing_) {
     const SharedPage& sp = shared_.find(b.page)->second;
-    if (sp.refs == 1 && sp.prefix_refs == 0 && !b.charged) found.push_back({h, b.page});
+    if (sp.sole_holder() && !b.charged) found.push_back({h, b.page});
   }
   const uint64_t hb = pool_.page_bytes(kHeaderClass);
   for (const Found& f : found) {

@@ -51,7 +51,7 @@ void ManagedHeap::note_classes(PageId header, int page_cls, uint8_t classes) {
   b.charged = (classes & ~(1u << page_cls)) != 0;
   if (was && !b.charged) {  // the charged slots went: a last holder may take it back now
     const SharedPage& sp = shared_.find(b.page)->second;
-    if (sp.refs == 1 && sp.prefix_refs == 0) ++sole_ready_;
+    if (sp.sole_holder()) ++sole_ready_;
   }
   if (shrink_class_ < 0) return;
   for (int c = 0; c < KVGC_CLASS_COUNT; ++c)

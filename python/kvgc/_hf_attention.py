@@ -62,15 +62,22 @@ def _real_rows(mask, b, q_len):
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
+def _sdpa_gqa(group, k, v):
+    """K and V [1, Hkv, n, d] for SDPA with `group` query heads a KV head, and its keyword:
+    enable_gqa where torch has it (as transformers' SDPA path: no repeated K/V copy), else
+    K and V repeated per query head."""
+    if group > 1 and _SDPA_GQA:
+        return k, v, {"enable_gqa": True}
+    if group > 1:
+        return k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), {}
+    return k, v, {}
+
+
 def _causal_sdpa(q, k, v, scale):
     """Causal attention of rows q [n, H, d] over k, v [n, Hkv, d] (GQA), as [n, H, d]."""
     group = q.shape[1] // k.shape[1]
-    q, k, v = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    gqa = {}
-    if group > 1 and _SDPA_GQA:  # as transformers' SDPA path: no repeated K/V copy
-        gqa = {"enable_gqa": True}
-    elif group > 1:
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    q = q.transpose(0, 1)[None]
+    k, v, gqa = _sdpa_gqa(group, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                            scale=scale or None, **gqa)
     return out[0].transpose(0, 1)
@@ -84,10 +91,8 @@ def _chunk_sdpa(q, k, v, old_k, old_v, scale, block=1024):
     block's triangle (is_causal cannot say "after m cached rows")."""
     n, m = q.shape[0], old_k.shape[0]
     group = q.shape[1] // k.shape[1]
-    keys = torch.cat([old_k, k]).transpose(0, 1)[None]
-    values = torch.cat([old_v, v]).transpose(0, 1)[None]
-    if group > 1:
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    keys, values, gqa = _sdpa_gqa(group, torch.cat([old_k, k]).transpose(0, 1)[None],
+                                  torch.cat([old_v, v]).transpose(0, 1)[None])
     qs = q.transpose(0, 1)[None]
     out = torch.empty_like(q)
     kpos = torch.arange(m + n, device=q.device)
@@ -96,7 +101,7 @@ def _chunk_sdpa(q, k, v, old_k, old_v, scale, block=1024):
         mask = kpos[None, :m + hi] <= kpos[m + lo:m + hi, None]
         o = torch.nn.functional.scaled_dot_product_attention(
             qs[:, :, lo:hi], keys[:, :, :m + hi], values[:, :, :m + hi], attn_mask=mask,
-            scale=scale or None)
+            scale=scale or None, **gqa)
         out[lo:hi] = o[0].transpose(0, 1)
     return out
 

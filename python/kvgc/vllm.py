@@ -25,7 +25,13 @@ What it does:
     cache holds less). vLLM's cache_salt is kvgc's salt. Each holder prunes its own view
     (KVGC_PREFIX_CHARGE=shrink, kvgc's default).
 
-Refused at start-up with the reason (never served wrongly): tensor, pipeline or data
+  - tensor parallelism, offline under torchrun with
+    distributed_executor_backend="external_launcher": each rank's heap holds its KV
+    heads, and the ranks sum their attention mass before every GC, so every rank keeps
+    the same tokens (KVGC_VLLM_CHECK_RANKS=1 checks it after each forward).
+
+Refused at start-up with the reason (never served wrongly): tensor parallelism through
+vLLM's multiprocess executor (`vllm serve --tensor-parallel-size`), pipeline or data
 parallelism, speculative decoding, KV connectors, LoRA, fp8 KV, sliding windows, ALiBi,
 soft-capping, MLA.
 

@@ -671,6 +671,145 @@ TEST_CASE("engine: key_prior adds each prefilled key's diversity, scaled to the 
   }
 }
 
+TEST_CASE("engine: the reconstruction signal is each token's peak mass over the repeat's queries") {
+  TinyModel tiny;
+  const engine::Config& c = tiny.model.config;
+  const std::vector<int32_t> ids = tiny.tokenizer.encode(
+      "<|im_start|>user\nthe pass key is 71432, remember 71432 and the rest is filler text "
+      "that goes on and on until the question ends the context here");
+  const std::vector<int32_t> repeat = tiny.tokenizer.encode("\n\nrepeat the text", false);
+  const uint32_t n = uint32_t(ids.size());
+  const kvgc_heap_options opts = full_policy_options();
+  std::string err;
+  for (const kvgc_dtype kv : {KVGC_DTYPE_F32, KVGC_DTYPE_F16}) {
+    CAPTURE(int(kv));
+    auto options = [&](float weight, uint32_t chunk) {
+      engine::EngineOptions eo;
+      eo.threads = 1;
+      eo.pool_radius = 0;
+      eo.kv_dtype = kv;
+      eo.reconstruct = weight;
+      eo.reconstruct_prompt = repeat;
+      eo.reconstruct_chunk = chunk;
+      eo.reconstruct_across_layers = false;  // each layer's own (the across case below)
+      return eo;
+    };
+    auto prefill = [&](const engine::EngineOptions& eo) {
+      auto e = std::make_unique<engine::Engine>();
+      REQUIRE_MESSAGE(e->init(tiny.model, &opts, &err, eo), err);
+      std::vector<float> logits(c.n_vocab);
+      REQUIRE_MESSAGE(e->prefill(ids.data(), n, logits.data(), &err,
+                                 engine::Engine::PrefillMode::Observe), err);
+      return e;
+    };
+    // The reference: the repeat run on the prompt's own sequence one query at a time,
+    // each token's largest gain in score less its mean gain.
+    const auto ref = prefill(options(0, n));
+    const auto base = observed_scores(*ref, c.n_layers);
+    std::vector<std::vector<double>> peak(c.n_layers, std::vector<double>(n, 0.0));
+    std::vector<std::vector<float>> last = base;
+    std::vector<int32_t> rows = repeat;
+    rows.insert(rows.end(), ids.begin(), ids.end());
+    engine::Engine::Pass no_step;
+    no_step.step = false;
+    for (const int32_t token : rows) {
+      REQUIRE_MESSAGE(ref->forward(&token, 1, nullptr, &err, no_step), err);
+      const auto now = observed_scores(*ref, c.n_layers);
+      for (uint32_t l = 0; l < c.n_layers; ++l)
+        for (uint32_t p = 0; p < n; ++p) {
+          peak[l][p] = std::max(peak[l][p], double(now[l][p]) - last[l][p]);
+          last[l][p] = now[l][p];
+        }
+    }
+    auto plain = prefill(options(0, n));
+    engine::Engine::LayerMass mass;
+    REQUIRE_MESSAGE(plain->reconstruction_mass(plain->sequence(), 0, ids.data(), n, &mass, &err), err);
+    REQUIRE(mass.size() == c.n_layers);
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      REQUIRE(mass[l].size() == n);
+      for (uint32_t p = 0; p < n; ++p) {
+        CAPTURE(l);
+        CAPTURE(p);
+        const double mean = (double(last[l][p]) - base[l][p]) / double(rows.size());
+        CHECK(mass[l][p] == doctest::Approx(std::max(0.0, peak[l][p] - mean)).epsilon(1e-3).scale(1e-4));
+      }
+    }
+    // The forks are gone and the prompt's own cache is as it was.
+    kvgc_stats stats;
+    kvgc_stats_init(&stats);
+    REQUIRE(kvgc_get_stats(plain->heap(), &stats) == KVGC_OK);
+    CHECK(stats.sequences == 1);
+    CHECK(stats.live_tokens == uint64_t(n) * c.n_layers);
+    CHECK(observed_scores(*plain, c.n_layers) == base);
+    CHECK(kvgc_heap_check(plain->heap()) == KVGC_OK);
+
+    // Chunked (several forks): each token's mass is its own chunk's, every fork gone.
+    engine::Engine::LayerMass chunked;
+    auto small = prefill(options(0, 7));
+    REQUIRE_MESSAGE(small->reconstruction_mass(small->sequence(), 0, ids.data(), n, &chunked, &err), err);
+    REQUIRE(kvgc_get_stats(small->heap(), &stats) == KVGC_OK);
+    CHECK(stats.sequences == 1);
+    double chunked_total = 0;
+    for (const auto& layer : chunked)
+      for (const float m : layer) chunked_total += m;
+    CHECK(chunked_total > 0);
+
+    // The prefill with a weight: the scores gain the mass, sinks none, scaled to W times
+    // what the observed queries paid; then the same pages as without it.
+    const float weight = 2.0f;
+    const auto with = prefill(options(weight, n));
+    const auto got = observed_scores(*with, c.n_layers);
+    const double paid = double(std::min(n, engine::Engine::kObserveTokens)) * c.n_heads;
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      double total = 0, added = 0;
+      for (uint32_t p = opts.sinks; p < n; ++p) total += mass[l][p];
+      for (uint32_t p = 0; p < n; ++p) {
+        CAPTURE(l);
+        CAPTURE(p);
+        const double want = p < opts.sinks ? 0.0 : weight * paid * mass[l][p] / total;
+        CHECK(got[l][p] - base[l][p] == doctest::Approx(want).epsilon(1e-3).scale(1e-3));
+        added += got[l][p] - base[l][p];
+      }
+      CHECK(added == doctest::Approx(weight * paid).epsilon(1e-3));
+    }
+    // Across layers: every layer gains the mean of the layers' shares, scaled alike.
+    engine::EngineOptions across = options(weight, n);
+    across.reconstruct_across_layers = true;
+    const auto shared = observed_scores(*prefill(across), c.n_layers);
+    std::vector<double> share(n, 0.0);
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      double total = 0;
+      for (uint32_t p = opts.sinks; p < n; ++p) total += mass[l][p];
+      for (uint32_t p = opts.sinks; p < n; ++p) share[p] += mass[l][p] / total;
+    }
+    const double shares = double(c.n_layers);  // each layer's shares sum to 1
+    for (uint32_t l = 0; l < c.n_layers; ++l)
+      for (uint32_t p = 0; p < n; ++p) {
+        CAPTURE(l);
+        CAPTURE(p);
+        CHECK(shared[l][p] - base[l][p] ==
+              doctest::Approx(weight * paid * share[p] / shares).epsilon(1e-3).scale(1e-3));
+      }
+  }
+  engine::EngineOptions bad;
+  for (const float weight : {-1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    bad.reconstruct = weight;
+    engine::Engine e;
+    CHECK_FALSE(e.init(tiny.model, &opts, &err, bad));
+    CHECK(err.find("reconstruct ") != std::string::npos);
+  }
+  bad.reconstruct = 1;
+  bad.reconstruct_chunk = 0;
+  engine::Engine e1;
+  CHECK_FALSE(e1.init(tiny.model, &opts, &err, bad));
+  CHECK(err.find("reconstruct_chunk") != std::string::npos);
+  bad.reconstruct_chunk = 8;
+  bad.reconstruct_rows = 0;
+  engine::Engine e2;
+  CHECK_FALSE(e2.init(tiny.model, &opts, &err, bad));
+  CHECK(err.find("reconstruct_rows") != std::string::npos);
+}
+
 // Loads a variant of the tiny model; the loader's error (empty if it loaded).
 std::string load_error(const Variant& v) {
   TempGguf gguf(TinyModelFile().build(TinyVocab(), v), "variant");
@@ -787,23 +926,27 @@ int run_shell(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-TEST_CASE("engine: kvgc-run and kvgc-serve refuse a --key-prior that is not a weight >= 0") {
-  std::vector<std::string> tools = {std::string(KVGC_RUN_EXE)};
+TEST_CASE("engine: kvgc-run and kvgc-serve refuse a --key-prior or --reconstruct that is not a weight >= 0") {
+  // kvgc-serve has no --reconstruct (its prefills are batched: ARCHITECTURE.md).
+  std::vector<std::pair<std::string, std::string>> uses = {
+      {std::string(KVGC_RUN_EXE), "--key-prior"}, {std::string(KVGC_RUN_EXE), "--reconstruct"}};
 #ifdef KVGC_SERVE_EXE
-  if (std::filesystem::exists(KVGC_SERVE_EXE)) tools.push_back(std::string(KVGC_SERVE_EXE) + " x");
+  if (std::filesystem::exists(KVGC_SERVE_EXE))
+    uses.push_back({std::string(KVGC_SERVE_EXE) + " x", "--key-prior"});
 #endif
-  for (const std::string& tool : tools) {
+  for (const auto& [tool, flag] : uses) {
     for (const char* bad : {"-1", "abc", "inf", "nan", "1x", "''"}) {
       CAPTURE(tool);
+      CAPTURE(flag);
       CAPTURE(bad);
       std::string output;
-      CHECK(run_shell(tool + " --key-prior " + bad + " --model /nonexistent.gguf", &output) == 2);
-      CHECK(output.find("--key-prior must be a finite weight >= 0") != std::string::npos);
+      CHECK(run_shell(tool + " " + flag + " " + bad + " --model /nonexistent.gguf", &output) == 2);
+      CHECK(output.find(flag + " must be a finite weight >= 0") != std::string::npos);
     }
     // A good weight passes the parser: the tool goes on to the (missing) model.
     std::string output;
-    CHECK(run_shell(tool + " --key-prior 0.5 --model /nonexistent.gguf", &output) != 0);
-    CHECK(output.find("--key-prior") == std::string::npos);
+    CHECK(run_shell(tool + " " + flag + " 0.5 --model /nonexistent.gguf", &output) != 0);
+    CHECK(output.find(flag) == std::string::npos);
   }
 }
 

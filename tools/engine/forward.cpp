@@ -76,6 +76,19 @@ bool Engine::init(const Model& model, const kvgc_heap_options* options, std::str
                     " is not a finite number >= 0";
     return false;
   }
+  if (!(engine_options.reconstruct >= 0 && std::isfinite(engine_options.reconstruct))) {
+    if (err) *err = "EngineOptions.reconstruct " + std::to_string(engine_options.reconstruct) +
+                    " is not a finite number >= 0";
+    return false;
+  }
+  if (engine_options.reconstruct_rows == 0) {
+    if (err) *err = "EngineOptions.reconstruct_rows is 0 (an observation needs a query)";
+    return false;
+  }
+  if (engine_options.reconstruct_chunk == 0) {
+    if (err) *err = "EngineOptions.reconstruct_chunk is 0 (it needs at least one token a fork)";
+    return false;
+  }
   model_ = &model;
   options_ = engine_options;
   const Config& c = model.config;
@@ -324,8 +337,14 @@ bool Engine::prefill(const int32_t* tokens, uint32_t n_tokens, float* logits, st
     done += n;
     if (progress) progress(done);
   }
-  return mode != PrefillMode::Observe ||
-         (end_observe_scores(seq_, from, err) && step(err));
+  if (mode != PrefillMode::Observe) return true;
+  if (options_.reconstruct > 0) {
+    LayerMass mass;
+    if (!reconstruction_mass(seq_, from, tokens, n_tokens, &mass, err) ||
+        !add_reconstruction(seq_, from, mass, err))
+      return false;
+  }
+  return end_observe_scores(seq_, from, err) && step(err);
 }
 
 bool Engine::end_observe_scores(kvgc_seq seq, uint64_t from, std::string* err) {
@@ -392,16 +411,20 @@ bool Engine::add_key_prior(kvgc_seq seq, uint64_t from, std::string* err) {
       pool_delta_[i] = float(diversity);
       total += diversity;
     }
-    if (!(total > 0)) continue;
-    // What the observed queries paid: each query head's probabilities sum to 1.
-    const double mass = double(std::min<uint64_t>(fresh, kObserveTokens)) * c.n_heads;
-    const float scale = float(double(options_.key_prior) * mass / total);
-    for (float& x : pool_delta_) x *= scale;
-    if (kvgc_failed(kvgc_observe(heap_, seq, layer, pool_delta_.data(), n, nullptr),
-                    "kvgc_observe", err))
+    if (total > 0 && !observe_prior(seq, layer, n, fresh, total, options_.key_prior, err))
       return false;
   }
   return true;
+}
+
+bool Engine::observe_prior(kvgc_seq seq, uint32_t layer, uint64_t n, uint64_t fresh,
+                           double total, float weight, std::string* err) {
+  // What the observed queries paid: each query head's probabilities sum to 1.
+  const double mass = double(std::min<uint64_t>(fresh, kObserveTokens)) * model_->config.n_heads;
+  const float scale = float(double(weight) * mass / total);
+  for (float& x : pool_delta_) x *= scale;
+  return !kvgc_failed(kvgc_observe(heap_, seq, layer, pool_delta_.data(), n, nullptr),
+                      "kvgc_observe", err);
 }
 
 // SnapKV's clustering: a token's score becomes the largest within pool_radius positions,

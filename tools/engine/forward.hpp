@@ -47,7 +47,28 @@ struct EngineOptions {
   // prior totals key_prior times the mass the observed queries paid. For prompts whose
   // question comes after the compressed part: their last queries ask nothing.
   float key_prior = 0.0f;
+  // The reconstruction signal (0: off), for a prompt a later question will ask about
+  // (issue 45; KVzip's signal, through kvgc's own attention): after an observe prefill's
+  // chunks the engine forks the sequence, has the model read the prompt again,
+  // reconstruct_chunk tokens a fork, each after reconstruct_prompt ("repeat the text
+  // above"), with scores on, and gives every prompt token past the sinks the attention
+  // mass the repeat paid it, scaled so that a layer's total is `reconstruct` times the
+  // mass the observed queries paid (as key_prior). A token the model must look up to
+  // repeat the text (a random key) gets more than one it can predict. Costs about a
+  // second prefill of the prompt; the fork's pages go back before the prefill's GC.
+  float reconstruct = 0.0f;
+  std::vector<int32_t> reconstruct_prompt;  // token ids before each repeated chunk
+  uint32_t reconstruct_chunk = 512;         // prompt tokens a fork repeats, >= 1
+  uint32_t reconstruct_rows = 1;            // queries a mass observation sums, >= 1
+  // Every layer ranks by the mean of the layers' shares of the signal, so a token the
+  // repeat needed in some layers is kept in all (false: each layer by its own share). A
+  // layer's budget is its own, and a key the layers that copy it need is often far down
+  // the others' ranks (kvgc-bench-quality's kinds-after: QUALITY.md).
+  bool reconstruct_across_layers = true;
 };
+
+// The text kvgc-run, kvgc-serve and kvgc-bench-quality put before each repeated chunk.
+inline constexpr const char* kReconstructPrompt = "\n\nRepeat the text above exactly.\n\n";
 
 // The thread count of engines whose options say 0: 1 unless set. (A process running
 // several engines side by side gives each one thread; kvgc-run passes --threads.)
@@ -127,6 +148,16 @@ class Engine {
   // `from` (the prefill's own), then each layer's scores max-pooled over pool_radius
   // positions either side.
   bool end_observe_scores(kvgc_seq seq, uint64_t from, std::string* err);
+  // The reconstruction mass of the prompt tokens[0, n) at kvgc positions [from, from + n)
+  // of `seq` (which holds them, unevicted, at its end): out[layer][position - from], what
+  // the forks' repeat paid each token (EngineOptions::reconstruct). `seq` itself is left
+  // as it was; the forks are destroyed, on failure too.
+  using LayerMass = std::vector<std::vector<float>>;
+  bool reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tokens, uint32_t n,
+                           LayerMass* out, std::string* err);
+  // Observes `mass` (reconstruction_mass's) into seq's scores, scaled as
+  // EngineOptions::reconstruct says; sinks get none. Before end_observe_scores.
+  bool add_reconstruction(kvgc_seq seq, uint64_t from, const LayerMass& mass, std::string* err);
   // Adds the wall time of a kvgc call the caller made to kvgc_seconds().
   void add_kvgc_seconds(double seconds) { kvgc_seconds_ += seconds; }
 
@@ -178,6 +209,11 @@ class Engine {
   std::vector<float> prior_kf_;     // the same in f32
 
   bool add_key_prior(kvgc_seq seq, uint64_t from, std::string* err);
+  // Observes pool_delta_ (n rows of `layer`, summing to `total` > 0) scaled so that it
+  // totals `weight` times what the observed queries of `fresh` prompt tokens paid: the
+  // key prior's and the reconstruction's common scale.
+  bool observe_prior(kvgc_seq seq, uint32_t layer, uint64_t n, uint64_t fresh, double total,
+                     float weight, std::string* err);
   bool pool_scores(kvgc_seq seq, std::string* err);
 };
 

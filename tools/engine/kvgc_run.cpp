@@ -47,8 +47,8 @@ void usage(FILE* out) {
                "                [--max-tokens N] [--temperature T] [--seed S]\n"
                "                [--prefill observe|stream] [--profile FILE] [--threads N]\n"
                "                [--kv-dtype f16|f32] [--matmul q8|exact] [--ignore-eos]\n"
-               "                [--pool-radius N] [--key-prior W] [--print-prompt-ids]\n"
-               "                [--perplexity N]\n"
+               "                [--pool-radius N] [--key-prior W] [--reconstruct W]\n"
+               "                [--print-prompt-ids] [--perplexity N]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
                "  --prompt TEXT    the prompt (default: \"What is the capital of France?\")\n"
@@ -69,6 +69,11 @@ void usage(FILE* out) {
                "                   (1 - cosine to its head's mean key), W times the observed\n"
                "                   mass in all: for prompts whose question comes later\n"
                "                   (default 0: off)\n"
+               "  --reconstruct W  after the prompt, the model reads it again on forks of its\n"
+               "                   cache, and each token gains its largest attention from that\n"
+               "                   repeat, W times the observed mass in all: what a later\n"
+               "                   question is likely to need (default 0: off; about doubles\n"
+               "                   the prefill's time)\n"
                "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "  --threads N      matmul threads, this one included (default: the CPUs this\n"
@@ -102,6 +107,13 @@ bool parse_uint(const char* text, uint64_t lo, uint64_t hi, uint64_t* out) {
   if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
   *out = v;
   return true;
+}
+
+// A weight: a finite number >= 0.
+bool parse_weight(const char* text, float* out) {
+  char* end = nullptr;
+  *out = std::strtof(text, &end);
+  return *end == '\0' && end != text && std::isfinite(*out) && *out >= 0;
 }
 
 bool parse_args(int argc, char** argv, Args* args) {
@@ -147,11 +159,9 @@ bool parse_args(int argc, char** argv, Args* args) {
       static_assert(engine::kMaxPoolRadius == 4096, "the message above names the bound");
       args->engine.pool_radius = uint32_t(n);
     } else if (arg == "--key-prior" && (v = value())) {
-      char* end = nullptr;
-      args->engine.key_prior = std::strtof(v, &end);
-      if (*end != '\0' || end == v || !std::isfinite(args->engine.key_prior) ||
-          args->engine.key_prior < 0)
-        return bad("a finite weight >= 0");
+      if (!parse_weight(v, &args->engine.key_prior)) return bad("a finite weight >= 0");
+    } else if (arg == "--reconstruct" && (v = value())) {
+      if (!parse_weight(v, &args->engine.reconstruct)) return bad("a finite weight >= 0");
     } else if (arg == "--threads" && (v = value())) {
       if (!parse_uint(v, 1, 1024, &n)) return bad("a thread count in 1..1024");
       args->engine.threads = uint32_t(n);
@@ -324,6 +334,7 @@ static int run(int argc, char** argv) {
     std::printf("\n");
     return 0;
   }
+  args.engine.reconstruct_prompt = tokenizer.encode(engine::kReconstructPrompt, false);
   engine::Engine engine;
   if (!engine.init(model, nullptr, &err, args.engine)) {
     std::fprintf(stderr, "kvgc-run: %s\n", err.c_str());

@@ -5,7 +5,8 @@
 //   Retrieval (bench/quality_retrieval.cpp, prompts in bench/quality_tasks.cpp): passkey
 //   (5 digits; also with stream prefill), passkey-word, multikey (three keys, one asked),
 //   needle (Jargon File), needle2 (Debian Policy Manual), kinds (three texts x three key
-//   formats, bench/quality_kinds.cpp). One observe prefill per prompt,
+//   formats, bench/quality_kinds.cpp), kinds-after (the same prompts, the question read
+//   after the context is compressed). One observe prefill per prompt (of the context),
 //   replayed into every configuration's heap (bench/quality_replay.hpp).
 //   Perplexity (bench/quality_perplexity.cpp): streaming, cache bounded to 256 / 512
 //   tokens; and prefix perplexity (a compressed prefix, then its continuation scored), the
@@ -83,8 +84,8 @@ void usage(FILE* out) {
       "                 the streaming perplexity part ignores it)\n"
       "  --depths D,D   retrieval depths in 0..1 (replace the mode's; kinds spreads its own\n"
       "                 over 0.05..0.95)\n"
-      "  --prompts N    kinds: prompts per cell (text x key format) and length (default 3,\n"
-      "                 --full 20; quick ~1K tokens, full ~4K and ~8K)\n"
+      "  --prompts N    kinds, kinds-after: prompts per cell (text x key format) and\n"
+      "                 length (default 3, --full 20; quick ~1K tokens, full ~4K and ~8K)\n"
       "  --offsets N,N  ppl-prefix: where in the text each prefix starts, in tokens\n"
       "                 (default 0,6144)\n"
       "  --observe-only no stream-prefill rows (the passkey's; each costs a prefill)\n"

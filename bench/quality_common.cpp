@@ -18,10 +18,19 @@ namespace quality {
 // snapshot every row replays, and each row pools the scores at its own radius (replay()).
 Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL, .pool_radius = 0}; }
 
-engine::EngineOptions engine_options(const Config& config) {
+bool reconstructs(const std::vector<Config>& configs) {
+  return std::any_of(configs.begin(), configs.end(),
+                     [](const Config& c) { return c.reconstruct > 0; });
+}
+
+engine::EngineOptions engine_options(const Bench& bench, const Config& config) {
   engine::EngineOptions o;
   if (config.pool_radius >= 0) o.pool_radius = uint32_t(config.pool_radius);
   o.key_prior = config.key_prior;
+  o.reconstruct = config.reconstruct;
+  o.reconstruct_across_layers = config.reconstruct_across_layers;
+  // Every engine's, so that the full row's snapshot takes the mass the rows observe.
+  o.reconstruct_prompt = bench.tokenizer->encode(engine::kReconstructPrompt, false);
   return o;
 }
 
@@ -45,6 +54,15 @@ static void add_shared_rows(std::vector<Config>* rows) {
     pool.push_back({.name = std::string("default+keyprior") + weight + "@bytes",
                     .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
                     .library_defaults = true, .key_prior = std::stof(weight)});
+  // The reconstruction signal (EngineOptions::reconstruct) at three weights, every layer
+  // ranking by the layers' mean share (the engine's default), and at 8 by its own share.
+  for (const char* weight : {"2", "8", "32"})
+    pool.push_back({.name = std::string("default+recon") + weight + "@bytes",
+                    .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+                    .library_defaults = true, .reconstruct = std::stof(weight)});
+  pool.push_back({.name = "default+recon8-per-layer@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+                  .budget = Budget::Bytes, .library_defaults = true, .reconstruct = 8,
+                  .reconstruct_across_layers = false});
   rows->insert(at, pool.begin(), pool.end());
 #else
   (void)rows;

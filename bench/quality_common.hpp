@@ -64,6 +64,9 @@ struct Config {
   int pool_radius = -1;
   // EngineOptions::key_prior of this row's engines (a query-agnostic prior; 0: off).
   float key_prior = 0.0f;
+  // EngineOptions::reconstruct of this row's engines (the reconstruction signal; 0: off).
+  float reconstruct = 0.0f;
+  bool reconstruct_across_layers = true;  // EngineOptions::reconstruct_across_layers
   // A sweep row (`env@bytes`): the library's defaults, then the KVGC_* variables of the
   // bench's own environment, as an operator's would apply; the budget stays the bench's.
   // Selected by name only, and named after the variables it ran under.
@@ -72,7 +75,12 @@ struct Config {
 
 Config full_config();
 // The engine options of a configuration's engines (its pooling radius).
-engine::EngineOptions engine_options(const Config& config);
+struct Bench;
+// Whether any of the rows has the reconstruction signal (its snapshot then takes the mass).
+bool reconstructs(const std::vector<Config>& configs);
+// The engine options a row's engines get (the reconstruction's prompt in the bench's
+// tokenizer).
+engine::EngineOptions engine_options(const Bench& bench, const Config& config);
 // Every bounded configuration, in table order; retrieval and perplexity parts measure
 // those whose `parts` include them (see quality_common.cpp).
 std::vector<Config> retrieval_configs();

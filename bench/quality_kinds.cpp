@@ -102,9 +102,10 @@ std::string fill(const char* format, const std::string& key) {
 
 }  // namespace
 
-bool build_kinds_task(const Bench& bench, RetrievalTask* out, std::string* err) {
+bool build_kinds_task(const Bench& bench, bool question_after, RetrievalTask* out,
+                      std::string* err) {
   const engine::Tokenizer& tok = *bench.tokenizer;
-  out->name = "kinds";
+  out->name = question_after ? "kinds-after" : "kinds";
   out->prompts.clear();
   out->cells.clear();
   // Room for a sentence around the key ("The secret code word is ...").
@@ -117,7 +118,9 @@ bool build_kinds_task(const Bench& bench, RetrievalTask* out, std::string* err) 
                      std::to_string(std::size(kFormats)) + " key formats (5 digits, three "
                      "hyphenated words, an id like KX-4471-QB), " + std::to_string(per_cell) +
                      " prompts a cell and length, each its own key, excerpt and depth "
-                     "(0.05..0.95), asked for in a chat prompt";
+                     "(0.05..0.95), asked for in a chat prompt" +
+                     (question_after ? std::string(" after the context is compressed")
+                                     : std::string(" compressed with the context"));
   for (const Text& text : kTexts) {
     std::string body;
     if (!read_text(std::string(KVGC_QUALITY_DATA_DIR) + "/" + text.file + ".txt", &body, err))
@@ -137,6 +140,7 @@ bool build_kinds_task(const Bench& bench, RetrievalTask* out, std::string* err) 
         Rng order("kinds/" + cell + "/" + std::to_string(context));
         for (size_t i = per_cell; i > 1; --i) std::swap(depths[i - 1], depths[order.below(i)]);
         for (size_t i = 0; i < per_cell; ++i) {
+          // Seeded by the kinds id: both placements ask the same prompts.
           char id[160];
           std::snprintf(id, sizeof id, "kinds/%s/%u/%02zu", cell.c_str(), context, i);
           Rng rng(id);
@@ -147,14 +151,15 @@ bool build_kinds_task(const Bench& bench, RetrievalTask* out, std::string* err) 
               (i * paras.size() + f * paras.size() / std::size(kFormats)) / per_cell %
               paras.size();
           Prompt p;
-          p.id = id;
+          p.id = out->name + (id + 5);
           p.context = c;
           p.cell = out->cells.size() - 1;
           p.depth = depths[i];
           p.expect = lower(key);
           p.word_key = kf.format == Format::Words;
           p.tokens = prose_prompt(tok, paras, first, text.name, fill(kf.sentence, key),
-                                  kf.question, context, p.depth);
+                                  kf.question, context, p.depth,
+                                  question_after ? &p.question_at : nullptr);
           // The key must survive tokenization whole: the prompt, decoded, holds it.
           if (!answer_has_key(tok.decode(p.tokens), p)) {
             *err = std::string("kinds: prompt ") + id + " lost its key " + key;

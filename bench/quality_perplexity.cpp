@@ -286,8 +286,8 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
     Snapshot snap;
     KvHeld held;
     const auto t0 = Clock::now();
-    if (!full.init(*bench.model, &full_options, e, engine_options(full_config())) ||
-        !take_snapshot(bench, &full, prefix, &snap, e) ||
+    if (!full.init(*bench.model, &full_options, e, engine_options(bench, full_config())) ||
+        !take_snapshot(bench, &full, prefix, reconstructs(configs), &snap, e) ||
         !kv_held(full, bench.kv.n_layers, p.prefix, &held, e))
       return false;
     auto write = [&](const Config& c, double fraction, const Run& r) {
@@ -311,7 +311,7 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
         uint64_t offset = 0;
         KvHeld h;
         Run& r = runs[i][c + 1][f];
-        if (!engine.init(*bench.model, &options, e, engine_options(configs[c])) ||
+        if (!engine.init(*bench.model, &options, e, engine_options(bench, configs[c])) ||
             !prefill_or_replay(bench, configs[c], snap, prefix, &engine, &offset, e) ||
             !kv_held(engine, bench.kv.n_layers, p.prefix, &h, e) ||
             !continuation_nll(bench, &engine, p, &r.nll, &r.scored, e))

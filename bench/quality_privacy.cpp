@@ -63,8 +63,8 @@ bool run_privacy(const Bench& bench, PrivacyResult* out, std::string* err) {
     engine::Engine full;
     Snapshot snap;
     const kvgc_heap_options full_options = make_options(bench, full_config(), 1.0, n, max_tokens);
-    if (!full.init(*bench.model, &full_options, e, engine_options(full_config())) ||
-        !take_snapshot(bench, &full, prompt.tokens, &snap, e))
+    if (!full.init(*bench.model, &full_options, e, engine_options(bench, full_config())) ||
+        !take_snapshot(bench, &full, prompt.tokens, false, &snap, e))
       return false;
     std::vector<std::vector<int32_t>> heavy(layers);  // noise 0's kept set per layer
     for (size_t k = 0; k < N; ++k) {
@@ -73,7 +73,7 @@ bool run_privacy(const Bench& bench, PrivacyResult* out, std::string* err) {
       const kvgc_heap_options options = make_options(bench, c, out->fraction, n, max_tokens);
       engine::Engine engine;
       uint64_t offset = 0;
-      if (!engine.init(*bench.model, &options, e, engine_options(c)) ||
+      if (!engine.init(*bench.model, &options, e, engine_options(bench, c)) ||
           !prefill_or_replay(bench, c, snap, prompt.tokens, &engine, &offset, e))
         return false;
       double adv_sum = 0;

@@ -34,12 +34,16 @@ struct Snapshot {
   std::vector<float> logits;         // its last position's logits, before any eviction
   std::vector<std::vector<uint8_t>> k, v;  // per layer, [tokens][n_kv_heads][head_dim]
   std::vector<std::vector<float>> scores;  // per layer, unpooled observe-prefill scores
+  // Per layer, each token's reconstruction mass (Engine::reconstruction_mass), taken once
+  // for every row whose engine has EngineOptions::reconstruct; empty when none has.
+  engine::Engine::LayerMass reconstruction;
 };
 
-// Prefills `prompt` in observe mode in a full-cache heap and keeps its cache. `full` is
-// left at the prompt's end (its decode gives the full row).
+// Prefills `prompt` in observe mode in a full-cache heap and keeps its cache, with its
+// reconstruction mass when `reconstruction`. `full` is left at the prompt's end (its
+// decode gives the full row).
 bool take_snapshot(const Bench& bench, engine::Engine* full, const std::vector<int32_t>& prompt,
-                   Snapshot* out, std::string* err);
+                   bool reconstruction, Snapshot* out, std::string* err);
 
 // Fills `engine` (fresh: init()ed with the configuration's options, no token run) with the
 // snapshot and runs the observe prefill's final kvgc_step. *position_offset receives what

@@ -146,7 +146,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
       std::vector<float> logits(bench.model->config.n_vocab);
       KvHeld held;
       Outcome& o = outcomes[job.prompt][1][job.config + 1][job.fraction];
-      if (!engine.init(*bench.model, &options, e, engine_options(config)) ||
+      if (!engine.init(*bench.model, &options, e, engine_options(bench, config)) ||
           !engine.prefill(prompt.tokens.data(), uint32_t(n), logits.data(), e,
                           PrefillMode::Stream) ||
           !kv_held(engine, layers, n, &held, e) ||
@@ -160,29 +160,51 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
                100 * o.kv_fraction, seconds_since(t0), one_line(o.text).c_str());
       return true;
     }
-    // The shared observe prefill.
-    const kvgc_heap_options full_options = make_options(bench, full_config(), 1.0, n, max_tokens);
+    // The shared observe prefill: of the whole prompt, or of its context when the question
+    // comes after it (the budget is then the context's share, as a press's ratio is).
+    const std::vector<int32_t> context(prompt.tokens.begin(),
+                                       prompt.tokens.begin() + (prompt.question_at
+                                                                    ? prompt.question_at
+                                                                    : n));
+    const std::vector<int32_t> question(prompt.tokens.begin() + context.size(),
+                                        prompt.tokens.end());
+    const uint64_t compressed = context.size();
+    const kvgc_heap_options full_options =
+        make_options(bench, full_config(), 1.0, compressed, max_tokens);
     engine::Engine full;
     Snapshot snap;
     KvHeld held;
-    if (!full.init(*bench.model, &full_options, e, engine_options(full_config())) ||
-        !take_snapshot(bench, &full, prompt.tokens, &snap, e) ||
-        !kv_held(full, layers, n, &held, e))
+    if (!full.init(*bench.model, &full_options, e, engine_options(bench, full_config())) ||
+        !take_snapshot(bench, &full, context, reconstructs(configs), &snap, e) ||
+        !kv_held(full, layers, compressed, &held, e))
       return false;
+    // The answer's first logits: the prompt's own, or the question's, read after the
+    // context was compressed (no GC until the answer's first step).
+    std::vector<float> asked;
+    auto ask = [&](engine::Engine* eng, std::string* e2) -> const std::vector<float>* {
+      if (question.empty()) return &snap.logits;
+      asked.resize(bench.model->config.n_vocab);
+      engine::Engine::Pass pass;
+      pass.step = false;
+      if (!eng->forward(question.data(), uint32_t(question.size()), asked.data(), e2, pass))
+        return nullptr;
+      return &asked;
+    };
     const double prefill_s = seconds_since(t0);
     for (size_t c = 0; c < C; ++c) {
       const Config& config = configs[c];
       for (size_t f = 0; f < F; ++f) {
         const auto t1 = Clock::now();
         const double fraction = fractions[f];
-        const kvgc_heap_options options = make_options(bench, config, fraction, n, max_tokens);
+        const kvgc_heap_options options =
+            make_options(bench, config, fraction, compressed, max_tokens);
         auto engine = std::make_unique<engine::Engine>();
         uint64_t offset = 0;
         KvHeld h;
         Outcome& o = outcomes[job.prompt][0][c + 1][f];
-        if (!engine->init(*bench.model, &options, e, engine_options(config)) ||
-            !prefill_or_replay(bench, config, snap, prompt.tokens, engine.get(), &offset, e) ||
-            !kv_held(*engine, layers, n, &h, e))
+        if (!engine->init(*bench.model, &options, e, engine_options(bench, config)) ||
+            !prefill_or_replay(bench, config, snap, context, engine.get(), &offset, e) ||
+            !kv_held(*engine, layers, compressed, &h, e))
           return false;
         if (bench.check_replay) {
           // The same configuration prefilled afresh: same cache, same answer.
@@ -190,13 +212,16 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
           std::vector<float> logits(bench.model->config.n_vocab);
           bool same = false;
           std::string what, fresh_text;
-          if (!fresh.init(*bench.model, &options, e, engine_options(config)) ||
-              !fresh.prefill(prompt.tokens.data(), uint32_t(n), logits.data(), e,
+          if (!fresh.init(*bench.model, &options, e, engine_options(bench, config)) ||
+              !fresh.prefill(context.data(), uint32_t(compressed), logits.data(), e,
                              PrefillMode::Observe) ||
               !compare_replay(bench, *engine, offset, fresh,
                               config.demote != KVGC_DEMOTE_OFF || config.library_defaults,
-                              &same, &what, e) ||
-              !decode(bench, &fresh, logits, task.answer_tokens, prompt, &fresh_text, e))
+                              &same, &what, e))
+            return false;
+          const std::vector<float>* fresh_first = question.empty() ? &logits : ask(&fresh, e);
+          if (fresh_first == nullptr ||
+              !decode(bench, &fresh, *fresh_first, task.answer_tokens, prompt, &fresh_text, e))
             return false;
           ++checked;
           if (!same) {
@@ -204,8 +229,9 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
             progress("  REPLAY MISMATCH %s %s %.0f%%: %s", prompt.id.c_str(),
                      config.name.c_str(), 100 * fraction, what.c_str());
           }
-          if (!decode(bench, engine.get(), snap.logits, task.answer_tokens, prompt,
-                      &o.text, e))
+          const std::vector<float>* first = ask(engine.get(), e);
+          if (first == nullptr ||
+              !decode(bench, engine.get(), *first, task.answer_tokens, prompt, &o.text, e))
             return false;
           if (o.text != fresh_text) {
             ++answers_differ;
@@ -213,9 +239,11 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
                      prompt.id.c_str(), config.name.c_str(), 100 * fraction,
                      one_line(o.text).c_str(), one_line(fresh_text).c_str());
           }
-        } else if (!decode(bench, engine.get(), snap.logits, task.answer_tokens, prompt,
-                           &o.text, e)) {
-          return false;
+        } else {
+          const std::vector<float>* first = ask(engine.get(), e);
+          if (first == nullptr ||
+              !decode(bench, engine.get(), *first, task.answer_tokens, prompt, &o.text, e))
+            return false;
         }
         o.ok = answer_has_key(o.text, prompt);
         o.kv_fraction = h.fraction();
@@ -228,7 +256,9 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
     }
     // The full row, from the prefill engine itself.
     Outcome& o = outcomes[job.prompt][0][0][0];
-    if (!decode(bench, &full, snap.logits, task.answer_tokens, prompt, &o.text, e))
+    const std::vector<float>* first = ask(&full, e);
+    if (first == nullptr ||
+        !decode(bench, &full, *first, task.answer_tokens, prompt, &o.text, e))
       return false;
     o.ok = answer_has_key(o.text, prompt);
     o.kv_fraction = held.fraction();

@@ -115,7 +115,7 @@ std::vector<int32_t> prose_prompt(const engine::Tokenizer& tokenizer,
                                   const std::vector<std::string>& paras, size_t first,
                                   const std::string& text_name, const std::string& sentence,
                                   const std::string& question_text, uint32_t target,
-                                  double depth) {
+                                  double depth, uint32_t* question_at) {
   const std::string task = "Below is an excerpt from " + text_name +
                            ". Read it carefully, then answer the question that follows it.\n\n";
   const std::string question = "\n\nQuestion: " + question_text;
@@ -151,7 +151,14 @@ std::vector<int32_t> prose_prompt(const engine::Tokenizer& tokenizer,
     if (i < lengths.size()) prose += para(i) + "\n\n";
   }
   while (!prose.empty() && prose.back() == '\n') prose.pop_back();
-  return tokenizer.encode(wrap(prose));
+  const std::string whole = wrap(prose);
+  if (question_at == nullptr) return tokenizer.encode(whole);
+  const size_t split = whole.rfind(question);
+  std::vector<int32_t> tokens = tokenizer.encode(whole.substr(0, split));
+  *question_at = uint32_t(tokens.size());
+  const std::vector<int32_t> rest = tokenizer.encode(whole.substr(split));
+  tokens.insert(tokens.end(), rest.begin(), rest.end());
+  return tokens;
 }
 
 std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t target,
@@ -165,7 +172,7 @@ std::vector<int32_t> passkey_prompt(const engine::Tokenizer& tokenizer, uint32_t
 }
 
 std::vector<std::string> retrieval_task_names() {
-  return {"passkey", "passkey-word", "multikey", "needle", "needle2", "kinds"};
+  return {"passkey", "passkey-word", "multikey", "needle", "needle2", "kinds", "kinds-after"};
 }
 
 std::vector<uint32_t> retrieval_contexts(const Bench& bench, uint32_t answer_tokens,
@@ -209,7 +216,8 @@ std::vector<int32_t> stop_tokens(const engine::Tokenizer& tokenizer) {
 
 bool build_retrieval_task(const Bench& bench, const std::string& name, RetrievalTask* out,
                           std::string* err) {
-  if (name == "kinds") return build_kinds_task(bench, out, err);
+  if (name == "kinds" || name == "kinds-after")
+    return build_kinds_task(bench, name == "kinds-after", out, err);
   const engine::Tokenizer& tok = *bench.tokenizer;
   out->name = name;
   out->prompts.clear();
@@ -370,8 +378,11 @@ bool export_tasks(const Bench& bench, const std::vector<std::string>& tasks, boo
                     task.answer_tokens, engine::Engine::kObserveTokens);
       // "match":"words": the anchors accept the key's words separated by hyphens or
       // blanks, as answer_has_key does.
-      std::fprintf(f, "%s%s\"stop\":%s,\"tokens\":%s}\n", head,
-                   p.word_key ? "\"match\":\"words\"," : "", stops.c_str(),
+      // "question_at": where the question starts when it is read after the context.
+      const std::string question_at =
+          p.question_at ? "\"question_at\":" + std::to_string(p.question_at) + "," : "";
+      std::fprintf(f, "%s%s%s\"stop\":%s,\"tokens\":%s}\n", head,
+                   p.word_key ? "\"match\":\"words\"," : "", question_at.c_str(), stops.c_str(),
                    ids_json(p.tokens).c_str());
       ++n;
     }

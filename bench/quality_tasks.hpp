@@ -29,6 +29,10 @@ struct Prompt {
   // hyphens or spaces.
   bool word_key = false;
   size_t cell = 0;              // index into RetrievalTask::cells (tasks that have cells)
+  // 0: the question is in the prompt, compressed with it. Else where the question starts:
+  // tokens before it are prefilled and compressed, then the rest is read (kvpress's
+  // setting, and an engine's that caches a document for questions to come).
+  uint32_t question_at = 0;
 };
 
 // Whether a greedy answer holds the prompt's key: case-insensitive containment, and for
@@ -49,8 +53,10 @@ bool build_retrieval_task(const Bench& bench, const std::string& name, Retrieval
                           std::string* err);
 
 // The "kinds" task (bench/quality_kinds.cpp): prompt kinds nobody tuned for, texts x key
-// formats, each prompt its own key, excerpt and depth.
-bool build_kinds_task(const Bench& bench, RetrievalTask* out, std::string* err);
+// formats, each prompt its own key, excerpt and depth. question_after: "kinds-after", the
+// same prompts with the question read after the context is compressed.
+bool build_kinds_task(const Bench& bench, bool question_after, RetrievalTask* out,
+                      std::string* err);
 
 // The prompt lengths of a retrieval task: --contexts, else the mode's (quick or full),
 // each capped so that prompt + answer stays inside the model's trained context.
@@ -64,11 +70,14 @@ std::vector<std::string> paragraphs(const std::string& text);
 
 // A chat prompt of about `target` tokens: an excerpt of `paras` from paragraph `first` on
 // (wrapping to the text's start at most once), `sentence` as a paragraph of its own at the
-// boundary nearest `depth`, then `question`; the assistant's turn starts empty.
+// boundary nearest `depth`, then `question`; the assistant's turn starts empty. With
+// question_at, the context (up to the question's blank line) and the rest are encoded
+// apart and *question_at receives where the rest starts.
 std::vector<int32_t> prose_prompt(const engine::Tokenizer& tokenizer,
                                   const std::vector<std::string>& paras, size_t first,
                                   const std::string& text_name, const std::string& sentence,
-                                  const std::string& question, uint32_t target, double depth);
+                                  const std::string& question, uint32_t target, double depth,
+                                  uint32_t* question_at = nullptr);
 
 // Prefix perplexity: `prefix` tokens of prose, compressed, then tokens [score_from, end)
 // each predicted from the position before it (score_from = prefix + 1: the continuation's

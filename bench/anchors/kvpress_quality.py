@@ -17,8 +17,8 @@ press, then the continuation is scored teacher-forced with no press.
 
 kv_fraction is the share of the prompt's tokens (with question_at, of the context's) the
 press kept (at f16, an engine's K/V dtype: the same as its share of an f16 full cache's
-bytes); AdaKV keeps the full tensors and masks the evicted entries, so its figure is its
-nominal share.
+bytes); AdaKV and KVzip keep the full tensors and mask the evicted entries, so their
+figure is their nominal share.
 
 --quantized adds HF's quantized cache (transformers' QuantizedCache, KIVI-style: every
 token quantized at the prefill, a full-precision residual of up to 128 tokens during the
@@ -107,7 +107,7 @@ def held_share(name, k, q, cache, n):
     """The share of an f16 cache's bytes a configuration holds after an n-token prefill."""
     if q:
         return quantized_fraction(cache, q[1])
-    return k if name == "adakv_snapkv" else kept_fraction(cache, n)
+    return k if name in ("adakv_snapkv", "kvzip") else kept_fraction(cache, n)
 
 
 def budget_fields(k, q, frac):

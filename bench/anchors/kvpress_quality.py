@@ -8,12 +8,17 @@ As in kvgc's observe prefill, the question is compressed with the context: the w
 prompt is prefilled under the press (the press compresses each layer's cache after its
 prefill attention), the first answer token comes from that prefill's logits, and the rest
 is decoded greedily from the compressed cache, positions continuing from the prompt's
-length (as kvpress's own pipeline does). Perplexity tasks: the prefix is prefilled under
-the press, then the continuation is scored teacher-forced with no press.
+length (as kvpress's own pipeline does). A prompt exported with "question_at"
+(kinds-after) is kvpress's own setting instead: only the context (tokens[:question_at])
+is prefilled under the press, the question (tokens[question_at:]) then runs with no
+press, appended to the compressed cache at the positions that follow, and the first answer
+token comes from its last logits. Perplexity tasks: the prefix is prefilled under the
+press, then the continuation is scored teacher-forced with no press.
 
-kv_fraction is the share of the prompt's tokens the press kept (at f16, an engine's K/V
-dtype: the same as its share of an f16 full cache's bytes); AdaKV keeps the full tensors
-and masks the evicted entries, so its figure is its nominal share.
+kv_fraction is the share of the prompt's tokens (with question_at, of the context's) the
+press kept (at f16, an engine's K/V dtype: the same as its share of an f16 full cache's
+bytes); AdaKV and KVzip keep the full tensors and mask the evicted entries, so their
+figure is their nominal share.
 
 --quantized adds HF's quantized cache (transformers' QuantizedCache, KIVI-style: every
 token quantized at the prefill, a full-precision residual of up to 128 tokens during the
@@ -102,7 +107,7 @@ def held_share(name, k, q, cache, n):
     """The share of an f16 cache's bytes a configuration holds after an n-token prefill."""
     if q:
         return quantized_fraction(cache, q[1])
-    return k if name == "adakv_snapkv" else kept_fraction(cache, n)
+    return k if name in ("adakv_snapkv", "kvzip") else kept_fraction(cache, n)
 
 
 def budget_fields(k, q, frac):
@@ -136,6 +141,17 @@ def prefill(model, press, ids, quantized=None):
             with press(model):
                 out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1], cache
+
+
+def question(model, cache, ids, n):
+    """ids[n:] (the question) appended to the compressed cache with no press, at positions
+    n...; its last logits."""
+    import torch
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids[n:]]), past_key_values=cache,
+                    position_ids=torch.arange(n, len(ids)).unsqueeze(0), use_cache=True,
+                    logits_to_keep=1)
+    return out.logits[0, -1]
 
 
 def answer(model, logits, cache, n, t):
@@ -220,8 +236,11 @@ def main():
             try:
                 press = None if k is None else make_press(name, 1.0 - k)
                 if t["kind"] == "retrieval":
-                    logits, cache = prefill(model, press, ids, q)
-                    frac = held_share(name, k, q, cache, len(ids))
+                    n = t.get("question_at", len(ids))  # the press sees ids[:n] only
+                    logits, cache = prefill(model, press, ids[:n], q)
+                    frac = held_share(name, k, q, cache, n)
+                    if n < len(ids):
+                        logits = question(model, cache, ids, n)
                     text = answer(model, logits, cache, len(ids), t)
                     ok = ac.contains(text, t["expect"], t.get("match"))
                     out.write(task=t["task"], id=t["id"], context=t["context"],

@@ -18,18 +18,12 @@ namespace quality {
 // snapshot every row replays, and each row pools the scores at its own radius (replay()).
 Config full_config() { return {.name = "full", .policy = KVGC_POLICY_FULL, .pool_radius = 0}; }
 
-bool reconstructs(const std::vector<Config>& configs) {
-  return std::any_of(configs.begin(), configs.end(),
-                     [](const Config& c) { return c.reconstruct > 0; });
-}
-
 engine::EngineOptions engine_options(const Bench& bench, const Config& config) {
   engine::EngineOptions o;
   if (config.pool_radius >= 0) o.pool_radius = uint32_t(config.pool_radius);
   o.key_prior = config.key_prior;
   o.reconstruct = config.reconstruct;
   o.reconstruct_across_layers = config.reconstruct_across_layers;
-  // Every engine's, so that the full row's snapshot takes the mass the rows observe.
   o.reconstruct_prompt = bench.tokenizer->encode(engine::kReconstructPrompt, false);
   return o;
 }

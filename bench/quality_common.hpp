@@ -76,8 +76,6 @@ struct Config {
 Config full_config();
 // The engine options of a configuration's engines (its pooling radius).
 struct Bench;
-// Whether any of the rows has the reconstruction signal (its snapshot then takes the mass).
-bool reconstructs(const std::vector<Config>& configs);
 // The engine options a row's engines get (the reconstruction's prompt in the bench's
 // tokenizer).
 engine::EngineOptions engine_options(const Bench& bench, const Config& config);

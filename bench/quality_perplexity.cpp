@@ -287,7 +287,7 @@ bool run_prefix_perplexity(const Bench& bench, PrefixPplResult* out, std::string
     KvHeld held;
     const auto t0 = Clock::now();
     if (!full.init(*bench.model, &full_options, e, engine_options(bench, full_config())) ||
-        !take_snapshot(bench, &full, prefix, reconstructs(configs), &snap, e) ||
+        !take_snapshot(bench, &full, prefix, &snap, e) ||
         !kv_held(full, bench.kv.n_layers, p.prefix, &held, e))
       return false;
     auto write = [&](const Config& c, double fraction, const Run& r) {

@@ -64,7 +64,7 @@ bool run_privacy(const Bench& bench, PrivacyResult* out, std::string* err) {
     Snapshot snap;
     const kvgc_heap_options full_options = make_options(bench, full_config(), 1.0, n, max_tokens);
     if (!full.init(*bench.model, &full_options, e, engine_options(bench, full_config())) ||
-        !take_snapshot(bench, &full, prompt.tokens, false, &snap, e))
+        !take_snapshot(bench, &full, prompt.tokens, &snap, e))
       return false;
     std::vector<std::vector<int32_t>> heavy(layers);  // noise 0's kept set per layer
     for (size_t k = 0; k < N; ++k) {

@@ -175,7 +175,7 @@ bool read_layer(const Bench& bench, const engine::Engine& e, uint32_t layer, Lay
 }  // namespace
 
 bool take_snapshot(const Bench& bench, engine::Engine* full, const std::vector<int32_t>& prompt,
-                   bool reconstruction, Snapshot* out, std::string* err) {
+                   Snapshot* out, std::string* err) {
   const uint32_t layers = bench.kv.n_layers;
   out->tokens = prompt.size();
   out->logits.resize(bench.model->config.n_vocab);
@@ -205,10 +205,7 @@ bool take_snapshot(const Bench& bench, engine::Engine* full, const std::vector<i
     out->v[l] = std::move(view.v);
     out->scores[l] = std::move(view.scores);
   }
-  out->reconstruction.clear();
-  return !reconstruction ||
-         full->reconstruction_mass(full->sequence(), 0, prompt.data(), uint32_t(prompt.size()),
-                                   &out->reconstruction, err);
+  return true;
 }
 
 bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
@@ -226,15 +223,8 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
                  "kvgc_observe", heap, err))
       return false;
   }
-  // The reconstruction signal and the pooling, as the engine's own observe prefill adds
-  // them before its step (the snapshot's scores have neither: full_config's engine).
-  if (engine->options().reconstruct > 0) {
-    if (snap.reconstruction.empty()) {
-      *err = "replay: the snapshot was taken without the reconstruction mass";
-      return false;
-    }
-    if (!engine->add_reconstruction(seq, 0, snap.reconstruction, err)) return false;
-  }
+  // The snapshot's scores are unpooled (full_config's engine): this engine pools them at
+  // its own radius, as its own observe prefill would before the step.
   if (!engine->end_observe_scores(seq, 0, err)) return false;
   if (!try_resume(engine, snap.tokens, &resumed, err)) return false;
   *position_offset = resumed ? 0 : snap.tokens;
@@ -244,6 +234,7 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
 
 bool replayable(const Config& config) {
   if (config.from_env) return false;  // its decay is whatever KVGC_RECENT_DECAY says
+  if (config.reconstruct > 0) return false;
   kvgc_heap_options defaults;
   kvgc_heap_options_init(&defaults);
   const double decay = config.library_defaults ? defaults.recent_decay : config.recent_decay;

@@ -34,16 +34,12 @@ struct Snapshot {
   std::vector<float> logits;         // its last position's logits, before any eviction
   std::vector<std::vector<uint8_t>> k, v;  // per layer, [tokens][n_kv_heads][head_dim]
   std::vector<std::vector<float>> scores;  // per layer, unpooled observe-prefill scores
-  // Per layer, each token's reconstruction mass (Engine::reconstruction_mass), taken once
-  // for every row whose engine has EngineOptions::reconstruct; empty when none has.
-  engine::Engine::LayerMass reconstruction;
 };
 
-// Prefills `prompt` in observe mode in a full-cache heap and keeps its cache, with its
-// reconstruction mass when `reconstruction`. `full` is left at the prompt's end (its
-// decode gives the full row).
+// Prefills `prompt` in observe mode in a full-cache heap and keeps its cache. `full` is
+// left at the prompt's end (its decode gives the full row).
 bool take_snapshot(const Bench& bench, engine::Engine* full, const std::vector<int32_t>& prompt,
-                   bool reconstruction, Snapshot* out, std::string* err);
+                   Snapshot* out, std::string* err);
 
 // Fills `engine` (fresh: init()ed with the configuration's options, no token run) with the
 // snapshot and runs the observe prefill's final kvgc_step. *position_offset receives what
@@ -59,7 +55,8 @@ bool replay(const Bench& bench, const Snapshot& snap, engine::Engine* engine,
 // the first difference.
 // Whether a configuration's prefill can be replayed: kvgc_read_scores gives the accumulated
 // score only, so a configuration that also ranks by a recent-attention score (0.4's
-// recent_decay < 1) is prefilled afresh instead.
+// recent_decay < 1) is prefilled afresh instead, and so is one with the reconstruction
+// signal (its repeat runs on forks of the prefilled sequence: no cheaper from a snapshot).
 bool replayable(const Config& config);
 
 // Brings `engine` (fresh) to the end of the prompt's observe prefill in the configuration's

@@ -175,7 +175,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
     Snapshot snap;
     KvHeld held;
     if (!full.init(*bench.model, &full_options, e, engine_options(bench, full_config())) ||
-        !take_snapshot(bench, &full, context, reconstructs(configs), &snap, e) ||
+        !take_snapshot(bench, &full, context, &snap, e) ||
         !kv_held(full, layers, compressed, &held, e))
       return false;
     // The answer's first logits: the prompt's own, or the question's, read after the

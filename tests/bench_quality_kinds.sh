@@ -45,19 +45,19 @@ full=$(echo "$result" | sed -n 's/.* kinds_full=\([0-9]*\)\/9 .*/\1/p')
 [ "$(grep -c '"task":"kinds"' "$out/results.jsonl")" -eq 18 ] || fail "expected 18 result records"
 
 # kinds-after: the same prompts (same keys), the question read after the compressed
-# context; the reconstruction row replayed, and checked against a fresh prefill of its own
-# (--check-replay exits 1 on a difference).
+# context, answered by the full cache and the reconstruction row (its own prefill, the
+# repeat on forks of it).
 "$bench" --model "$model" --only kinds-after --contexts 256 --prompts 4 --export "$out/after.jsonl"
 [ "$(grep -c '"question_at":[1-9]' "$out/after.jsonl")" -eq 36 ] || fail "expected 36 split prompts"
 sed 's/.*"expect":"\([^"]*\)".*/\1/' "$out/kinds.jsonl" > "$out/keys"
 sed 's/.*"expect":"\([^"]*\)".*/\1/' "$out/after.jsonl" | cmp -s - "$out/keys" ||
   fail "kinds-after does not ask for kinds' keys"
 "$bench" --model "$model" --only kinds-after --contexts 256 --prompts 1 \
-  --configs default+recon8@bytes --fractions 0.5 --jobs 1 --no-plots --check-replay \
+  --configs default+recon8@bytes --fractions 0.5 --jobs 1 --no-plots \
   --out "$out" --results "$out/after-results.jsonl" > "$out/after-log"
 cat "$out/after-log"
-grep -q 'replay check: 9 replays against a fresh prefill each: 0 caches differ, 0 answers differ' \
-  "$out/after-log" || fail "the reconstruction row's replay differs from its prefill"
 grep -q '^RESULT kinds_after_default_recon8_bytes_50_vs_full=' "$out/after-log" ||
   fail "no kinds-after RESULT line"
+[ "$(grep -c '"task":"kinds-after"' "$out/after-results.jsonl")" -eq 18 ] ||
+  fail "expected 18 kinds-after result records"
 echo "ok: kinds_full=$full/9"

@@ -601,6 +601,7 @@ def smoke_stress(ctx, text, prog):
 def smoke_engine(ctx, text, prog):
     text = re.sub(r"(--profile)\s+FILE", rf"\1 {ctx.tmp}/profile.txt", text)
     text = re.sub(r"(kvgc-serve)\s+FILE", rf"\1 {ctx.prompts}", text)
+    text = re.sub(r"(--prompt-file)\s+FILE\b", rf"\1 {ctx.prompts}", text)
     return set_flag(text, prog, "--max-tokens", "4")
 
 

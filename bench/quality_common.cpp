@@ -24,7 +24,8 @@ engine::EngineOptions engine_options(const Bench& bench, const Config& config) {
   o.key_prior = config.key_prior;
   o.reconstruct = config.reconstruct;
   o.reconstruct_across_layers = config.reconstruct_across_layers;
-  o.reconstruct_prompt = bench.tokenizer->encode(engine::kReconstructPrompt, false);
+  if (config.reconstruct > 0)
+    o.reconstruct_prompt = bench.tokenizer->encode(engine::kReconstructPrompt, false);
   return o;
 }
 

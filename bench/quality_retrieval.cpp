@@ -178,17 +178,20 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
         !take_snapshot(bench, &full, context, &snap, e) ||
         !kv_held(full, layers, compressed, &held, e))
       return false;
-    // The answer's first logits: the prompt's own, or the question's, read after the
-    // context was compressed (no GC until the answer's first step).
-    std::vector<float> asked;
-    auto ask = [&](engine::Engine* eng, std::string* e2) -> const std::vector<float>* {
-      if (question.empty()) return &snap.logits;
-      asked.resize(bench.model->config.n_vocab);
-      engine::Engine::Pass pass;
-      pass.step = false;
-      if (!eng->forward(question.data(), uint32_t(question.size()), asked.data(), e2, pass))
-        return nullptr;
-      return &asked;
+    // An engine's greedy answer, from the prompt's own last logits (`own`), or from the
+    // question's, read after the context was compressed (no GC until the answer's first
+    // step).
+    std::vector<float> asked(question.empty() ? 0 : bench.model->config.n_vocab);
+    auto answer = [&](engine::Engine* eng, const std::vector<float>& own, std::string* text,
+                      std::string* e2) {
+      if (!question.empty()) {
+        engine::Engine::Pass pass;
+        pass.step = false;
+        if (!eng->forward(question.data(), uint32_t(question.size()), asked.data(), e2, pass))
+          return false;
+      }
+      return decode(bench, eng, question.empty() ? own : asked, task.answer_tokens, prompt,
+                    text, e2);
     };
     const double prefill_s = seconds_since(t0);
     for (size_t c = 0; c < C; ++c) {
@@ -206,22 +209,21 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
             !prefill_or_replay(bench, config, snap, context, engine.get(), &offset, e) ||
             !kv_held(*engine, layers, compressed, &h, e))
           return false;
+        std::string fresh_text;
         if (bench.check_replay) {
-          // The same configuration prefilled afresh: same cache, same answer.
+          // The same configuration prefilled afresh: same cache (compared before either
+          // answers), same answer.
           engine::Engine fresh;
           std::vector<float> logits(bench.model->config.n_vocab);
           bool same = false;
-          std::string what, fresh_text;
+          std::string what;
           if (!fresh.init(*bench.model, &options, e, engine_options(bench, config)) ||
               !fresh.prefill(context.data(), uint32_t(compressed), logits.data(), e,
                              PrefillMode::Observe) ||
               !compare_replay(bench, *engine, offset, fresh,
                               config.demote != KVGC_DEMOTE_OFF || config.library_defaults,
-                              &same, &what, e))
-            return false;
-          const std::vector<float>* fresh_first = question.empty() ? &logits : ask(&fresh, e);
-          if (fresh_first == nullptr ||
-              !decode(bench, &fresh, *fresh_first, task.answer_tokens, prompt, &fresh_text, e))
+                              &same, &what, e) ||
+              !answer(&fresh, logits, &fresh_text, e))
             return false;
           ++checked;
           if (!same) {
@@ -229,21 +231,13 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
             progress("  REPLAY MISMATCH %s %s %.0f%%: %s", prompt.id.c_str(),
                      config.name.c_str(), 100 * fraction, what.c_str());
           }
-          const std::vector<float>* first = ask(engine.get(), e);
-          if (first == nullptr ||
-              !decode(bench, engine.get(), *first, task.answer_tokens, prompt, &o.text, e))
-            return false;
-          if (o.text != fresh_text) {
-            ++answers_differ;
-            progress("  REPLAY ANSWER DIFFERS %s %s %.0f%%: \"%s\" vs fresh \"%s\"",
-                     prompt.id.c_str(), config.name.c_str(), 100 * fraction,
-                     one_line(o.text).c_str(), one_line(fresh_text).c_str());
-          }
-        } else {
-          const std::vector<float>* first = ask(engine.get(), e);
-          if (first == nullptr ||
-              !decode(bench, engine.get(), *first, task.answer_tokens, prompt, &o.text, e))
-            return false;
+        }
+        if (!answer(engine.get(), snap.logits, &o.text, e)) return false;
+        if (bench.check_replay && o.text != fresh_text) {
+          ++answers_differ;
+          progress("  REPLAY ANSWER DIFFERS %s %s %.0f%%: \"%s\" vs fresh \"%s\"",
+                   prompt.id.c_str(), config.name.c_str(), 100 * fraction,
+                   one_line(o.text).c_str(), one_line(fresh_text).c_str());
         }
         o.ok = answer_has_key(o.text, prompt);
         o.kv_fraction = h.fraction();
@@ -256,10 +250,7 @@ bool run_retrieval(const Bench& bench, const std::string& name, RetrievalResult*
     }
     // The full row, from the prefill engine itself.
     Outcome& o = outcomes[job.prompt][0][0][0];
-    const std::vector<float>* first = ask(&full, e);
-    if (first == nullptr ||
-        !decode(bench, &full, *first, task.answer_tokens, prompt, &o.text, e))
-      return false;
+    if (!answer(&full, snap.logits, &o.text, e)) return false;
     o.ok = answer_has_key(o.text, prompt);
     o.kv_fraction = held.fraction();
     record(task, prompt, "observe", full_config(), 1.0, o);

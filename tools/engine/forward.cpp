@@ -427,6 +427,20 @@ bool Engine::observe_prior(kvgc_seq seq, uint32_t layer, uint64_t n, uint64_t fr
                       "kvgc_observe", err);
 }
 
+bool Engine::read_scores(kvgc_seq seq, uint32_t layer, uint64_t* n, std::string* err) {
+  *n = 0;
+  if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, nullptr, nullptr, 0, n, nullptr),
+                  "kvgc_read_scores", err))
+    return false;
+  pool_score_.resize(*n);
+  pool_pos_.resize(*n);
+  return *n == 0 ||
+         (!kvgc_failed(kvgc_read_scores(heap_, seq, layer, pool_score_.data(), nullptr, *n, n,
+                                        nullptr), "kvgc_read_scores", err) &&
+          !kvgc_failed(kvgc_read(heap_, seq, layer, nullptr, nullptr, pool_pos_.data(), *n, n,
+                                 nullptr), "kvgc_read", err));
+}
+
 // SnapKV's clustering: a token's score becomes the largest within pool_radius positions,
 // so the neighbours of what the question attends to (the other digits of a number, the
 // rest of a name) are ranked with it. Done through the public API: read the scores,
@@ -437,18 +451,9 @@ bool Engine::pool_scores(kvgc_seq seq, std::string* err) {
   for (uint32_t layer = 0; layer < model_->config.n_layers; ++layer) {
     KvgcTimer timer(&kvgc_seconds_);
     uint64_t n = 0;
-    if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, nullptr, nullptr, 0, &n, nullptr),
-                    "kvgc_read_scores", err))
-      return false;
-    pool_score_.resize(n);
-    pool_pos_.resize(n);
+    if (!read_scores(seq, layer, &n, err)) return false;
     pool_delta_.resize(n);
     if (n == 0) continue;
-    if (kvgc_failed(kvgc_read_scores(heap_, seq, layer, pool_score_.data(), nullptr, n, &n,
-                                     nullptr), "kvgc_read_scores", err) ||
-        kvgc_failed(kvgc_read(heap_, seq, layer, nullptr, nullptr, pool_pos_.data(), n, &n,
-                              nullptr), "kvgc_read", err))
-      return false;
     // Rows in position order (read order need not be), then a window max over positions.
     pool_order_.resize(n);
     for (uint32_t i = 0; i < n; ++i) pool_order_[i] = i;

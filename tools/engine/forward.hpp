@@ -215,6 +215,9 @@ class Engine {
   bool observe_prior(kvgc_seq seq, uint32_t layer, uint64_t n, uint64_t fresh, double total,
                      float weight, std::string* err);
   bool pool_scores(kvgc_seq seq, std::string* err);
+  // A segment's live scores and positions, in read order, into pool_score_ and pool_pos_;
+  // *n the live count.
+  bool read_scores(kvgc_seq seq, uint32_t layer, uint64_t* n, std::string* err);
 };
 
 // Index of the largest of n logits (greedy decoding; the first on ties).

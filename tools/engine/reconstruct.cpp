@@ -40,16 +40,7 @@ bool Engine::reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tok
   // Each layer's live scores by prompt position: `base` from seq, then each fork's.
   auto by_position = [&](kvgc_seq s, uint32_t layer, std::vector<float>* scores) {
     uint64_t count = 0;
-    if (kvgc_failed(kvgc_read_scores(heap_, s, layer, nullptr, nullptr, 0, &count, nullptr),
-                    "kvgc_read_scores", err))
-      return false;
-    pool_score_.resize(count);
-    pool_pos_.resize(count);
-    if (kvgc_failed(kvgc_read_scores(heap_, s, layer, pool_score_.data(), nullptr, count,
-                                     &count, nullptr), "kvgc_read_scores", err) ||
-        kvgc_failed(kvgc_read(heap_, s, layer, nullptr, nullptr, pool_pos_.data(), count,
-                              &count, nullptr), "kvgc_read", err))
-      return false;
+    if (!read_scores(s, layer, &count, err)) return false;
     scores->assign(n, 0.0f);
     for (uint64_t i = 0; i < count; ++i) {
       const uint64_t p = uint64_t(pool_pos_[i]);
@@ -65,7 +56,9 @@ bool Engine::reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tok
   std::vector<int32_t> rows;
   std::vector<uint64_t> positions;
   std::vector<float> scores;
-  auto elem_bytes = [&] { return options_.kv_dtype == KVGC_DTYPE_F16 ? size_t(2) : size_t(4); };
+  const size_t elem = options_.kv_dtype == KVGC_DTYPE_F16 ? 2 : 4;
+  const size_t q_row = size_t(c.n_heads) * c.head_dim * elem;
+  const size_t kv_row = size_t(c.n_kv_heads) * c.head_dim * elem;
   kvgc_attend_params params;
   kvgc_attend_params_init(&params);  // scores on: the repeat's mass is the signal
   for (uint32_t start = 0; start < n; start += options_.reconstruct_chunk) {
@@ -78,8 +71,6 @@ bool Engine::reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tok
     LayerMass last = base;  // the fork's scores after its latest block of queries
     LayerMass peak(c.n_layers, std::vector<float>(n, 0.0f));
     uint64_t observations = 0;
-    const size_t q_row = size_t(c.n_heads) * c.head_dim * elem_bytes();
-    const size_t kv_row = size_t(c.n_kv_heads) * c.head_dim * elem_bytes();
     for (uint32_t done = 0; done < rows.size();) {
       const uint32_t k = std::min<uint32_t>(kChunkTokens, uint32_t(rows.size()) - done);
       positions.resize(k);

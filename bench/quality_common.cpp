@@ -24,6 +24,7 @@ engine::EngineOptions engine_options(const Bench& bench, const Config& config) {
   o.key_prior = config.key_prior;
   o.reconstruct = config.reconstruct;
   o.reconstruct_across_layers = config.reconstruct_across_layers;
+  o.reconstruct_head_peak = config.reconstruct_head_peak;
   if (config.reconstruct > 0)
     o.reconstruct_prompt = bench.tokenizer->encode(engine::kReconstructPrompt, false);
   return o;
@@ -58,6 +59,15 @@ static void add_shared_rows(std::vector<Config>* rows) {
   pool.push_back({.name = "default+recon8-per-layer@bytes", .policy = KVGC_POLICY_GENERATIONAL,
                   .budget = Budget::Bytes, .library_defaults = true, .reconstruct = 8,
                   .reconstruct_across_layers = false});
+  // The same with each query head's own peak (EngineOptions::reconstruct_head_peak).
+  for (const char* weight : {"8", "32"})
+    pool.push_back({.name = std::string("default+reconpeak") + weight + "@bytes",
+                    .policy = KVGC_POLICY_GENERATIONAL, .budget = Budget::Bytes,
+                    .library_defaults = true, .reconstruct = std::stof(weight),
+                    .reconstruct_head_peak = true});
+  pool.push_back({.name = "default+reconpeak8-per-layer@bytes", .policy = KVGC_POLICY_GENERATIONAL,
+                  .budget = Budget::Bytes, .library_defaults = true, .reconstruct = 8,
+                  .reconstruct_across_layers = false, .reconstruct_head_peak = true});
   rows->insert(at, pool.begin(), pool.end());
 #else
   (void)rows;

@@ -67,6 +67,7 @@ struct Config {
   // EngineOptions::reconstruct of this row's engines (the reconstruction signal; 0: off).
   float reconstruct = 0.0f;
   bool reconstruct_across_layers = true;  // EngineOptions::reconstruct_across_layers
+  bool reconstruct_head_peak = false;     // EngineOptions::reconstruct_head_peak
   // A sweep row (`env@bytes`): the library's defaults, then the KVGC_* variables of the
   // bench's own environment, as an operator's would apply; the budget stays the bench's.
   // Selected by name only, and named after the variables it ran under.

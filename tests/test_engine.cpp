@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -180,8 +181,13 @@ struct TinyModel {
 // token's logits. With `quantize_inputs`, the input of every Q4_1/Q8_0 matmul is first
 // rounded as the engine's quantised path rounds it (to float, then 8 bits per block of
 // 32), so only the float arithmetic differs from the engine's.
+// `probe`, when given, sees every query's probabilities: (layer, query head, query t,
+// the probabilities over keys 0..t).
+using AttentionProbe =
+    std::function<void(size_t layer, size_t head, size_t t, const std::vector<double>& p)>;
 std::vector<double> reference_logits(const engine::Model& m, const std::vector<int32_t>& ids,
-                                     bool quantize_inputs = false) {
+                                     bool quantize_inputs = false,
+                                     const AttentionProbe& probe = nullptr) {
   const engine::Config& c = m.config;
   const size_t n = ids.size(), E = c.n_embd, D = c.head_dim;
   const size_t H = c.n_heads, KV = c.n_kv_heads;
@@ -248,6 +254,11 @@ std::vector<double> reference_logits(const engine::Model& m, const std::vector<i
         }
         double total = 0.0;
         for (double& s : scores) total += (s = std::exp(s - top));
+        if (probe) {
+          std::vector<double> p(scores);
+          for (double& x : p) x /= total;
+          probe(size_t(&w - m.layers.data()), h, t, p);
+        }
         for (size_t s = 0; s <= t; ++s) {
           for (size_t d = 0; d < D; ++d) att[h * D + d] += scores[s] / total * v[s][kvh * D + d];
         }
@@ -671,13 +682,22 @@ TEST_CASE("engine: key_prior adds each prefilled key's diversity, scaled to the 
   }
 }
 
+// The reconstruction tests' prompt and repeat instruction, in the tiny model's tokens.
+struct ReconstructPrompt {
+  std::vector<int32_t> ids, repeat;
+  explicit ReconstructPrompt(const TinyModel& tiny)
+      : ids(tiny.tokenizer.encode(
+            "<|im_start|>user\nthe pass key is 71432, remember 71432 and the rest is filler "
+            "text that goes on and on until the question ends the context here")),
+        repeat(tiny.tokenizer.encode("\n\nrepeat the text", false)) {}
+};
+
 TEST_CASE("engine: the reconstruction signal is each token's peak mass over the repeat's queries") {
   TinyModel tiny;
   const engine::Config& c = tiny.model.config;
-  const std::vector<int32_t> ids = tiny.tokenizer.encode(
-      "<|im_start|>user\nthe pass key is 71432, remember 71432 and the rest is filler text "
-      "that goes on and on until the question ends the context here");
-  const std::vector<int32_t> repeat = tiny.tokenizer.encode("\n\nrepeat the text", false);
+  const ReconstructPrompt prompt(tiny);
+  const std::vector<int32_t>& ids = prompt.ids;
+  const std::vector<int32_t>& repeat = prompt.repeat;
   const uint32_t n = uint32_t(ids.size());
   const kvgc_heap_options opts = full_policy_options();
   std::string err;
@@ -808,6 +828,100 @@ TEST_CASE("engine: the reconstruction signal is each token's peak mass over the 
   engine::Engine e2;
   CHECK_FALSE(e2.init(tiny.model, &opts, &err, bad));
   CHECK(err.find("reconstruct_rows") != std::string::npos);
+}
+
+TEST_CASE("engine: the head-peak reconstruction signal is each token's largest probability "
+          "over the repeat's queries and heads") {
+  TinyModel tiny;
+  const engine::Config& c = tiny.model.config;
+  const ReconstructPrompt prompt(tiny);
+  const std::vector<int32_t>& ids = prompt.ids;
+  const std::vector<int32_t>& repeat = prompt.repeat;
+  const size_t n = ids.size();
+  std::vector<int32_t> all = ids;
+  all.insert(all.end(), repeat.begin(), repeat.end());
+  all.insert(all.end(), ids.begin(), ids.end());
+  // The reference: the float64 forward over prompt + repeat + prompt, each prompt token's
+  // largest probability from any query head of a KV head's group, over the repeat's queries.
+  const size_t group = c.n_heads / c.n_kv_heads;
+  std::vector<std::vector<double>> want(c.n_layers, std::vector<double>(c.n_kv_heads * n, 0.0));
+  reference_logits(tiny.model, all, false,
+                   [&](size_t layer, size_t head, size_t t, const std::vector<double>& p) {
+                     if (t < n) return;
+                     for (size_t s = 0; s < n; ++s) {
+                       double& w = want[layer][head / group * n + s];
+                       w = std::max(w, p[s]);
+                     }
+                   });
+  REQUIRE(c.n_kv_heads > 1);  // the per-head split is tested
+  REQUIRE(group > 1);
+  const kvgc_heap_options opts = full_policy_options();
+  std::string err;
+  for (const uint32_t threads : {1u, 2u}) {
+    CAPTURE(threads);
+    engine::EngineOptions eo;
+    eo.threads = threads;
+    eo.pool_radius = 0;
+    eo.kv_dtype = KVGC_DTYPE_F32;
+    eo.matmul = engine::MatmulMode::Exact;
+    eo.reconstruct_prompt = repeat;
+    eo.reconstruct_chunk = uint32_t(n);
+    eo.reconstruct_head_peak = true;
+    engine::Engine e;
+    REQUIRE_MESSAGE(e.init(tiny.model, &opts, &err, eo), err);
+    std::vector<float> logits(c.n_vocab);
+    REQUIRE_MESSAGE(e.prefill(ids.data(), uint32_t(n), logits.data(), &err,
+                              engine::Engine::PrefillMode::Observe), err);
+    const auto before = observed_scores(e, c.n_layers);
+    engine::Engine::LayerMass heads, mass;
+    REQUIRE_MESSAGE(e.reconstruction_head_peaks(e.sequence(), 0, ids.data(), uint32_t(n), &heads, &err), err);
+    REQUIRE_MESSAGE(e.reconstruction_mass(e.sequence(), 0, ids.data(), uint32_t(n), &mass, &err), err);
+    REQUIRE(heads.size() == c.n_layers);
+    REQUIRE(mass.size() == c.n_layers);
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      REQUIRE(heads[l].size() == c.n_kv_heads * n);
+      REQUIRE(mass[l].size() == n);
+      for (size_t p = 0; p < n; ++p) {
+        CAPTURE(l);
+        CAPTURE(p);
+        double top = 0;
+        for (size_t g = 0; g < c.n_kv_heads; ++g) {
+          CAPTURE(g);
+          CHECK(heads[l][g * n + p] == doctest::Approx(want[l][g * n + p]).epsilon(1e-3).scale(1e-4));
+          top = std::max(top, want[l][g * n + p]);
+        }
+        CHECK(mass[l][p] == doctest::Approx(top).epsilon(1e-3).scale(1e-4));
+      }
+    }
+    // The fork is gone; the prompt's scores and pages are as they were.
+    kvgc_stats stats;
+    kvgc_stats_init(&stats);
+    REQUIRE(kvgc_get_stats(e.heap(), &stats) == KVGC_OK);
+    CHECK(stats.sequences == 1);
+    CHECK(stats.live_tokens == uint64_t(n) * c.n_layers);
+    CHECK(observed_scores(e, c.n_layers) == before);
+    CHECK(kvgc_heap_check(e.heap()) == KVGC_OK);
+    // Chunked: each token's peak is over its own chunk's repeat only, so no chunk's exceeds
+    // the one-fork signal's support, and some token gets mass.
+    engine::EngineOptions small = eo;
+    small.reconstruct_chunk = 7;
+    engine::Engine e2;
+    REQUIRE_MESSAGE(e2.init(tiny.model, &opts, &err, small), err);
+    REQUIRE_MESSAGE(e2.prefill(ids.data(), uint32_t(n), logits.data(), &err,
+                               engine::Engine::PrefillMode::Observe), err);
+    engine::Engine::LayerMass chunked;
+    REQUIRE_MESSAGE(e2.reconstruction_mass(e2.sequence(), 0, ids.data(), uint32_t(n), &chunked, &err), err);
+    REQUIRE(kvgc_get_stats(e2.heap(), &stats) == KVGC_OK);
+    CHECK(stats.sequences == 1);
+    double total = 0;
+    for (const auto& layer : chunked)
+      for (const float m : layer) {
+        CHECK(m >= 0.0f);
+        CHECK(m <= 1.0f);
+        total += m;
+      }
+    CHECK(total > 0);
+  }
 }
 
 // Loads a variant of the tiny model; the loader's error (empty if it loaded).
@@ -947,6 +1061,23 @@ TEST_CASE("engine: kvgc-run and kvgc-serve refuse a --key-prior or --reconstruct
     std::string output;
     CHECK(run_shell(tool + " " + flag + " 0.5 --model /nonexistent.gguf", &output) != 0);
     CHECK(output.find(flag) == std::string::npos);
+  }
+}
+
+TEST_CASE("engine: kvgc-run refuses a --reconstruct-signal other than mass or head-peak") {
+  for (const char* bad : {"peak", "MASS", "''", "head-peak,mass"}) {
+    CAPTURE(bad);
+    std::string output;
+    CHECK(run_shell(std::string(KVGC_RUN_EXE) + " --reconstruct-signal " + bad +
+                        " --model /nonexistent.gguf", &output) == 2);
+    CHECK(output.find("--reconstruct-signal must be mass or head-peak") != std::string::npos);
+  }
+  for (const char* good : {"mass", "head-peak"}) {  // parsed: on to the (missing) model
+    CAPTURE(good);
+    std::string output;
+    CHECK(run_shell(std::string(KVGC_RUN_EXE) + " --reconstruct-signal " + good +
+                        " --model /nonexistent.gguf", &output) != 0);
+    CHECK(output.find("--reconstruct-signal") == std::string::npos);
   }
 }
 

@@ -65,6 +65,15 @@ struct EngineOptions {
   // layer's budget is its own, and a key the layers that copy it need is often far down
   // the others' ranks (kvgc-bench-quality's kinds-after: QUALITY.md).
   bool reconstruct_across_layers = true;
+  // The signal each token gets from a fork's repeat. false: the mass kvgc_attend fused
+  // into the fork's scores (summed over a query's heads), a token's peak over the queries
+  // less its mean. true: each query head's own probabilities, computed by the engine from
+  // the fork's keys (kvgc_read: what kvgc_attend reads), a token's largest over the
+  // queries and the layer's heads (KVzip's signal): a copy target one head looks up
+  // is not outweighed by what several heads glance at. Holds every layer's keys in f32
+  // while a fork's repeat runs (4 x layers x KV width bytes a token: 23 MB at 1K tokens
+  // of SmolLM2-135M); about 1.4x the fused mass's time (QUALITY.md, kinds-after).
+  bool reconstruct_head_peak = false;
 };
 
 // The text kvgc-run, kvgc-serve and kvgc-bench-quality put before each repeated chunk.
@@ -152,9 +161,16 @@ class Engine {
   // of `seq` (which holds them, unevicted, at its end): out[layer][position - from], what
   // the forks' repeat paid each token (EngineOptions::reconstruct). `seq` itself is left
   // as it was; the forks are destroyed, on failure too.
+  // With reconstruct_head_peak, each layer's largest over its KV heads'
+  // reconstruction_head_peaks.
   using LayerMass = std::vector<std::vector<float>>;
   bool reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tokens, uint32_t n,
                            LayerMass* out, std::string* err);
+  // The per-head signal reconstruct_head_peak ranks by, as reconstruction_mass runs the
+  // repeat: out[layer][g * n + position - from], the largest probability any query head
+  // of KV head g's group gave the token from any of the repeat's queries.
+  bool reconstruction_head_peaks(kvgc_seq seq, uint64_t from, const int32_t* tokens,
+                                 uint32_t n, LayerMass* out, std::string* err);
   // Observes `mass` (reconstruction_mass's) into seq's scores, scaled as
   // EngineOptions::reconstruct says; sinks get none. Before end_observe_scores.
   bool add_reconstruction(kvgc_seq seq, uint64_t from, const LayerMass& mass, std::string* err);
@@ -172,6 +188,17 @@ class Engine {
   uint32_t kvgc_threads() const { return kvgc_threads_; }    // the heap's attention threads
 
  private:
+  // Checks that seq holds tokens[0, n) unevicted at [from, from + n), then, for each
+  // reconstruct_chunk of them, forks seq and calls repeat(fork, rows, length): rows are
+  // reconstruct_prompt + the chunk, to run from position `length`. The fork is destroyed
+  // on every way out.
+  using RepeatFn = std::function<bool(kvgc_seq fork, const std::vector<int32_t>& rows,
+                                      uint64_t length)>;
+  bool for_each_repeat(kvgc_seq seq, uint64_t from, const int32_t* tokens, uint32_t n,
+                       const RepeatFn& repeat, std::string* err);
+  // One fork's repeat for reconstruction_head_peaks: max-combined into `out`.
+  bool head_peak_repeat(kvgc_seq fork, uint64_t from, uint32_t n, uint64_t length,
+                        const std::vector<int32_t>& rows, LayerMass* out, std::string* err);
   bool run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err);
   void reserve_rows(uint32_t n);  // scratch for n rows
   bool step(std::string* err);  // kvgc_step; KVGC_EBUDGET is advisory

@@ -48,6 +48,7 @@ void usage(FILE* out) {
                "                [--prefill observe|stream] [--profile FILE] [--threads N]\n"
                "                [--kv-dtype f16|f32] [--matmul q8|exact] [--ignore-eos]\n"
                "                [--pool-radius N] [--key-prior W] [--reconstruct W]\n"
+               "                [--reconstruct-signal mass|head-peak]\n"
                "                [--print-prompt-ids] [--perplexity N]\n"
                "  --model PATH     GGUF file (default: $KVGC_MODEL, else\n"
                "                   ~/.cache/kvgc/%s)\n"
@@ -74,6 +75,10 @@ void usage(FILE* out) {
                "                   repeat, W times the observed mass in all: what a later\n"
                "                   question is likely to need (default 0: off; about doubles\n"
                "                   the prefill's time)\n"
+               "  --reconstruct-signal S  what the repeat gives a token: mass (default), the\n"
+               "                   attention kvgc's kernel fused into the fork's scores, a\n"
+               "                   query's heads summed; head-peak, the largest probability any\n"
+               "                   one query head gave it (KVzip's signal, computed by the engine)\n"
                "  --profile FILE   after the prompt, write each layer's attention entropy to FILE\n"
                "                   for KVGC_LAYER_BUDGET=entropy:FILE (run with KVGC_POLICY=full)\n"
                "  --threads N      matmul threads, this one included (default: the CPUs this\n"
@@ -162,6 +167,10 @@ bool parse_args(int argc, char** argv, Args* args) {
       if (!parse_weight(v, &args->engine.key_prior)) return bad("a finite weight >= 0");
     } else if (arg == "--reconstruct" && (v = value())) {
       if (!parse_weight(v, &args->engine.reconstruct)) return bad("a finite weight >= 0");
+    } else if (arg == "--reconstruct-signal" && (v = value())) {
+      const std::string signal = v;
+      if (signal != "mass" && signal != "head-peak") return bad("mass or head-peak");
+      args->engine.reconstruct_head_peak = signal == "head-peak";
     } else if (arg == "--threads" && (v = value())) {
       if (!parse_uint(v, 1, 1024, &n)) return bad("a thread count in 1..1024");
       args->engine.threads = uint32_t(n);

@@ -351,12 +351,19 @@ bool Engine::end_observe_scores(kvgc_seq seq, uint64_t from, std::string* err) {
   return (options_.key_prior <= 0 || add_key_prior(seq, from, err)) && pool_scores(seq, err);
 }
 
+void Engine::kv_to_f32(const void* src, size_t count, float* dst) const {
+  if (options_.kv_dtype == KVGC_DTYPE_F16)
+    kernels().f16_to_f32(static_cast<const uint16_t*>(src), count, dst);
+  else
+    std::memcpy(dst, src, count * sizeof(float));
+}
+
 // KeyDiff's signal as a prior: per KV head, the mean direction of the prefill's unit keys,
 // and each key's 1 - cosine to it. Through the public API, as pooling is.
 bool Engine::add_key_prior(kvgc_seq seq, uint64_t from, std::string* err) {
   const Config& c = model_->config;
   const uint32_t heads = c.n_kv_heads, dim = c.head_dim, width = heads * dim;
-  const size_t elem = options_.kv_dtype == KVGC_DTYPE_F16 ? 2 : 4;
+  const size_t elem = kv_bytes();
   for (uint32_t layer = 0; layer < c.n_layers; ++layer) {
     KvgcTimer timer(&kvgc_seconds_);
     uint64_t n = 0, length = 0;
@@ -370,11 +377,7 @@ bool Engine::add_key_prior(kvgc_seq seq, uint64_t from, std::string* err) {
     if (kvgc_failed(kvgc_read(heap_, seq, layer, prior_k_.data(), nullptr, pool_pos_.data(), n,
                               &n, nullptr), "kvgc_read", err))
       return false;
-    if (elem == 2)
-      kernels().f16_to_f32(reinterpret_cast<const uint16_t*>(prior_k_.data()), n * width,
-                           prior_kf_.data());
-    else
-      std::memcpy(prior_kf_.data(), prior_k_.data(), n * width * sizeof(float));
+    kv_to_f32(prior_k_.data(), n * width, prior_kf_.data());
     uint64_t fresh = 0;
     for (uint64_t i = 0; i < n; ++i) fresh += uint64_t(pool_pos_[i]) >= from;
     if (fresh < 2) continue;

@@ -199,6 +199,9 @@ class Engine {
   // One fork's repeat for reconstruction_head_peaks: max-combined into `out`.
   bool head_peak_repeat(kvgc_seq fork, uint64_t from, uint32_t n, uint64_t length,
                         const std::vector<int32_t>& rows, LayerMass* out, std::string* err);
+  // Bytes of one K/V element in the kvgc model dtype, and `count` of them to f32.
+  size_t kv_bytes() const { return options_.kv_dtype == KVGC_DTYPE_F16 ? 2 : 4; }
+  void kv_to_f32(const void* src, size_t count, float* dst) const;
   bool run_chunk(const int32_t* tokens, uint32_t n, bool scores, std::string* err);
   void reserve_rows(uint32_t n);  // scratch for n rows
   bool step(std::string* err);  // kvgc_step; KVGC_EBUDGET is advisory

@@ -6,7 +6,6 @@
 // probabilities, computed here from the fork's keys (reconstruct_head_peak).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "engine/forward.hpp"
 
@@ -23,10 +22,10 @@ struct ForkGuard {
 };
 
 // Runs a fork's repeat rows from position `length`, Engine::kChunkTokens at a time; each
-// block's attention gets its row count first.
-using BlockAttention = std::function<bool(uint32_t k, uint32_t layer, const void* q,
-                                          const void* kk, const void* v, void* o,
-                                          std::string* e)>;
+// block's attention gets the block's first position and row count first.
+using BlockAttention = std::function<bool(uint64_t first, uint32_t k, uint32_t layer,
+                                          const void* q, const void* kk, const void* v,
+                                          void* o, std::string* e)>;
 bool run_repeat(Engine& engine, const std::vector<int32_t>& rows, uint64_t length,
                 const BlockAttention& attention, std::string* err) {
   std::vector<uint64_t> positions;
@@ -36,7 +35,7 @@ bool run_repeat(Engine& engine, const std::vector<int32_t>& rows, uint64_t lengt
     for (uint32_t t = 0; t < k; ++t) positions[t] = length + done + t;
     const Engine::Attention block = [&](uint32_t layer, const void* q, const void* kk,
                                         const void* v, void* o, std::string* e) {
-      return attention(k, layer, q, kk, v, o, e);
+      return attention(length + done, k, layer, q, kk, v, o, e);
     };
     if (!engine.run_rows(rows.data() + done, positions.data(), k, block, err)) return false;
     done += k;
@@ -88,6 +87,7 @@ bool Engine::reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tok
                                  uint32_t n, LayerMass* out, std::string* err) {
   const Config& c = model_->config;
   out->assign(c.n_layers, std::vector<float>(n, 0.0f));
+  if (n == 0) return true;
   if (options_.reconstruct_head_peak) {
     LayerMass heads;
     if (!reconstruction_head_peaks(seq, from, tokens, n, &heads, err)) return false;
@@ -109,11 +109,11 @@ bool Engine::reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tok
     return true;
   };
   LayerMass base(c.n_layers);
-  for (uint32_t l = 0; l < c.n_layers && n > 0; ++l)
+  for (uint32_t l = 0; l < c.n_layers; ++l)
     if (!by_position(seq, l, &base[l])) return false;
 
   std::vector<float> scores;
-  const size_t elem = options_.kv_dtype == KVGC_DTYPE_F16 ? 2 : 4;
+  const size_t elem = kv_bytes();
   const size_t q_row = size_t(c.n_heads) * c.head_dim * elem;
   const size_t kv_row = size_t(c.n_kv_heads) * c.head_dim * elem;
   kvgc_attend_params params;
@@ -125,7 +125,7 @@ bool Engine::reconstruction_mass(kvgc_seq seq, uint64_t from, const int32_t* tok
     // reconstruct_rows queries at a time, each block's mass one observation per token: a
     // token's signal is its largest (KVzip's max over queries), not a sum that the tokens
     // every query glances at would win.
-    const BlockAttention attention = [&](uint32_t k, uint32_t layer, const void* q,
+    const BlockAttention attention = [&](uint64_t, uint32_t k, uint32_t layer, const void* q,
                                          const void* kk, const void* v, void* o, std::string* e) {
       for (uint32_t r = 0; r < k; r += options_.reconstruct_rows) {
         const uint32_t b = std::min(options_.reconstruct_rows, k - r);
@@ -171,19 +171,12 @@ bool Engine::head_peak_repeat(kvgc_seq fork, uint64_t from, uint32_t n, uint64_t
   const Config& c = model_->config;
   const uint32_t hd = c.head_dim, kv_heads = c.n_kv_heads, heads = c.n_heads;
   const uint32_t group = heads / kv_heads, width = kv_heads * hd;
-  const size_t elem = options_.kv_dtype == KVGC_DTYPE_F16 ? 2 : 4;
+  const size_t elem = kv_bytes();
   const float scale = 1.0f / std::sqrt(float(hd));  // kvgc_attend's default, as run_rows
-  auto to_f32 = [&](const void* src, size_t count, float* dst) {
-    if (elem == 2)
-      kernels().f16_to_f32(static_cast<const uint16_t*>(src), count, dst);
-    else
-      std::memcpy(dst, src, count * sizeof(float));
-  };
   // Each layer's live keys (f32, [key][kv_heads * hd]) and positions: the fork's, then
   // the repeat's rows as they are appended.
   std::vector<std::vector<float>> keys(c.n_layers);
   std::vector<std::vector<int32_t>> key_pos(c.n_layers);
-  std::vector<size_t> forked(c.n_layers);  // the fork's own keys, before the repeat's
   for (uint32_t l = 0; l < c.n_layers; ++l) {
     uint64_t live = 0, len = 0;
     if (kvgc_failed(kvgc_seq_tokens(heap_, fork, l, &live, &len), "kvgc_seq_tokens", err))
@@ -195,17 +188,17 @@ bool Engine::head_peak_repeat(kvgc_seq fork, uint64_t from, uint32_t n, uint64_t
                               &live, nullptr), "kvgc_read", err))
       return false;
     keys[l].resize(live * width);
-    forked[l] = live;
-    to_f32(prior_k_.data(), live * width, keys[l].data());
+    kv_to_f32(prior_k_.data(), live * width, keys[l].data());
   }
   // Per thread: one query head's logits over a layer's keys.
   std::vector<std::vector<float>> logits(pool_->size());
-  std::vector<float> qf;
+  std::vector<float> qf, peaks;
   kvgc_attend_params params;
   kvgc_attend_params_init(&params);
   params.flags = KVGC_ATTEND_NO_SCORES;  // the fork's output only: the signal is computed here
-  const BlockAttention attention = [&](uint32_t k, uint32_t layer, const void* q,
-                                       const void* kk, const void* v, void* o, std::string* e) {
+  const BlockAttention attention = [&](uint64_t first, uint32_t k, uint32_t layer,
+                                       const void* q, const void* kk, const void* v, void* o,
+                                       std::string* e) {
     if (kvgc_failed(kvgc_append(heap_, fork, layer, kk, v, k, nullptr), "kvgc_append", e) ||
         kvgc_failed(kvgc_attend(heap_, fork, layer, q, k, o, &params, nullptr), "kvgc_attend", e))
       return false;
@@ -213,17 +206,15 @@ bool Engine::head_peak_repeat(kvgc_seq fork, uint64_t from, uint32_t n, uint64_t
     std::vector<int32_t>& P = key_pos[layer];
     const size_t first_row = P.size();
     K.resize((first_row + k) * width);
-    to_f32(kk, size_t(k) * width, &K[first_row * width]);
-    // The rows follow the fork's own keys from position `length` on.
-    const uint64_t row_pos = length + (first_row - forked[layer]);
-    for (uint32_t t = 0; t < k; ++t) P.push_back(int32_t(row_pos + t));
+    kv_to_f32(kk, size_t(k) * width, &K[first_row * width]);
+    for (uint32_t t = 0; t < k; ++t) P.push_back(int32_t(first + t));
     qf.resize(size_t(k) * heads * hd);
-    to_f32(q, qf.size(), qf.data());
+    kv_to_f32(q, qf.size(), qf.data());
     std::vector<float>& best = (*out)[layer];  // [kv head][n]
     const size_t total = P.size();
     // One job per query head; a head's largest probabilities go to its own row of
     // `peaks`, combined after the join (no two threads write one float).
-    std::vector<float> peaks(size_t(heads) * n, 0.0f);
+    peaks.assign(size_t(heads) * n, 0.0f);
     auto job = [&](uint32_t h, uint32_t thread) {
       std::vector<float>& x = logits[thread];
       x.resize(total);
